@@ -1,0 +1,28 @@
+#pragma once
+// The algorithm an AllReduce uses, chosen per call.
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace tp {
+
+/// AllReduce algorithms. `kAuto` picks one per call from (device, world size, bytes,
+/// dtype); today it always resolves to `kProcessGroup`. More strategies (shared
+/// memory, recursive doubling, NCCL variants) join this enum as they land.
+enum class AllReduceStrategy {
+  kAuto,          ///< let the selector choose (the default everywhere)
+  kProcessGroup,  ///< the c10d process group's own allreduce (Gloo ring on CPU)
+};
+
+/// "auto", "process_group".
+const char* to_string(AllReduceStrategy s);
+
+/// Writes to_string(s), so strategies print in error messages and test output.
+std::ostream& operator<<(std::ostream& out, AllReduceStrategy s);
+
+/// Parses the names `to_string` prints (case-insensitive); throws c10::ValueError
+/// listing the valid names otherwise. Used for the TP_ALLREDUCE environment variable.
+AllReduceStrategy parse_all_reduce_strategy(const std::string& name);
+
+}  // namespace tp

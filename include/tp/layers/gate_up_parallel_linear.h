@@ -1,0 +1,78 @@
+#pragma once
+// GateUpParallelLinear: the fused gate and up projections of a gated MLP,
+// column-parallel. The local output is [gate_local | up_local], with both segments
+// split the same way, so SiLU(gate) * up needs no communication.
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_config.h"
+#include "tp/shard/range.h"
+#include "tp/shard/split.h"
+
+namespace tp {
+namespace detail {
+class ColumnCore;
+}
+
+/// Options for GateUpParallelLinear. Sizes are GLOBAL.
+/// Example: tp::GateUpParallelLinear gate_up(tp::GateUpParallelLinearOptions(4096, 14336), comm);
+struct GateUpParallelLinearOptions {
+  GateUpParallelLinearOptions(int64_t hidden_size, int64_t intermediate_size);
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, intermediate_size);
+  TORCH_ARG(bool, bias) = false;
+  /// All-gather so every rank gets the whole [gate | up].
+  TORCH_ARG(bool, gather_output) = false;
+  TORCH_ARG(QuantConfig, quant) = {};
+  /// How intermediate_size is split (the same for gate and up).
+  TORCH_ARG(SplitPolicy, split) = {};
+  TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
+  TORCH_ARG(at::Device, device) = at::kCPU;
+};
+
+/// The module behind the GateUpParallelLinear holder.
+class GateUpParallelLinearImpl : public torch::nn::Cloneable<GateUpParallelLinearImpl> {
+ public:
+  GateUpParallelLinearImpl(int64_t hidden_size, int64_t intermediate_size, Communicator comm = {})
+      : GateUpParallelLinearImpl(GateUpParallelLinearOptions(hidden_size, intermediate_size), std::move(comm)) {}
+  explicit GateUpParallelLinearImpl(GateUpParallelLinearOptions options, Communicator comm = {});
+
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [..., hidden_size] -> [..., 2 * local intermediate] ([gate | up]), or
+  /// [..., 2 * intermediate_size] with gather_output.
+  at::Tensor forward(const at::Tensor& x);
+  /// Splits a forward output into (gate, up).
+  std::tuple<at::Tensor, at::Tensor> split(const at::Tensor& y) const;
+
+  /// Loads `prefix + ".gate_proj"` and ".up_proj", reading only this rank's rows.
+  /// Example: gate_up->load_weights(ckpt, "model.layers.0.mlp").
+  void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+
+  /// This rank's slice of the intermediate dimension (the down projection's input).
+  Range local_range() const;
+
+  GateUpParallelLinearOptions options;
+  Communicator comm;
+  at::Tensor weight;  // [2 * local intermediate, hidden_size]
+  at::Tensor bias;    // [2 * local intermediate], or undefined
+
+ private:
+  std::shared_ptr<detail::ColumnCore> core_;
+};
+
+/// A ModuleHolder for GateUpParallelLinearImpl.
+TORCH_MODULE(GateUpParallelLinear);
+
+}  // namespace tp

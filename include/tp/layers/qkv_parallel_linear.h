@@ -1,0 +1,91 @@
+#pragma once
+// QKVParallelLinear: the fused query/key/value projection, column-parallel by heads.
+//
+// The output is [Q | K | V]; each rank owns whole heads: whole KV heads plus the
+// query heads that read them (GQA). When world > num_kv_heads, each KV head is
+// replicated on world / num_kv_heads ranks and its query heads are split among them.
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_config.h"
+#include "tp/shard/heads.h"
+#include "tp/shard/split.h"
+
+namespace tp {
+namespace detail {
+class ColumnCore;
+}
+
+/// Options for QKVParallelLinear. Sizes are GLOBAL.
+/// Example: tp::QKVParallelLinear qkv(tp::QKVParallelLinearOptions(4096, 128, 32, 8), comm);
+struct QKVParallelLinearOptions {
+  QKVParallelLinearOptions(int64_t hidden_size, int64_t head_dim, int64_t num_heads, int64_t num_kv_heads);
+  TORCH_ARG(int64_t, hidden_size);
+  TORCH_ARG(int64_t, head_dim);
+  TORCH_ARG(int64_t, num_heads);
+  TORCH_ARG(int64_t, num_kv_heads);
+  /// Llama has no QKV bias; Qwen2 has one.
+  TORCH_ARG(bool, bias) = false;
+  /// All-gather so every rank gets the whole [Q | K | V] (replicated KV heads once).
+  TORCH_ARG(bool, gather_output) = false;
+  TORCH_ARG(QuantConfig, quant) = {};
+  /// Weights/rotation over KV-head groups; granularity in elements (combined with the
+  /// quant alignment) restricts which head boundaries are allowed.
+  TORCH_ARG(SplitPolicy, split) = {};
+  TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
+  TORCH_ARG(at::Device, device) = at::kCPU;
+};
+
+/// The module behind the QKVParallelLinear holder.
+class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl> {
+ public:
+  explicit QKVParallelLinearImpl(QKVParallelLinearOptions options, Communicator comm = {});
+
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [..., hidden_size] -> [..., (local_q_heads + 2 * local_kv_heads) * head_dim],
+  /// or the whole [..., (num_heads + 2 * num_kv_heads) * head_dim] with gather_output.
+  at::Tensor forward(const at::Tensor& x);
+  /// Splits a forward output into (q, k, v), each [..., heads * head_dim].
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> split(const at::Tensor& y) const;
+
+  /// Loads `prefix + ".q_proj"`, ".k_proj", ".v_proj" (".weight", and ".bias" with
+  /// bias), reading only this rank's heads.
+  /// Example: qkv->load_weights(ckpt, "model.layers.0.self_attn").
+  void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+
+  /// Which heads this rank owns.
+  const HeadPlan& head_plan() const { return head_plan_; }
+  int64_t local_q_heads() const { return head_plan_.q_heads.size(); }
+  int64_t local_kv_heads() const { return head_plan_.kv_heads.size(); }
+  /// The split policy that makes a RowParallelLinear over num_heads * head_dim input
+  /// features (the O projection) own exactly this rank's query heads, uneven GQA
+  /// splits included: granularity head_dim, weights = every rank's query-head count.
+  /// Example: RowParallelLinearOptions(q_size, hidden).split(qkv->attention_output_split())
+  SplitPolicy attention_output_split() const;
+
+  QKVParallelLinearOptions options;
+  Communicator comm;
+  at::Tensor weight;  // [local (q + 2 kv) * head_dim, hidden_size]
+  at::Tensor bias;    // [local (q + 2 kv) * head_dim], or undefined
+
+ private:
+  HeadPlan head_plan_;
+  std::shared_ptr<detail::ColumnCore> core_;
+};
+
+/// A ModuleHolder for QKVParallelLinearImpl.
+TORCH_MODULE(QKVParallelLinear);
+
+}  // namespace tp

@@ -1,0 +1,82 @@
+#pragma once
+// RowParallelLinear: y = x W^T + b with W's columns (input features) sharded.
+//
+// Split states: x is split on its last dim (input_is_parallel) or mirrored; W is
+// split on dim 1; each rank's GEMM gives a partial sum of y, which is reduced to a
+// mirrored y unless reduce_output(false). Bias contract: the full bias is added once,
+// by rank 0, before the reduction, so a partial sum handed on unreduced still sums
+// to the right answer wherever it is reduced later.
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/communicator.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
+#include "tp/shard/split.h"
+
+namespace tp {
+
+/// Options for RowParallelLinear. Sizes are GLOBAL (unsharded).
+/// Example: tp::RowParallelLinear down(tp::RowParallelLinearOptions(11008, 4096).bias(false), comm);
+struct RowParallelLinearOptions {
+  RowParallelLinearOptions(int64_t in_features, int64_t out_features);
+  TORCH_ARG(int64_t, in_features);
+  TORCH_ARG(int64_t, out_features);
+  TORCH_ARG(bool, bias) = true;
+  /// The input is already this rank's slice [..., local in] (the output of a
+  /// ColumnParallelLinear); false: the whole x [..., in_features], sliced here.
+  TORCH_ARG(bool, input_is_parallel) = true;
+  /// AllReduce the partial sums; false hands the partial sum on (see the bias contract).
+  TORCH_ARG(bool, reduce_output) = true;
+  /// The AllReduce algorithm (kAuto: chosen per call).
+  TORCH_ARG(AllReduceStrategy, all_reduce) = AllReduceStrategy::kAuto;
+  TORCH_ARG(QuantConfig, quant) = {};
+  /// How in_features is split; combined with the quant format's alignment.
+  TORCH_ARG(SplitPolicy, split) = {};
+  TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
+  TORCH_ARG(at::Device, device) = at::kCPU;
+};
+
+/// The module behind the RowParallelLinear holder.
+class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl> {
+ public:
+  RowParallelLinearImpl(int64_t in_features, int64_t out_features, Communicator comm = {})
+      : RowParallelLinearImpl(RowParallelLinearOptions(in_features, out_features), std::move(comm)) {}
+  explicit RowParallelLinearImpl(RowParallelLinearOptions options, Communicator comm = {});
+
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [..., local in] (input_is_parallel) or [..., in_features] -> [..., out_features],
+  /// reduced over ranks unless reduce_output(false).
+  at::Tensor forward(const at::Tensor& x);
+
+  /// Loads `prefix + ".weight"` (this rank's columns) and ".bias" (whole).
+  void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+
+  /// This rank's columns of the global weight (= its slice of the input), [begin, end).
+  Range local_range() const { return range_; }
+
+  RowParallelLinearOptions options;
+  Communicator comm;
+  at::Tensor weight;  // [out_features, in_local]
+  at::Tensor bias;    // [out_features] on every rank (added by rank 0 only), or undefined
+
+ private:
+  Range range_;
+  std::shared_ptr<QuantMethod> method_;
+};
+
+/// A ModuleHolder for RowParallelLinearImpl.
+TORCH_MODULE(RowParallelLinear);
+
+}  // namespace tp

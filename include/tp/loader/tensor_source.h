@@ -1,0 +1,81 @@
+#pragma once
+// TensorSource: a checkpoint tensor that can be read one slice at a time.
+//
+// Loading goes through sources so a rank reads only its shard: peak memory while
+// loading is the shard, not the tensor. Sources are backed by an in-memory tensor
+// (here), and by safetensors files or sharded checkpoint directories.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tp/shard/range.h"
+
+namespace tp {
+
+/// A named tensor whose shape and dtype are known without reading it, and whose
+/// slices along one dimension can be read on their own.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  /// The name used in error messages ("model.layers.0.mlp.up_proj.weight").
+  virtual const std::string& name() const = 0;
+  virtual std::vector<int64_t> shape() const = 0;
+  virtual at::ScalarType dtype() const = 0;
+  /// Elements `range` of dimension `dim`, all of every other dimension, as a new
+  /// contiguous CPU tensor that owns its memory. A 0-d tensor is read with dim = 0
+  /// and range [0, 1). Out-of-range arguments are an error naming the tensor.
+  virtual at::Tensor read(int64_t dim, Range range) const = 0;
+
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  /// The whole tensor.
+  at::Tensor read_all() const;
+};
+
+/// A source over a tensor already in memory (tests, benchmarks, weights computed at
+/// run time). `read` copies only the requested slice.
+class InMemorySource final : public TensorSource {
+ public:
+  InMemorySource(std::string name, at::Tensor tensor);
+  const std::string& name() const override { return name_; }
+  std::vector<int64_t> shape() const override;
+  at::ScalarType dtype() const override;
+  at::Tensor read(int64_t dim, Range range) const override;
+
+ private:
+  std::string name_;
+  at::Tensor tensor_;  // kept on its own device; read() returns CPU tensors
+};
+
+/// Checks `dim`/`range` against `source` and throws a c10::Error naming the tensor.
+/// For implementers of TensorSource.
+void check_read_args(const TensorSource& source, int64_t dim, Range range);
+
+/// Name -> source, the way a checkpoint is seen by the layers. Names are the
+/// Hugging Face names ("model.layers.0.self_attn.q_proj.weight").
+/// Example:
+///   tp::Checkpoint ckpt;
+///   ckpt.add("fc.weight", w);                 // an at::Tensor, or a TensorSource
+///   layer->load_weights(ckpt, "fc");
+class Checkpoint {
+ public:
+  Checkpoint() = default;
+  /// Adds a source under its own name; a duplicate name is an error.
+  void add(std::shared_ptr<const TensorSource> source);
+  /// Adds an in-memory tensor under `name`.
+  void add(const std::string& name, const at::Tensor& tensor);
+  bool contains(const std::string& name) const;
+  /// The source named `name`; an error naming it (and `where`, e.g. the layer) if absent.
+  const TensorSource& get(const std::string& name, const std::string& where = "") const;
+  std::vector<std::string> names() const;
+  size_t size() const { return sources_.size(); }
+
+ private:
+  std::map<std::string, std::shared_ptr<const TensorSource>> sources_;
+};
+
+}  // namespace tp

@@ -1,0 +1,68 @@
+#pragma once
+// QuantMethod: everything format-specific about one linear layer's weights.
+//
+// Layers never branch on the format: they ask the method for its TP alignment (which
+// feeds the shard policy), let it register the weight tensors with local shapes, load
+// them through load_shard, repack them, and run the GEMM.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tp/loader/load_shard.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_config.h"
+#include "tp/shard/range.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace tp {
+
+/// One checkpoint weight (e.g. "...q_proj") feeding part of a layer's local weight:
+/// the logical range of the split dimension this rank reads from it, and where
+/// that range lands in the local weight's split dimension.
+struct WeightPart {
+  std::string prefix;       // checkpoint name without ".weight" / ".weight_scale"
+  Range range;              // in the checkpoint tensor's logical split dimension
+  int64_t local_offset = 0; // in the local weight's split dimension
+  int64_t logical_size = -1;// the checkpoint tensor's logical extent of that dimension
+};
+
+class QuantMethod {
+ public:
+  virtual ~QuantMethod() = default;
+  /// The format's name, for pretty_print and errors ("none", "fp8_block", ...).
+  virtual std::string name() const = 0;
+  /// Every shard boundary of the split dimension must be a multiple of this many
+  /// elements (a quant block, a packed element); 1 when anything goes.
+  virtual int64_t tp_alignment(ShardMode mode) const = 0;
+  /// Registers the weight tensors on `layer` with local shapes. Weight: [out_local, in_local].
+  virtual void create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
+                              const at::TensorOptions& options) = 0;
+  /// Fills the weights with a fresh random initialisation (as torch::nn::Linear does,
+  /// with the GLOBAL fan-in so every TP size draws from the same distribution).
+  virtual void reset_parameters(int64_t global_in_features) = 0;
+  /// Reads this rank's slices of every part from `checkpoint` into the weights.
+  /// `layer` names the caller in errors.
+  virtual void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
+                    const std::string& layer) = 0;
+  /// Repacks loaded weights for the kernel (no-op when the stored layout is the kernel's).
+  virtual void finalize() {}
+  /// y = x W^T (+ bias). x: [..., in_local]; bias: [out_local] or none; y: [..., out_local].
+  virtual at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const = 0;
+  /// The dtype activations must have.
+  virtual at::ScalarType activation_dtype() const = 0;
+  /// Where the weights live; inputs must be there too.
+  virtual at::Device weight_device() const = 0;
+};
+
+/// The method for `config`; a format this build cannot run is an error naming it.
+std::shared_ptr<QuantMethod> make_quant_method(const QuantConfig& config);
+
+}  // namespace tp

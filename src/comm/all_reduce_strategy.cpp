@@ -1,0 +1,50 @@
+#include "tp/comm/all_reduce_strategy.h"
+
+#include <algorithm>
+#include <cctype>
+#include <ostream>
+
+#include <c10/util/Exception.h>
+
+namespace tp {
+namespace {
+
+// Every strategy, in enum order; to_string and parse both read this table.
+constexpr AllReduceStrategy kAllStrategies[] = {
+    AllReduceStrategy::kAuto,
+    AllReduceStrategy::kProcessGroup,
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+}  // namespace
+
+const char* to_string(AllReduceStrategy s) {
+  switch (s) {
+    case AllReduceStrategy::kAuto:
+      return "auto";
+    case AllReduceStrategy::kProcessGroup:
+      return "process_group";
+  }
+  TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
+}
+
+std::ostream& operator<<(std::ostream& out, AllReduceStrategy s) { return out << to_string(s); }
+
+AllReduceStrategy parse_all_reduce_strategy(const std::string& name) {
+  const std::string wanted = lower(name);
+  std::string valid;
+  for (AllReduceStrategy s : kAllStrategies) {
+    if (wanted == to_string(s)) return s;
+    valid += valid.empty() ? "" : ", ";
+    valid += to_string(s);
+  }
+  TORCH_CHECK_VALUE(false, "tp::parse_all_reduce_strategy: unknown all-reduce strategy '", name,
+                    "'; valid names (case-insensitive): ", valid);
+}
+
+}  // namespace tp

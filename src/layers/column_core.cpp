@@ -1,0 +1,115 @@
+#include "layers/column_core.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+
+#include "layers/layer_common.h"
+
+namespace tp::detail {
+
+std::vector<SegmentPlan> plans_for_all_ranks(int64_t world, const std::function<SegmentPlan(int64_t)>& plan_of) {
+  std::vector<SegmentPlan> plans;
+  plans.reserve(world);
+  for (int64_t r = 0; r < world; ++r) plans.push_back(plan_of(r));
+  return plans;
+}
+
+ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,
+                       const QuantConfig& quant, bool bias, const at::TensorOptions& options, torch::nn::Module& owner)
+    : layer_(std::move(layer)),
+      comm_(std::move(comm)),
+      plans_(std::move(plans)),
+      in_features_(in_features),
+      method_(make_quant_method(quant)) {
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(plans_.size()) == comm_.world_size());
+  const int64_t out_local = plan().local_size;
+  method_->create_weights(owner, out_local, in_features_, options);
+  if (bias) bias_ = owner.register_parameter("bias", at::empty({out_local}, options));
+}
+
+void ColumnCore::reset_parameters() {
+  method_->reset_parameters(in_features_);
+  reset_bias(bias_, in_features_);
+}
+
+at::Tensor ColumnCore::forward(const at::Tensor& x, bool gather_output) const {
+  check_input(layer_, x, in_features_, "in_features", method_->activation_dtype(), method_->weight_device());
+  // A rank that owns no output columns skips its GEMM (weighted splits, more ranks than units).
+  at::Tensor y = plan().local_size == 0
+                     ? at::empty(with_last_dim(x, 0), x.options())
+                     : method_->apply(x, bias_.defined() ? std::optional<at::Tensor>(bias_) : std::nullopt);
+  return gather_output ? gather(y) : y;
+}
+
+at::Tensor ColumnCore::gather(const at::Tensor& y_local) const {
+  if (comm_.world_size() == 1) return y_local;
+  std::vector<int64_t> sizes;
+  for (const auto& p : plans_) sizes.push_back(p.local_size);
+  // One collective for all segments; then each segment is rebuilt from the ranks'
+  // pieces in source order. A replicated piece (KV heads when world > num_kv_heads)
+  // is taken once.
+  const at::Tensor all = comm_.all_gather(y_local.contiguous(), -1, sizes);
+  std::vector<at::Tensor> out;
+  const auto& mine = plan();
+  for (size_t s = 0; s < mine.pieces.size(); ++s) {
+    std::vector<std::pair<Range, at::Tensor>> blocks;  // (source range, data)
+    int64_t rank_offset = 0;
+    for (const auto& p : plans_) {
+      const auto& piece = p.pieces[s];
+      const bool seen = std::any_of(blocks.begin(), blocks.end(),
+                                    [&](const auto& b) { return b.first == piece.source; });
+      if (!seen && piece.size() > 0)
+        blocks.emplace_back(piece.source, all.narrow(-1, rank_offset + piece.local_offset, piece.size()));
+      rank_offset += p.local_size;
+    }
+    std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
+    int64_t covered = 0;
+    for (const auto& b : blocks) {
+      TORCH_INTERNAL_ASSERT(b.first.begin == covered, layer_, ": segment '", mine.pieces[s].name,
+                            "' pieces do not tile it");
+      covered = b.first.end;
+      out.push_back(b.second);
+    }
+    TORCH_INTERNAL_ASSERT(covered == mine.pieces[s].segment_size);
+  }
+  return out.empty() ? all : at::cat(out, -1);
+}
+
+std::vector<at::Tensor> ColumnCore::split(const at::Tensor& y, bool gathered) const {
+  const auto& mine = plan();
+  const int64_t expected = gathered ? mine.global_size : mine.local_size;
+  TORCH_CHECK_VALUE(y.defined() && y.dim() >= 1 && y.size(-1) == expected, layer_, ": cannot split a tensor of shape ",
+                    y.sizes(), "; expected [..., ", expected, "] (the ", gathered ? "gathered" : "local",
+                    " output)");
+  std::vector<at::Tensor> parts;
+  for (const auto& piece : mine.pieces) {
+    parts.push_back(gathered ? y.narrow(-1, piece.fused_offset, piece.segment_size)
+                             : y.narrow(-1, piece.local_offset, piece.size()));
+  }
+  return parts;
+}
+
+void ColumnCore::load(const Checkpoint& checkpoint, const std::vector<std::string>& prefixes) {
+  const auto& mine = plan();
+  TORCH_INTERNAL_ASSERT(prefixes.size() == mine.pieces.size());
+  std::vector<WeightPart> parts;
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    const auto& piece = mine.pieces[i];
+    parts.push_back({prefixes[i], piece.source, piece.local_offset, piece.segment_size});
+  }
+  method_->load(checkpoint, parts, ShardMode::kColumn, layer_);
+  method_->finalize();
+  if (!bias_.defined()) return;
+  at::NoGradGuard no_grad;
+  for (const auto& part : parts) {
+    const auto& source = checkpoint.get(part.prefix + ".bias", layer_);
+    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, layer_, ": tensor '",
+                      source.name(), "' has shape ", c10::IntArrayRef(source.shape()), "; expected [",
+                      part.logical_size, "]");
+    bias_.narrow(0, part.local_offset, part.range.size()).copy_(load_shard(source, ShardMode::kColumn, part.range, {}, layer_));
+  }
+}
+
+}  // namespace tp::detail

@@ -1,0 +1,66 @@
+#pragma once
+// ColumnCore: what every column-parallel layer shares.
+//
+// The output dimension is a list of named segments (one for ColumnParallelLinear;
+// q,k,v for QKV; gate,up for GateUp), each split on its own; a rank's local output
+// is the concatenation of its piece of every segment. The core owns the weights
+// (through the QuantMethod), the bias, the forward, the gather and the loading.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_method.h"
+#include "tp/shard/segments.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace tp::detail {
+
+class ColumnCore {
+ public:
+  /// `plans[r]` is rank r's plan of the output dimension (every rank's is kept so
+  /// a gather knows everyone's sizes). Registers "weight" (via the method) and,
+  /// with `bias`, "bias" on `owner`.
+  ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,
+             const QuantConfig& quant, bool bias, const at::TensorOptions& options, torch::nn::Module& owner);
+
+  const SegmentPlan& plan() const { return plans_[comm_.rank()]; }
+  const std::vector<SegmentPlan>& plans() const { return plans_; }
+  const QuantMethod& method() const { return *method_; }
+  int64_t in_features() const { return in_features_; }
+
+  /// Fresh random weights and bias (global fan-in).
+  void reset_parameters();
+  /// x: [..., in] -> [..., local_out], or [..., global_out] with `gather` (segments
+  /// in global order, each whole).
+  at::Tensor forward(const at::Tensor& x, bool gather) const;
+  /// Splits an output into its segments: local pieces, or whole segments when
+  /// `gathered`.
+  std::vector<at::Tensor> split(const at::Tensor& y, bool gathered) const;
+  /// Loads segment i from checkpoint tensors `prefixes[i] + ".weight"` (and
+  /// ".bias" when the layer has one).
+  void load(const Checkpoint& checkpoint, const std::vector<std::string>& prefixes);
+
+ private:
+  at::Tensor gather(const at::Tensor& y_local) const;
+
+  std::string layer_;
+  Communicator comm_;
+  std::vector<SegmentPlan> plans_;
+  int64_t in_features_;
+  std::shared_ptr<QuantMethod> method_;
+  at::Tensor bias_;  // [local_out] or undefined
+};
+
+/// Every rank's plan, from a function of the rank.
+std::vector<SegmentPlan> plans_for_all_ranks(int64_t world, const std::function<SegmentPlan(int64_t)>& plan_of);
+
+}  // namespace tp::detail

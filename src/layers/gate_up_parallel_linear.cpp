@@ -1,0 +1,70 @@
+#include "tp/layers/gate_up_parallel_linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "layers/column_core.h"
+#include "layers/layer_common.h"
+
+namespace tp {
+
+namespace {
+constexpr const char* kLayer = "GateUpParallelLinear";
+}
+
+GateUpParallelLinearOptions::GateUpParallelLinearOptions(int64_t hidden_size, int64_t intermediate_size)
+    : hidden_size_(hidden_size), intermediate_size_(intermediate_size) {}
+
+GateUpParallelLinearImpl::GateUpParallelLinearImpl(GateUpParallelLinearOptions options_, Communicator comm_)
+    : options(std::move(options_)), comm(std::move(comm_)) {
+  reset();
+}
+
+void GateUpParallelLinearImpl::reset() {
+  TORCH_CHECK_VALUE(options.hidden_size() > 0 && options.intermediate_size() > 0, kLayer,
+                    ": sizes must be positive; got hidden_size=", options.hidden_size(),
+                    ", intermediate_size=", options.intermediate_size());
+  detail::check_common_options(kLayer, options.dtype());
+  const auto method = make_quant_method(options.quant());
+  const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
+  auto plans = detail::with_layer_context(kLayer, [&] {
+    const auto policy = options.split().with_granularity(
+        combine_granularity(options.split().granularity, method->tp_alignment(ShardMode::kColumn)));
+    return detail::plans_for_all_ranks(comm.world_size(), [&](int64_t r) {
+      return plan_segments(segments, comm.world_size(), r, policy);
+    });
+  });
+  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(),
+                                               options.quant(), options.bias(),
+                                               at::TensorOptions().dtype(options.dtype()).device(options.device()),
+                                               *this);
+  weight = named_parameters(/*recurse=*/false)["weight"];
+  bias = options.bias() ? named_parameters(false)["bias"] : at::Tensor();
+  reset_parameters();
+}
+
+void GateUpParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
+
+void GateUpParallelLinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "tp::GateUpParallelLinear(hidden_size=" << options.hidden_size()
+         << ", intermediate_size=" << options.intermediate_size() << ", local_intermediate=" << local_range()
+         << ", bias=" << (options.bias() ? "true" : "false");
+  if (options.gather_output()) stream << ", gather_output=true";
+  if (core_->method().name() != "none") stream << ", quant=" << core_->method().name();
+  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+}
+
+at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+
+std::tuple<at::Tensor, at::Tensor> GateUpParallelLinearImpl::split(const at::Tensor& y) const {
+  auto parts = core_->split(y, options.gather_output());
+  return {parts[0], parts[1]};
+}
+
+void GateUpParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
+  core_->load(checkpoint, {prefix + ".gate_proj", prefix + ".up_proj"});
+}
+
+Range GateUpParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }
+
+}  // namespace tp

@@ -1,0 +1,39 @@
+#include "layers/layer_common.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+namespace tp::detail {
+
+void check_input(const std::string& layer, const at::Tensor& x, int64_t expected_in, const char* in_name,
+                 at::ScalarType dtype, const at::Device& device) {
+  TORCH_CHECK_VALUE(x.defined(), layer, ": input is an undefined tensor");
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == expected_in, layer, ": input has shape ", x.sizes(),
+                    " but ", in_name, "=", expected_in, "; expected [..., ", expected_in, "]");
+  TORCH_CHECK_TYPE(x.scalar_type() == dtype, layer, ": input has dtype ", x.scalar_type(),
+                   " but the layer computes in ", dtype, "; convert the input or the layer (.to(", dtype, "))");
+  TORCH_CHECK_VALUE(x.device() == device, layer, ": input is on ", x.device(), " but the layer's weights are on ",
+                    device);
+}
+
+std::vector<int64_t> with_last_dim(const at::Tensor& x, int64_t last) {
+  auto shape = x.sizes().vec();
+  shape.back() = last;
+  return shape;
+}
+
+void reset_bias(at::Tensor& bias, int64_t global_in_features) {
+  if (!bias.defined()) return;
+  const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
+  at::NoGradGuard no_grad;
+  bias.uniform_(-bound, bound);
+}
+
+void check_common_options(const std::string& layer, at::ScalarType dtype) {
+  TORCH_CHECK_TYPE(at::isFloatingType(dtype), layer, ": dtype ", dtype,
+                   " is not a floating-point type (use float32, float64, bfloat16 or float16)");
+}
+
+}  // namespace tp::detail

@@ -1,0 +1,39 @@
+#pragma once
+// Private helpers shared by the layer implementations.
+
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include "tp/shard/split.h"
+
+namespace tp::detail {
+
+/// Runs `f`, turning a ShardError (tp/shard has no torch) into a c10::ValueError
+/// that starts with the layer's name.
+template <class F>
+auto with_layer_context(const std::string& layer, F&& f) -> decltype(f()) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const ShardError& e) {
+    TORCH_CHECK_VALUE(false, layer, ": ", e.what());
+  }
+}
+
+/// Checks a forward input: defined, at least 1-D, last dim `expected_in`, the
+/// activation dtype, on the weights' device. Messages name the layer and numbers.
+void check_input(const std::string& layer, const at::Tensor& x, int64_t expected_in, const char* in_name,
+                 at::ScalarType dtype, const at::Device& device);
+
+/// x's shape with the last dimension replaced by `last`.
+std::vector<int64_t> with_last_dim(const at::Tensor& x, int64_t last);
+
+/// The random initialisation torch::nn::Linear gives a bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+void reset_bias(at::Tensor& bias, int64_t global_in_features);
+
+/// Validates options shared by every layer (positive sizes, floating dtype).
+void check_common_options(const std::string& layer, at::ScalarType dtype);
+
+}  // namespace tp::detail

@@ -1,0 +1,94 @@
+#include "tp/loader/tensor_source.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace tp {
+
+namespace {
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  return os.str() + ']';
+}
+}  // namespace
+
+at::Tensor TensorSource::read_all() const {
+  const auto s = shape();
+  if (s.empty()) return read(0, {0, 1});
+  return read(0, {0, s[0]});
+}
+
+void check_read_args(const TensorSource& source, int64_t dim, Range range) {
+  const auto s = source.shape();
+  if (s.empty()) {
+    TORCH_CHECK_VALUE(dim == 0 && range.begin == 0 && range.end == 1, "reading tensor '", source.name(),
+                      "': it is 0-d, so the only valid read is dim 0, range [0,1); got dim ", dim,
+                      ", range ", range);
+    return;
+  }
+  const int64_t ndim = static_cast<int64_t>(s.size());
+  TORCH_CHECK_VALUE(dim >= 0 && dim < ndim, "reading tensor '", source.name(), "' of shape ", shape_str(s),
+                    ": invalid dim ", dim, " (dim should be in the 0..", ndim - 1, " range)");
+  TORCH_CHECK_VALUE(0 <= range.begin && range.begin <= range.end && range.end <= s[dim], "reading tensor '",
+                    source.name(), "' of shape ", shape_str(s), ": range ", range, " of dim ", dim,
+                    " is outside [0,", s[dim], ")");
+}
+
+InMemorySource::InMemorySource(std::string name, at::Tensor tensor)
+    : name_(std::move(name)), tensor_(std::move(tensor)) {
+  TORCH_CHECK_VALUE(tensor_.defined(), "InMemorySource '", name_, "': the tensor is undefined");
+}
+
+std::vector<int64_t> InMemorySource::shape() const { return tensor_.sizes().vec(); }
+
+at::ScalarType InMemorySource::dtype() const { return tensor_.scalar_type(); }
+
+at::Tensor InMemorySource::read(int64_t dim, Range range) const {
+  check_read_args(*this, dim, range);
+  if (tensor_.dim() == 0) return tensor_.to(at::kCPU).clone();
+  // clone() so the slice owns its memory: a caller may keep it after the source dies,
+  // and only the slice's bytes are copied.
+  const auto slice = tensor_.narrow(dim, range.begin, range.size());
+  return slice.is_cpu() ? slice.clone(at::MemoryFormat::Contiguous) : slice.to(at::kCPU).contiguous();
+}
+
+void Checkpoint::add(std::shared_ptr<const TensorSource> source) {
+  TORCH_CHECK_VALUE(source != nullptr, "Checkpoint::add: null source");
+  const auto& name = source->name();
+  TORCH_CHECK_VALUE(!sources_.count(name), "Checkpoint::add: a tensor named '", name, "' is already present");
+  sources_.emplace(name, std::move(source));
+}
+
+void Checkpoint::add(const std::string& name, const at::Tensor& tensor) {
+  add(std::make_shared<InMemorySource>(name, tensor));
+}
+
+bool Checkpoint::contains(const std::string& name) const { return sources_.count(name) != 0; }
+
+const TensorSource& Checkpoint::get(const std::string& name, const std::string& where) const {
+  auto it = sources_.find(name);
+  if (it != sources_.end()) return *it->second;
+  // Name a few neighbours: a wrong prefix is the usual mistake.
+  std::ostringstream near;
+  size_t shown = 0;
+  const auto dot = name.rfind('.');
+  const std::string stem = dot == std::string::npos ? name : name.substr(0, dot);
+  for (const auto& [n, _] : sources_) {
+    if (shown < 5 && n.rfind(stem.substr(0, stem.rfind('.') + 1), 0) == 0) near << (shown++ ? ", " : "") << n;
+  }
+  TORCH_CHECK_VALUE(false, where.empty() ? "" : where + ": ", "checkpoint has no tensor '", name, "' (",
+                    sources_.size(), " tensors", shown ? "; similar: " + near.str() : std::string(), ")");
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  out.reserve(sources_.size());
+  for (const auto& kv : sources_) out.push_back(kv.first);
+  return out;
+}
+
+}  // namespace tp

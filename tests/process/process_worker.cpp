@@ -1,0 +1,139 @@
+// One rank as its own process, for the tests that launch real processes
+// (tests/comm/process_launch_test.cpp). Usage: tp_process_worker MODE
+//
+// The rank comes from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT). A mode prints "rank R ok" and returns 0 when every check passes;
+// on any error the worker prints it to stderr and exits 1 (never aborts). To add a
+// mode, write `int run_xxx()` and add it to modes().
+
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/comm/launch.h"
+#include "tp/layers/column_parallel_linear.h"
+#include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/row_parallel_linear.h"
+#include "tp/loader/tensor_source.h"
+
+namespace {
+
+at::Tensor random_tensor(uint64_t seed, at::IntArrayRef shape, at::ScalarType dtype) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble)).to(dtype);
+}
+
+/// all_reduce, an uneven all_gather and a barrier over a TCP-store Gloo group.
+int run_comm() {
+  tp::Communicator comm = tp::communicator_from_env();
+  const int64_t rank = comm.rank();
+  const int64_t world = comm.world_size();
+  constexpr uint64_t kSeed = 20240611;
+
+  // all_reduce: every rank regenerates every rank's input for the reference.
+  at::Tensor t = random_tensor(kSeed + rank, {13, 7}, at::kFloat);
+  comm.all_reduce(t);
+  at::Tensor expected = at::zeros({13, 7}, at::kDouble);
+  for (int64_t r = 0; r < world; ++r) expected += random_tensor(kSeed + r, {13, 7}, at::kFloat).to(at::kDouble);
+  TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, 1e-5, 1e-5),
+              "all_reduce: result differs from the float64 reference by up to ",
+              (t.to(at::kDouble) - expected).abs().max().item<double>());
+
+  // all_gather: rank r holds r + 1 rows, the last rank none.
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < world; ++r) sizes.push_back(r == world - 1 ? 0 : r + 1);
+  auto piece = [&](int64_t r) { return random_tensor(kSeed + 1000 + r, {sizes[r], 5}, at::kFloat); };
+  at::Tensor gathered = comm.all_gather(piece(rank), 0, sizes);
+  std::vector<at::Tensor> pieces;
+  for (int64_t r = 0; r < world; ++r) pieces.push_back(piece(r));
+  TORCH_CHECK(at::equal(gathered, at::cat(pieces, 0)), "all_gather: result of shape ",
+              gathered.sizes(), " differs from the concatenated inputs");
+
+  comm.barrier();
+  std::cout << "rank " << rank << " ok" << std::endl;
+  return 0;
+}
+
+/// A Llama MLP (gate_up -> SiLU(gate) * up -> down) and a gathered column layer,
+/// each rank loading its shard of the same global weights, vs one-device float64.
+int run_mlp() {
+  tp::Communicator comm = tp::communicator_from_env();
+  constexpr uint64_t kSeed = 777;
+  const int64_t hidden = 40, inter = 136, tokens = 3;  // 136 / 8 = 17 units: uneven at 2 and 3 ranks
+  tp::Checkpoint ckpt;
+  const auto wg = random_tensor(kSeed + 1, {inter, hidden}, at::kDouble) * 0.2;
+  const auto wu = random_tensor(kSeed + 2, {inter, hidden}, at::kDouble) * 0.2;
+  const auto wd = random_tensor(kSeed + 3, {hidden, inter}, at::kDouble) * 0.1;
+  const auto bd = random_tensor(kSeed + 4, {hidden}, at::kDouble);
+  ckpt.add("mlp.gate_proj.weight", wg);
+  ckpt.add("mlp.up_proj.weight", wu);
+  ckpt.add("mlp.down_proj.weight", wd);
+  ckpt.add("mlp.down_proj.bias", bd);
+  const auto x = random_tensor(kSeed, {tokens, hidden}, at::kDouble);
+  const auto reference = at::linear(at::silu(at::linear(x, wg)) * at::linear(x, wu), wd, bd);
+
+  const auto split = tp::SplitPolicy{}.with_granularity(8);
+  tp::GateUpParallelLinear gate_up(tp::GateUpParallelLinearOptions(hidden, inter).dtype(at::kDouble).split(split), comm);
+  tp::RowParallelLinear down(tp::RowParallelLinearOptions(inter, hidden).dtype(at::kDouble).split(split), comm);
+  gate_up->load_weights(ckpt, "mlp");
+  down->load_weights(ckpt, "mlp.down_proj");
+  auto [gate, up] = gate_up->split(gate_up->forward(x));
+  const auto y = down->forward(at::silu(gate) * up);
+  const double err = (y - reference).abs().max().item<double>();
+  TORCH_CHECK(err < 1e-12, "mlp: rank ", comm.rank(), " differs from the reference by ", err);
+
+  tp::ColumnParallelLinear fc(tp::ColumnParallelLinearOptions(hidden, inter).dtype(at::kDouble).gather_output(true)
+                                  .bias(false), comm);
+  fc->load_weights(ckpt, "mlp.up_proj");
+  const double fc_err = (fc->forward(x) - at::linear(x, wu)).abs().max().item<double>();
+  TORCH_CHECK(fc_err < 1e-12, "gathered column: rank ", comm.rank(), " differs from the reference by ", fc_err);
+  comm.barrier();
+  std::cout << "rank " << comm.rank() << " ok" << std::endl;
+  return 0;
+}
+
+const std::map<std::string, std::function<int()>>& modes() {
+  static const std::map<std::string, std::function<int()>> kModes = {
+      {"comm", run_comm},
+      {"mlp", run_mlp},
+  };
+  return kModes;
+}
+
+std::string mode_names() {
+  std::string names;
+  for (const auto& [name, fn] : modes()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || modes().count(argv[1]) == 0) {
+    std::cerr << "usage: " << argv[0] << " MODE   (modes: " << mode_names() << ")" << std::endl;
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const char* rank = std::getenv("RANK");
+  const std::string who = "tp_process_worker " + mode + " (RANK=" + (rank ? rank : "unset") + ")";
+  try {
+    return modes().at(mode)();
+  } catch (const c10::Error& e) {
+    std::cerr << who << ": " << e.what_without_backtrace() << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << who << ": " << e.what() << std::endl;
+  } catch (...) {
+    std::cerr << who << ": unknown exception" << std::endl;
+  }
+  return 1;
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Copies the header-only build dependencies (Catch2 and its CMake files, gloo's
+# headers) from this machine's Debian packages into .deps/ (git-ignored), for a
+# machine that has no Debian -dev packages: the GPU machine gets them through the
+# device tool's `carry`, and CMake looks in .deps/ first (TP_DEPS_DIR).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+deps="$root/.deps"
+for p in catch2 libgloo-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    { echo "pack_deps: Debian package $p is missing (tools/setup.sh installs it)" >&2; exit 1; }
+done
+rm -rf "$deps"
+mkdir -p "$deps/include" "$deps/lib/cmake"
+cp -r /usr/include/catch2 "$deps/include/"
+cp -r /usr/lib/cmake/Catch2 "$deps/lib/cmake/"
+cp -r /usr/include/gloo "$deps/include/"
+du -sh "$deps"
