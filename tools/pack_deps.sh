@@ -14,5 +14,7 @@ rm -rf "$deps"
 mkdir -p "$deps/include" "$deps/lib/cmake"
 cp -r /usr/include/catch2 "$deps/include/"
 cp -r /usr/lib/cmake/Catch2 "$deps/lib/cmake/"
+# Catch2Targets.cmake checks that the library it declares exists (we use only the header).
+cp /usr/lib/libCatch2WithMain.a "$deps/lib/"
 cp -r /usr/include/gloo "$deps/include/"
 du -sh "$deps"

@@ -347,6 +347,15 @@ std::chrono::milliseconds CommunicatorOptions::default_timeout() {
   return std::chrono::milliseconds(*ms);
 }
 
+bool CommunicatorOptions::default_verify_calls() {
+  const auto v = detail::env_value("TP_COMM_VERIFY");
+  if (!v) return true;
+  TORCH_CHECK_VALUE(*v == "0" || *v == "1", "TP_COMM_VERIFY='", *v,
+                    "' is not valid: expected 1 (verify every collective's shapes across ranks, the default) "
+                    "or 0 (skip the check: one small allgather less per collective)");
+  return *v == "1";
+}
+
 Communicator::Communicator() : state_(std::make_shared<detail::CommunicatorState>()) {
   state_->env_all_reduce = all_reduce_from_env();
 }

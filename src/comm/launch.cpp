@@ -55,7 +55,13 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
                     c10::intrusive_ptr<c10d::Backend>(backend));
-  return Communicator(group, options);
+  Communicator comm(group, options);
+  // Gloo's constructor can return on one rank while a peer is still finishing its
+  // side of the handshake; if this rank then closed its group early (a short-lived
+  // communicator), that peer would wait for a connection that never completes.
+  // A barrier here means: every rank is fully connected when this returns.
+  comm.barrier();
+  return comm;
 }
 
 bool is_loopback(const std::string& addr) {
@@ -137,6 +143,8 @@ void run_ranks_in_threads(int64_t world, const std::function<void(Communicator&)
       try {
         comm = std::make_unique<Communicator>(make_gloo_communicator(store, r, world, options));
         fn(*comm);
+        // No rank closes its connections while a peer may still be using them.
+        comm->barrier();
       } catch (const c10::ValueError& e) {
         record(r, Kind::kValue, e.what_without_backtrace());
       } catch (const c10::TypeError& e) {

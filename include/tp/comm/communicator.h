@@ -39,9 +39,11 @@ struct CommunicatorOptions {
   /// both sides, if they disagree. Costs one small allgather per collective. Without
   /// it a disagreement times out, or with Gloo can abort the whole process (Gloo's
   /// transport thread throws, uncaught, when more bytes arrive than a rank expects).
-  bool verify_calls = true;
+  /// Default: TP_COMM_VERIFY from the environment (0 or 1), else on.
+  bool verify_calls = default_verify_calls();
 
   static std::chrono::milliseconds default_timeout();
+  static bool default_verify_calls();
 };
 
 /// A rank's view of its tensor-parallel group.
