@@ -53,8 +53,11 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank),
                                                        static_cast<int>(world));
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
-                    c10::intrusive_ptr<c10d::Backend>(backend));
+  // Gloo serves CUDA tensors too (through host memory): register it for both, so
+  // ranks as threads on one GPU work without NCCL.
+  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+    group->setBackend(device, c10d::ProcessGroup::BackendType::GLOO, c10::intrusive_ptr<c10d::Backend>(backend));
+  }
   Communicator comm(group, options);
   // Gloo's constructor can return on one rank while a peer is still finishing its
   // side of the handshake; if this rank then closed its group early (a short-lived
