@@ -1,6 +1,7 @@
 #include "tp/comm/launch.h"
 
 #include <chrono>
+#include <csignal>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <signal.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -33,8 +35,25 @@ void check_timeout(const char* fn, const CommunicatorOptions& options) {
                     " ms; expected a positive number of milliseconds");
 }
 
+/// Gloo writes to its peers' sockets without MSG_NOSIGNAL in places: when a peer has
+/// died, the write raises SIGPIPE, whose default action kills this whole process,
+/// instead of the error the collective should throw. Python ignores SIGPIPE at
+/// start-up, which is why torch.distributed users never see this; a C++ program
+/// does not. So the first group we create ignores SIGPIPE, unless the program has
+/// installed a handler of its own (which is then left alone).
+void ignore_sigpipe_unless_handled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      std::signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
                        const CommunicatorOptions& options, const GlooDevice& device) {
+  ignore_sigpipe_unless_handled();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices = {device};
   // Connects to every peer before returning (the full mesh is set up eagerly, unless

@@ -1,6 +1,9 @@
 // The launchers' configuration: TP_COMM_TIMEOUT_MS, torchrun's variables, connect_tcp.
 
 #include <chrono>
+#include <csignal>
+
+#include <signal.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
@@ -98,4 +101,13 @@ TEST_CASE("make_gloo_communicator fails within the timeout when a rank never joi
   REQUIRE_THROWS_WITH(tp::make_gloo_communicator(store, 2, 2, test_options()),
                       Contains("invalid rank 2 (rank should be in the 0..1 range)"));
   REQUIRE_THROWS_WITH(tp::make_gloo_communicator({}, 0, 2, test_options()), Contains("the store is null"));
+}
+
+TEST_CASE("a Gloo group ignores SIGPIPE, so a dead peer is an error and not a killed process", "[comm]") {
+  // Gloo can write to a dead peer's socket without MSG_NOSIGNAL; SIGPIPE's default
+  // action would end the process (seen on the GPU machine as a killed test binary).
+  tp::run_ranks_in_threads(2, [](Communicator&) {}, test_options());
+  struct sigaction current {};
+  REQUIRE(sigaction(SIGPIPE, nullptr, &current) == 0);
+  CHECK(current.sa_handler == SIG_IGN);
 }
