@@ -67,4 +67,7 @@ if [ ! -f "$build/build.ninja" ]; then
     ${TP_CMAKE_ARGS:-} >/dev/null
 fi
 log "building $build"
+# ccache keys on absolute paths unless told where the tree starts: with a base dir, a
+# fresh clone elsewhere (CI) hits the cache that an earlier clone filled.
+export CCACHE_BASEDIR="$root"
 cmake --build "$build" --parallel "$(nproc)"
