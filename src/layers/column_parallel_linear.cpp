@@ -26,10 +26,7 @@ void ColumnParallelLinearImpl::reset() {
                     ", out_features=", options.out_features());
   detail::check_common_options(kLayer, options.dtype());
   const auto method = make_quant_method(options.quant());
-  const auto policy = options.split().with_granularity(
-      detail::with_layer_context(kLayer, [&] {
-        return combine_granularity(options.split().granularity, method->tp_alignment(ShardMode::kColumn));
-      }));
+  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
   auto plans = detail::with_layer_context(kLayer, [&] {
     return detail::plans_for_all_ranks(comm.world_size(), [&](int64_t r) {
       return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);

@@ -27,9 +27,8 @@ void GateUpParallelLinearImpl::reset() {
   detail::check_common_options(kLayer, options.dtype());
   const auto method = make_quant_method(options.quant());
   const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
+  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
   auto plans = detail::with_layer_context(kLayer, [&] {
-    const auto policy = options.split().with_granularity(
-        combine_granularity(options.split().granularity, method->tp_alignment(ShardMode::kColumn)));
     return detail::plans_for_all_ranks(comm.world_size(), [&](int64_t r) {
       return plan_segments(segments, comm.world_size(), r, policy);
     });

@@ -7,6 +7,13 @@
 
 namespace tp::detail {
 
+SplitPolicy aligned_policy(const std::string& layer, const SplitPolicy& policy, const QuantMethod& method,
+                           ShardMode mode) {
+  return with_layer_context(layer, [&] {
+    return policy.with_granularity(combine_granularity(policy.granularity, method.tp_alignment(mode)));
+  });
+}
+
 void check_input(const std::string& layer, const at::Tensor& x, int64_t expected_in, const char* in_name,
                  at::ScalarType dtype, const at::Device& device) {
   TORCH_CHECK_VALUE(x.defined(), layer, ": input is an undefined tensor");

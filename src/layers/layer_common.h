@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include "tp/loader/load_shard.h"
+#include "tp/quant/quant_method.h"
 #include "tp/shard/split.h"
 
 namespace tp::detail {
@@ -21,6 +23,11 @@ auto with_layer_context(const std::string& layer, F&& f) -> decltype(f()) {
     TORCH_CHECK_VALUE(false, layer, ": ", e.what());
   }
 }
+
+/// `policy` with its granularity combined with the quant method's alignment for
+/// `mode`: every shard boundary must respect both. Errors carry the layer's name.
+SplitPolicy aligned_policy(const std::string& layer, const SplitPolicy& policy, const QuantMethod& method,
+                           ShardMode mode);
 
 /// Checks a forward input: defined, at least 1-D, last dim `expected_in`, the
 /// activation dtype, on the weights' device. Messages name the layer and numbers.

@@ -29,10 +29,7 @@ void QKVParallelLinearImpl::reset() {
                     ", num_kv_heads=", options.num_kv_heads());
   detail::check_common_options(kLayer, options.dtype());
   const auto method = make_quant_method(options.quant());
-  const auto policy = detail::with_layer_context(kLayer, [&] {
-    return options.split().with_granularity(
-        combine_granularity(options.split().granularity, method->tp_alignment(ShardMode::kColumn)));
-  });
+  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
   const int64_t world = comm.world_size();
   auto plan_of_rank = [&](int64_t r) {
     return plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), world, r, policy);

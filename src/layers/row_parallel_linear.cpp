@@ -25,9 +25,8 @@ void RowParallelLinearImpl::reset() {
                     ", out_features=", options.out_features());
   detail::check_common_options(kLayer, options.dtype());
   method_ = make_quant_method(options.quant());
+  const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
   range_ = detail::with_layer_context(kLayer, [&] {
-    const auto policy = options.split().with_granularity(
-        combine_granularity(options.split().granularity, method_->tp_alignment(ShardMode::kRow)));
     return split_for_rank(options.in_features(), comm.world_size(), comm.rank(), policy, "in_features");
   });
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());

@@ -9,6 +9,8 @@
 
 #include "tp/shard/heads.h"
 
+#include "shard/shard_fail.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -18,15 +20,10 @@
 namespace tp {
 namespace {
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  throw ShardError(os.str());
-}
+using detail::shard_fail;
 
 void check_positive(const char* name, int64_t value) {
-  if (value < 1) fail("plan_heads: invalid ", name, " ", value, " (", name, " should be >= 1)");
+  if (value < 1) shard_fail("plan_heads: invalid ", name, " ", value, " (", name, " should be >= 1)");
 }
 
 // The world sizes plan_heads accepts: every size up to num_kv_heads, and, when a
@@ -56,12 +53,12 @@ std::string working_worlds(int64_t num_kv_heads, int64_t num_heads, bool replica
 void check_weights(const std::vector<double>& weights, int64_t world) {
   if (weights.empty()) return;
   if (static_cast<int64_t>(weights.size()) != world) {
-    fail("plan_heads: got ", weights.size(), " weights for world_size ", world,
+    shard_fail("plan_heads: got ", weights.size(), " weights for world_size ", world,
          " (weights should have one entry per rank, or none for an even split)");
   }
   for (size_t r = 0; r < weights.size(); ++r) {
     if (!(weights[r] >= 0) || !std::isfinite(weights[r])) {
-      fail("plan_heads: invalid weight ", weights[r], " for rank ", r, " (weights should be finite and >= 0)");
+      shard_fail("plan_heads: invalid weight ", weights[r], " for rank ", r, " (weights should be finite and >= 0)");
     }
   }
 }
@@ -76,14 +73,14 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   check_positive("world_size", world);
   check_positive("granularity", policy.granularity);
   if (rank < 0 || rank >= world) {
-    fail("plan_heads: invalid rank ", rank, " (rank should be in the 0..", world - 1, " range)");
+    shard_fail("plan_heads: invalid rank ", rank, " (rank should be in the 0..", world - 1, " range)");
   }
   if (num_heads % num_kv_heads != 0) {
-    fail("plan_heads: num_heads=", num_heads, " is not a multiple of num_kv_heads=", num_kv_heads,
+    shard_fail("plan_heads: num_heads=", num_heads, " is not a multiple of num_kv_heads=", num_kv_heads,
          " (every KV head must serve the same number of query heads)");
   }
   if (num_heads > std::numeric_limits<int64_t>::max() / head_dim) {
-    fail("plan_heads: num_heads * head_dim = ", num_heads, " * ", head_dim, " overflows int64");
+    shard_fail("plan_heads: num_heads * head_dim = ", num_heads, " * ", head_dim, " overflows int64");
   }
   check_weights(policy.weights, world);
 
@@ -104,7 +101,7 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   const int64_t unit_q = combine_granularity(group * head_dim, g) / (group * head_dim);
   const int64_t unit_kv = combine_granularity(unit_k, unit_q);
   if (num_kv_heads % unit_kv != 0) {
-    fail("plan_heads: num_kv_heads=", num_kv_heads, " (head_dim=", head_dim,
+    shard_fail("plan_heads: num_kv_heads=", num_kv_heads, " (head_dim=", head_dim,
          ") cannot be split on the granularity ", g, ": boundaries must fall on multiples of ", g,
          " elements, i.e. every ", unit_kv, " KV heads, and ", num_kv_heads, " is not a multiple of ", unit_kv,
          "; pad num_kv_heads to ", round_up(num_kv_heads, unit_kv),
@@ -122,12 +119,12 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   // be on the granularity (otherwise a quant block would straddle two ranks' heads).
   const bool replication_ok = unit_k == 1;
   if (world % num_kv_heads != 0) {
-    fail("plan_heads: world_size=", world, " is larger than num_kv_heads=", num_kv_heads,
+    shard_fail("plan_heads: world_size=", world, " is larger than num_kv_heads=", num_kv_heads,
          ", so each KV head is replicated, which needs world_size to be a multiple of ", num_kv_heads,
          "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
   }
   if (!replication_ok) {
-    fail("plan_heads: world_size=", world, " replicates each of the num_kv_heads=", num_kv_heads,
+    shard_fail("plan_heads: world_size=", world, " replicates each of the num_kv_heads=", num_kv_heads,
          " KV heads, so a rank holds a single KV head of head_dim=", head_dim,
          " elements, which is not a multiple of the granularity ", g,
          "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
@@ -149,7 +146,7 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
       double sum = 0;
       for (int64_t j = 0; j < replicas; ++j) sum += policy.weights[static_cast<size_t>(k * replicas + j)];
       if (sum == 0) {
-        fail("plan_heads: ranks ", k * replicas, "..", (k + 1) * replicas - 1, " share KV head ", k,
+        shard_fail("plan_heads: ranks ", k * replicas, "..", (k + 1) * replicas - 1, " share KV head ", k,
              " and all have weight 0, so nobody would own its query heads");
       }
     }

@@ -7,6 +7,8 @@
 
 #include "tp/shard/segments.h"
 
+#include "shard/shard_fail.h"
+
 #include <cstddef>
 #include <limits>
 #include <sstream>
@@ -14,17 +16,12 @@
 namespace tp {
 namespace {
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  throw ShardError(os.str());
-}
+using detail::shard_fail;
 
 void check_world_rank(const char* op, int64_t world, int64_t rank) {
-  if (world < 1) fail(op, ": invalid world_size ", world, " (world_size should be >= 1)");
+  if (world < 1) shard_fail(op, ": invalid world_size ", world, " (world_size should be >= 1)");
   if (rank < 0 || rank >= world) {
-    fail(op, ": invalid rank ", rank, " (rank should be in the 0..", world - 1, " range)");
+    shard_fail(op, ": invalid rank ", rank, " (rank should be in the 0..", world - 1, " range)");
   }
 }
 
@@ -51,7 +48,7 @@ std::vector<int64_t> SegmentPlan::local_sizes() const {
 
 SegmentPlan make_segment_plan(const std::vector<Segment>& segments, const std::vector<Range>& ranges) {
   if (segments.size() != ranges.size()) {
-    fail("make_segment_plan: ", segments.size(), " segments but ", ranges.size(),
+    shard_fail("make_segment_plan: ", segments.size(), " segments but ", ranges.size(),
          " ranges (there should be one range per segment)");
   }
   SegmentPlan plan;
@@ -60,19 +57,19 @@ SegmentPlan make_segment_plan(const std::vector<Segment>& segments, const std::v
     const Segment& seg = segments[i];
     const Range& r = ranges[i];
     if (seg.size < 0) {
-      fail("make_segment_plan: invalid size ", seg.size, " for segment \"", seg.name, "\" (size should be >= 0)");
+      shard_fail("make_segment_plan: invalid size ", seg.size, " for segment \"", seg.name, "\" (size should be >= 0)");
     }
     // piece(name) must be unambiguous, so a name may appear once.
     for (size_t j = 0; j < i; ++j) {
       if (segments[j].name == seg.name) {
-        fail("make_segment_plan: segment name \"", seg.name, "\" appears twice (names should be unique)");
+        shard_fail("make_segment_plan: segment name \"", seg.name, "\" appears twice (names should be unique)");
       }
     }
     if (r.begin < 0 || r.begin > r.end || r.end > seg.size) {
-      fail("make_segment_plan: range ", r, " for segment \"", seg.name, "\" is not inside [0,", seg.size, ")");
+      shard_fail("make_segment_plan: range ", r, " for segment \"", seg.name, "\" is not inside [0,", seg.size, ")");
     }
     if (plan.global_size > std::numeric_limits<int64_t>::max() - seg.size) {
-      fail("make_segment_plan: the total size of the segments overflows int64");
+      shard_fail("make_segment_plan: the total size of the segments overflows int64");
     }
 
     SegmentPiece p;
@@ -93,13 +90,13 @@ SegmentPlan plan_segments(const std::vector<Segment>& segments, int64_t world, i
                           const SplitPolicy& policy) {
   check_world_rank("plan_segments", world, rank);
   if (policy.granularity < 1) {
-    fail("plan_segments: invalid granularity ", policy.granularity, " (granularity should be >= 1)");
+    shard_fail("plan_segments: invalid granularity ", policy.granularity, " (granularity should be >= 1)");
   }
   std::vector<Range> ranges;
   ranges.reserve(segments.size());
   for (const Segment& seg : segments) {
     if (seg.granularity < 1) {
-      fail("plan_segments: invalid granularity ", seg.granularity, " for segment \"", seg.name,
+      shard_fail("plan_segments: invalid granularity ", seg.granularity, " for segment \"", seg.name,
            "\" (granularity should be >= 1)");
     }
     // The segment's name is the dimension an error names: "gate=11000 is not a

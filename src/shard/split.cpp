@@ -7,6 +7,8 @@
 
 #include "tp/shard/split.h"
 
+#include "shard/shard_fail.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -19,12 +21,7 @@ namespace {
 
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  throw ShardError(os.str());
-}
+using detail::shard_fail;
 
 // Rank `r`'s place in the queue for remainder units: rank `rotation % world` is
 // first, the next rank second, and so on around the ring. Negative rotations count
@@ -36,15 +33,15 @@ int64_t queue_position(int64_t r, int64_t world, int64_t rotation) {
 
 void check_args(int64_t total, int64_t world, const SplitPolicy& policy, const std::string& what) {
   if (world < 1) {
-    fail("split(", what, "): invalid world_size ", world, " (world_size should be >= 1)");
+    shard_fail("split(", what, "): invalid world_size ", world, " (world_size should be >= 1)");
   }
   if (policy.granularity < 1) {
-    fail("split(", what, "): invalid granularity ", policy.granularity, " (granularity should be >= 1)");
+    shard_fail("split(", what, "): invalid granularity ", policy.granularity, " (granularity should be >= 1)");
   }
-  if (total < 0) fail("split(", what, "): invalid size ", total, " (size should be >= 0)");
+  if (total < 0) shard_fail("split(", what, "): invalid size ", total, " (size should be >= 0)");
   if (!policy.weights.empty()) {
     if (static_cast<int64_t>(policy.weights.size()) != world) {
-      fail("split(", what, "): got ", policy.weights.size(), " weights for world_size ", world,
+      shard_fail("split(", what, "): got ", policy.weights.size(), " weights for world_size ", world,
            " (weights should have one entry per rank, or none for an even split)");
     }
     bool any_positive = false;
@@ -52,16 +49,16 @@ void check_args(int64_t total, int64_t world, const SplitPolicy& policy, const s
       const double w = policy.weights[r];
       // !(w >= 0) also catches NaN, which compares false with everything.
       if (!(w >= 0) || !std::isfinite(w)) {
-        fail("split(", what, "): invalid weight ", w, " for rank ", r, " (weights should be finite and >= 0)");
+        shard_fail("split(", what, "): invalid weight ", w, " for rank ", r, " (weights should be finite and >= 0)");
       }
       any_positive = any_positive || w > 0;
     }
     if (!any_positive) {
-      fail("split(", what, "): all ", world, " weights are 0 (at least one rank must own a share)");
+      shard_fail("split(", what, "): all ", world, " weights are 0 (at least one rank must own a share)");
     }
   }
   if (total % policy.granularity != 0) {
-    fail(what, "=", total, " is not a multiple of the granularity ", policy.granularity, "; pad ", what, " to ",
+    shard_fail(what, "=", total, " is not a multiple of the granularity ", policy.granularity, "; pad ", what, " to ",
          round_up(total, policy.granularity));
   }
 }
@@ -138,7 +135,7 @@ std::vector<Range> split(int64_t total, int64_t world, const SplitPolicy& policy
   }
   if (begin != total) {
     // Our own invariant, not a user error; still an exception rather than abort().
-    fail("split(", what, "): internal error: ranges cover ", begin, " of ", total, " elements");
+    shard_fail("split(", what, "): internal error: ranges cover ", begin, " of ", total, " elements");
   }
   return ranges;
 }
@@ -146,10 +143,10 @@ std::vector<Range> split(int64_t total, int64_t world, const SplitPolicy& policy
 Range split_for_rank(int64_t total, int64_t world, int64_t rank, const SplitPolicy& policy,
                      const std::string& what) {
   if (world < 1) {
-    fail("split_for_rank(", what, "): invalid world_size ", world, " (world_size should be >= 1)");
+    shard_fail("split_for_rank(", what, "): invalid world_size ", world, " (world_size should be >= 1)");
   }
   if (rank < 0 || rank >= world) {
-    fail("split_for_rank(", what, "): invalid rank ", rank, " (rank should be in the 0..", world - 1,
+    shard_fail("split_for_rank(", what, "): invalid rank ", rank, " (rank should be in the 0..", world - 1,
          " range)");
   }
   // The whole split, not just this rank's arithmetic: a weighted share depends on
@@ -159,20 +156,20 @@ Range split_for_rank(int64_t total, int64_t world, int64_t rank, const SplitPoli
 
 int64_t combine_granularity(int64_t a, int64_t b) {
   if (a < 1 || b < 1) {
-    fail("combine_granularity: invalid granularity ", (a < 1 ? a : b), " (granularity should be >= 1)");
+    shard_fail("combine_granularity: invalid granularity ", (a < 1 ? a : b), " (granularity should be >= 1)");
   }
   const int64_t a_part = a / std::gcd(a, b);
-  if (a_part > kMaxInt64 / b) fail("combine_granularity: lcm(", a, ", ", b, ") overflows int64");
+  if (a_part > kMaxInt64 / b) shard_fail("combine_granularity: lcm(", a, ", ", b, ") overflows int64");
   return a_part * b;
 }
 
 int64_t round_up(int64_t total, int64_t granularity) {
   if (granularity < 1) {
-    fail("round_up: invalid granularity ", granularity, " (granularity should be >= 1)");
+    shard_fail("round_up: invalid granularity ", granularity, " (granularity should be >= 1)");
   }
-  if (total < 0) fail("round_up: invalid size ", total, " (size should be >= 0)");
+  if (total < 0) shard_fail("round_up: invalid size ", total, " (size should be >= 0)");
   const int64_t pad = (granularity - total % granularity) % granularity;
-  if (total > kMaxInt64 - pad) fail("round_up: ", total, " rounded up to a multiple of ", granularity, " overflows int64");
+  if (total > kMaxInt64 - pad) shard_fail("round_up: ", total, " rounded up to a multiple of ", granularity, " overflows int64");
   return total + pad;
 }
 
