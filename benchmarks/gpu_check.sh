@@ -32,7 +32,7 @@ generator=("-G" "Unix Makefiles"); command -v ninja >/dev/null && generator=("-G
 
 step "configure (TP_WITH_CUDA=ON)" configure.log \
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_cmake" \
-        -DTP_DEPS_DIR="$root/.deps" -DTP_WITH_CUDA=ON &&
+        -DTP_DEPS_DIR="$root/.deps" -DTP_WITH_CUDA=ON -DTP_PYTHON="$(command -v python3)" &&
 step "build" build.log cmake --build "$build" --parallel "$(nproc)" &&
 {
   step "ctest (all, GPU included)" ctest.log \

@@ -99,16 +99,34 @@ void ColumnCore::load(const Checkpoint& checkpoint, const std::vector<std::strin
     const auto& piece = mine.pieces[i];
     parts.push_back({prefixes[i], piece.source, piece.local_offset, piece.segment_size});
   }
-  method_->load(checkpoint, parts, ShardMode::kColumn, layer_);
+  load_parts(checkpoint, parts, layer_);
+}
+
+void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts,
+                            const std::string& what) {
+  // Every local row is written by exactly one part: a gap would keep stale weights.
+  std::vector<Range> local;
+  for (const auto& part : parts) {
+    if (part.range.size() > 0) local.push_back({part.local_offset, part.local_offset + part.range.size()});
+  }
+  std::sort(local.begin(), local.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  int64_t covered = 0;
+  for (const auto& r : local) {
+    TORCH_INTERNAL_ASSERT(r.begin == covered, what, ": load parts do not tile the local rows at ", covered);
+    covered = r.end;
+  }
+  TORCH_INTERNAL_ASSERT(covered == plan().local_size, what, ": load parts cover ", covered, " of ",
+                        plan().local_size, " local rows");
+  method_->load(checkpoint, parts, ShardMode::kColumn, what);
   method_->finalize();
   if (!bias_.defined()) return;
   at::NoGradGuard no_grad;
   for (const auto& part : parts) {
-    const auto& source = checkpoint.get(part.prefix + ".bias", layer_);
-    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, layer_, ": tensor '",
+    const auto& source = checkpoint.get(part.prefix + ".bias", what);
+    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, what, ": tensor '",
                       source.name(), "' has shape ", c10::IntArrayRef(source.shape()), "; expected [",
                       part.logical_size, "]");
-    bias_.narrow(0, part.local_offset, part.range.size()).copy_(load_shard(source, ShardMode::kColumn, part.range, {}, layer_));
+    bias_.narrow(0, part.local_offset, part.range.size()).copy_(load_shard(source, ShardMode::kColumn, part.range, {}, what));
   }
 }
 

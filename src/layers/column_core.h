@@ -48,6 +48,11 @@ class ColumnCore {
   /// Loads segment i from checkpoint tensors `prefixes[i] + ".weight"` (and
   /// ".bias" when the layer has one).
   void load(const Checkpoint& checkpoint, const std::vector<std::string>& prefixes);
+  /// Loads from explicit parts (a fused or interleaved checkpoint layout): each part
+  /// reads one range of rows of `part.prefix + ".weight"` (and ".bias") into its
+  /// local offset; the parts must tile the local output exactly. `what` names the
+  /// layer and the layout in errors.
+  void load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
  private:
   at::Tensor gather(const at::Tensor& y_local) const;

@@ -61,7 +61,28 @@ std::tuple<at::Tensor, at::Tensor> GateUpParallelLinearImpl::split(const at::Ten
 }
 
 void GateUpParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
-  core_->load(checkpoint, {prefix + ".gate_proj", prefix + ".up_proj"});
+  load_weights(checkpoint, prefix, GateUpCheckpointLayout());
+}
+
+void GateUpParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix,
+                                            const GateUpCheckpointLayout& layout) {
+  const auto& plan = core_->plan();
+  const auto& gate = plan.pieces.at(0);
+  const auto& up = plan.pieces.at(1);
+  // The separate layout's messages name each tensor already; a fused one names the layout too.
+  const std::string what = layout.layout() == GateUpLayout::kSeparate
+                               ? std::string(kLayer)
+                               : std::string(kLayer) + " (checkpoint layout " + to_string(layout.layout()) + ")";
+  std::vector<WeightPart> parts;
+  if (layout.layout() == GateUpLayout::kSeparate) {
+    parts = {{prefix + "." + layout.gate_name(), gate.source, gate.local_offset, gate.segment_size},
+             {prefix + "." + layout.up_name(), up.source, up.local_offset, up.segment_size}};
+  } else {
+    const std::string name = prefix + "." + layout.fused_name();
+    parts = {{name, gate.fused_source(), gate.local_offset, plan.global_size},
+             {name, up.fused_source(), up.local_offset, plan.global_size}};
+  }
+  core_->load_parts(checkpoint, parts, what);
 }
 
 Range GateUpParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }

@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
+#include <sstream>
+
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
 
@@ -68,7 +71,61 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> QKVParallelLinearImpl::split(cons
 }
 
 void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
-  core_->load(checkpoint, {prefix + ".q_proj", prefix + ".k_proj", prefix + ".v_proj"});
+  load_weights(checkpoint, prefix, QKVCheckpointLayout());
+}
+
+void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix,
+                                         const QKVCheckpointLayout& layout) {
+  const auto& plan = core_->plan();
+  const auto& q = plan.pieces.at(0);
+  const auto& k = plan.pieces.at(1);
+  const auto& v = plan.pieces.at(2);
+  const int64_t d = options.head_dim();
+  const int64_t group = head_plan_.group_size();
+  // The separate layout's messages name each tensor already; a fused one names the layout too.
+  std::ostringstream what;
+  what << kLayer;
+  if (layout.layout() != QKVLayout::kSeparate)
+    what << " (checkpoint layout " << to_string(layout.layout()) << ", " << options.num_kv_heads()
+       << " KV groups of " << group << " q heads, head_dim " << d << ")";
+  std::vector<WeightPart> parts;
+  switch (layout.layout()) {
+    case QKVLayout::kSeparate:
+      parts = {{prefix + "." + layout.q_name(), q.source, q.local_offset, q.segment_size},
+               {prefix + "." + layout.k_name(), k.source, k.local_offset, k.segment_size},
+               {prefix + "." + layout.v_name(), v.source, v.local_offset, v.segment_size}};
+      break;
+    case QKVLayout::kFused: {
+      const std::string name = prefix + "." + layout.fused_name();
+      for (const auto* piece : {&q, &k, &v})
+        parts.push_back({name, piece->fused_source(), piece->local_offset, plan.global_size});
+      break;
+    }
+    case QKVLayout::kInterleavedGroups: {
+      // Group g occupies rows [g * block, (g + 1) * block): its query heads, its k
+      // head, its v head. A rank's query heads are contiguous within each group, so
+      // it reads one block of q rows per group it touches, and one k and one v block
+      // per KV head: each a contiguous dim-0 range, never the whole tensor.
+      const std::string name = prefix + "." + layout.fused_name();
+      const int64_t block = (group + 2) * d;
+      const Range qh = head_plan_.q_heads;
+      for (int64_t h = qh.begin; h < qh.end;) {
+        const int64_t g = h / group;
+        const int64_t h_end = std::min(qh.end, (g + 1) * group);
+        const int64_t row = g * block + (h - g * group) * d;
+        parts.push_back({name, {row, row + (h_end - h) * d}, q.local_offset + (h - qh.begin) * d, plan.global_size});
+        h = h_end;
+      }
+      const Range kvh = head_plan_.kv_heads;
+      for (int64_t g = kvh.begin; g < kvh.end; ++g) {
+        const int64_t k_row = g * block + group * d;
+        parts.push_back({name, {k_row, k_row + d}, k.local_offset + (g - kvh.begin) * d, plan.global_size});
+        parts.push_back({name, {k_row + d, k_row + 2 * d}, v.local_offset + (g - kvh.begin) * d, plan.global_size});
+      }
+      break;
+    }
+  }
+  core_->load_parts(checkpoint, parts, what.str());
 }
 
 SplitPolicy QKVParallelLinearImpl::attention_output_split() const {

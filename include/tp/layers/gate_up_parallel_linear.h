@@ -13,6 +13,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/loader/fused_layout.h"
 #include "tp/loader/tensor_source.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/range.h"
@@ -59,6 +60,11 @@ class GateUpParallelLinearImpl : public torch::nn::Cloneable<GateUpParallelLinea
   /// Loads `prefix + ".gate_proj"` and ".up_proj", reading only this rank's rows.
   /// Example: gate_up->load_weights(ckpt, "model.layers.0.mlp").
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+  /// The same from a declared storage layout: separate gate/up tensors or one
+  /// [gate|up] tensor (`fused_name`). Shapes are checked against the layout.
+  /// Example: gate_up->load_weights(ckpt, "model.layers.0.mlp",
+  ///   tp::GateUpCheckpointLayout().layout(tp::GateUpLayout::kFused));
+  void load_weights(const Checkpoint& checkpoint, const std::string& prefix, const GateUpCheckpointLayout& layout);
 
   /// This rank's slice of the intermediate dimension (the down projection's input).
   Range local_range() const;

@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/loader/fused_layout.h"
 #include "tp/loader/tensor_source.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/heads.h"
@@ -64,6 +65,14 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   /// bias), reading only this rank's heads.
   /// Example: qkv->load_weights(ckpt, "model.layers.0.self_attn").
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+  /// The same from a declared storage layout: separate q/k/v tensors, one fused
+  /// [Q|K|V] tensor, or Megatron's per-KV-group interleaving. Either way only this
+  /// rank's rows are read (an interleaved rank reads one block per group it
+  /// touches). Shapes are checked against the layout; a mismatch is an error
+  /// naming the layer, the layout and both shapes.
+  /// Example: qkv->load_weights(ckpt, "model.layers.0.self_attention",
+  ///   tp::QKVCheckpointLayout().layout(tp::QKVLayout::kInterleavedGroups).fused_name("linear_qkv"));
+  void load_weights(const Checkpoint& checkpoint, const std::string& prefix, const QKVCheckpointLayout& layout);
 
   /// Which heads this rank owns.
   const HeadPlan& head_plan() const { return head_plan_; }

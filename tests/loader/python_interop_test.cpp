@@ -1,0 +1,100 @@
+// Interop with the Python `safetensors` package (PyPI), both ways, across every
+// dtype including bf16 and fp8: its files load bit-exactly here, and ours load
+// bit-exactly there (load_file, safe_open, get_slice). The Python side is
+// tests/loader/safetensors_interop.py, run with TP_PYTHON (the project's venv);
+// a missing interpreter or package fails the test, it never passes silently.
+
+#include "tp_catch.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "loader/loader_test_util.h"
+#include "tp/loader/safetensors.h"
+#include "tp/loader/safetensors_writer.h"
+
+using namespace tp;
+
+namespace {
+
+// Runs the interop script; returns its exit status, its output in `log`.
+int run_python(const std::string& mode, const test::TempDir& dir, std::string* log) {
+  const std::string python = TP_PYTHON, script = std::string(TP_LOADER_TEST_DIR) + "/safetensors_interop.py";
+  if (!test::file_exists(python)) {
+    *log = "no Python interpreter at " + python + ": run tools/setup.sh (it creates .venv with requirements.txt)";
+    return -1;
+  }
+  const std::string out = dir.file("python.log");
+  const std::string cmd = "'" + python + "' '" + script + "' " + mode + " '" + dir.str() + "' > '" + out + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  *log = test::read_bytes(out);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> shape;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) shape.push_back(std::stoll(item));
+  return shape;
+}
+
+}  // namespace
+
+TEST_CASE("files written by Python safetensors load bit-exactly, every dtype", "[loader][python]") {
+  test::TempDir dir;
+  std::string log;
+  const int rc = run_python("write", dir, &log);
+  INFO("python output:\n" << log);
+  REQUIRE(rc == 0);
+  const auto file = SafetensorsFile::open(dir.file("python.safetensors"));
+  CHECK(file.metadata().at("writer") == "python");
+  std::ifstream manifest(dir.file("manifest.txt"));
+  std::string name, dtype, shape;
+  int64_t count = 0;
+  while (manifest >> name >> dtype) {
+    // A 0-d tensor's shape field is empty: the rest of the line.
+    std::getline(manifest, shape);
+    shape.erase(0, shape.find_first_not_of(' '));
+    INFO("tensor " << name << " " << dtype << " [" << shape << "]");
+    const auto source = file.source(name);
+    CHECK(source->dtype() == safetensors_dtype(dtype));
+    CHECK(source->shape() == parse_shape(shape));
+    const auto got = source->read_all();
+    const auto expected = test::read_bytes(dir.file(name + ".bin"));
+    const auto got_bytes = test::bytes_of(got);
+    CHECK(std::string(static_cast<const char*>(got_bytes.data_ptr()), got_bytes.numel()) == expected);
+    ++count;
+  }
+  CHECK(count == 48);
+  CHECK(file.names().size() == 48);
+}
+
+TEST_CASE("files written by tp load bit-exactly in Python safetensors, every dtype", "[loader][python]") {
+  test::TempDir dir;
+  std::map<std::string, at::Tensor> tensors;
+  std::ofstream manifest(dir.file("manifest.txt"));
+  uint64_t seed = 500;
+  for (const char* st : {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"}) {
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{6, 5}, {2, 3, 4}, {}, {0, 2}}) {
+      const bool empty = !shape.empty() && shape[0] == 0;
+      const std::string name = std::string("cpp.") + st + "." + std::to_string(shape.size()) + "d" + (empty ? ".empty" : "");
+      const auto t = test::random_tensor(shape, safetensors_dtype(st), ++seed);
+      tensors[name] = t;
+      const auto bytes = test::bytes_of(t);
+      test::write_bytes(dir.file(name + ".bin"), std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+      manifest << name << " " << st << " ";
+      for (size_t i = 0; i < shape.size(); ++i) manifest << (i ? "," : "") << shape[i];
+      manifest << "\n";
+    }
+  }
+  manifest.close();
+  save_safetensors(dir.file("cpp.safetensors"), tensors, {{"writer", "tp"}, {"note", "from C++"}});
+  std::string log;
+  const int rc = run_python("check", dir, &log);
+  INFO("python output:\n" << log);
+  CHECK(rc == 0);
+}
