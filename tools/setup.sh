@@ -9,7 +9,8 @@
 #      (default ~/.cache/tp/venv-torch-<version>-py<X.Y>), so a fresh clone (CI) reuses
 #      it instead of downloading several GB again; `.venv` in the clone links to it.
 #      The torch version comes from requirements.txt, the only place it is pinned.
-#   3. CMake configure (once) and an incremental Ninja build in build/, with ccache.
+#   3. CMake configure (once) and an incremental Ninja build in build/, with ccache,
+#      including the Python extension (build/python/tp).
 #
 # Environment: TP_VENV (where the environment lives), TP_BUILD_DIR (default build),
 # TP_BUILD_TYPE (default Release), TP_WITH_CUDA (AUTO|ON|OFF), TP_CMAKE_ARGS (extra).
@@ -57,6 +58,9 @@ torch_cmake=$("$venv/bin/python" -c 'import torch.utils; print(torch.utils.cmake
 
 # ---- 3. Configure and build ------------------------------------------------------------
 build=${TP_BUILD_DIR:-build}
+# The Python extension (tp._C) builds with everything else, against the venv's Python
+# and torch; tools/test.sh imports it from $build/python.
+python_args=(-DTP_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$venv/bin/python")
 if [ ! -f "$build/build.ninja" ]; then
   log "configuring $build"
   # shellcheck disable=SC2086
@@ -64,7 +68,11 @@ if [ ! -f "$build/build.ninja" ]; then
     -DCMAKE_BUILD_TYPE="${TP_BUILD_TYPE:-Release}" \
     -DCMAKE_PREFIX_PATH="$torch_cmake" \
     -DTP_WITH_CUDA="${TP_WITH_CUDA:-AUTO}" \
+    "${python_args[@]}" \
     ${TP_CMAKE_ARGS:-} >/dev/null
+elif ! grep -q '^TP_BUILD_PYTHON:BOOL=ON$' "$build/CMakeCache.txt"; then
+  log "enabling the Python bindings in $build"
+  cmake "${python_args[@]}" "$build" >/dev/null
 fi
 log "building $build"
 # ccache keys on absolute paths unless told where the tree starts: with a base dir, a

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up everything (tools/setup.sh), builds, and runs every test.
+# Sets up everything (tools/setup.sh), builds, and runs every test: ctest, then the
+# Python bindings' pytest suite.
 #
 #   tools/test.sh            # from a fresh clone on Debian 12: installs, builds, tests
 #
@@ -20,3 +21,9 @@ else
   ctest_args+=(-LE cuda)
 fi
 ctest "${ctest_args[@]}"
+
+# The Python bindings (tests/python, examples/llama_block.py) against the build tree's
+# package. pytest's exit code 5 ("no tests collected") fails here like any other.
+case $build in /*) py_package=$build/python ;; *) py_package=$root/$build/python ;; esac
+echo "[test] Python bindings: pytest tests/python (tp from $py_package)"
+PYTHONPATH="$py_package${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python

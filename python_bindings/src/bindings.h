@@ -1,0 +1,50 @@
+#pragma once
+// Private to the extension: one init function per area, called from module.cpp.
+
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+namespace tp::python {
+
+/// AllReduceStrategy, CommunicatorOptions, Communicator (from a process group name).
+void init_comm(pybind11::module_& m);
+/// QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan.
+void init_config(pybind11::module_& m);
+/// Checkpoint (name -> tensor sources).
+void init_loader(pybind11::module_& m);
+/// The four layers and their options.
+void init_layers(pybind11::module_& m);
+
+/// `p` owned by a shared_ptr whose deleter releases the GIL while `*p` is destroyed.
+///
+/// Anything that may hold the last reference to a process group needs it: the
+/// group's destructor joins Gloo's worker thread, which may itself be dropping the
+/// last reference to a tensor that has a Python object (a forward's output), and
+/// that needs the GIL. Destroyed with the GIL held, the two wait on each other
+/// forever (torch binds its ProcessGroup with the same kind of holder,
+/// IntrusivePtrNoGilDestructor, for the same reason).
+template <class T>
+std::shared_ptr<T> release_gil_on_delete(T* p) {
+  return std::shared_ptr<T>(p, [](T* q) {
+    if (PyGILState_Check()) {
+      pybind11::gil_scoped_release no_gil;
+      delete q;
+    } else {
+      delete q;
+    }
+  });
+}
+
+/// What `print(stream)` writes, as a string (for __repr__).
+template <class F>
+std::string to_repr(F&& print) {
+  std::ostringstream out;
+  print(out);
+  return out.str();
+}
+
+}  // namespace tp::python

@@ -1,0 +1,112 @@
+// Bindings: AllReduceStrategy, CommunicatorOptions, Communicator.
+//
+// A torch.distributed process group crosses by NAME (group.group_name), resolved
+// here with c10d::resolve_process_group: no pybind11 holder of torch's crosses into
+// this module. Collectives release the GIL.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/communicator.h"
+
+namespace py = pybind11;
+
+namespace tp::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+std::shared_ptr<Communicator> from_group_name(const std::string& name, const CommunicatorOptions& options) {
+  TORCH_CHECK_VALUE(!name.empty(), "tp.Communicator: the process group name is empty; pass "
+                    "group.group_name of a torch.distributed ProcessGroup");
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  try {
+    group = c10d::resolve_process_group(name);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK_VALUE(false, "tp.Communicator: no torch.distributed process group is registered "
+                      "under the name '", name, "' (did this process call "
+                      "torch.distributed.init_process_group?): ", e.what_without_backtrace());
+  }
+  return release_gil_on_delete(new Communicator(group, options));
+}
+
+std::map<std::string, int64_t> counts_by_name(const Communicator& c) {
+  std::map<std::string, int64_t> out;
+  for (const auto& [strategy, n] : c.all_reduce_counts()) out[to_string(strategy)] = n;
+  return out;
+}
+
+}  // namespace
+
+void init_comm(py::module_& m) {
+  py::enum_<AllReduceStrategy>(m, "AllReduceStrategy", "AllReduce algorithms (auto: chosen per call).")
+      .value("auto", AllReduceStrategy::kAuto)
+      .value("process_group", AllReduceStrategy::kProcessGroup);
+  m.def("parse_all_reduce_strategy", &parse_all_reduce_strategy, py::arg("name"),
+        "The strategy named `name` ('auto', 'process_group'; case-insensitive); ValueError otherwise.");
+
+  py::class_<CommunicatorOptions>(m, "CommunicatorOptions", "Settings shared by every collective of a communicator.")
+      .def(py::init([](std::optional<double> timeout_s, AllReduceStrategy all_reduce, std::optional<bool> verify_calls) {
+             CommunicatorOptions o;
+             if (timeout_s) {
+               TORCH_CHECK_VALUE(*timeout_s > 0, "tp.CommunicatorOptions: timeout_s=", *timeout_s,
+                                 "; expected a positive number of seconds");
+               o.timeout = std::chrono::milliseconds(static_cast<int64_t>(*timeout_s * 1000.0 + 0.5));
+             }
+             o.all_reduce = all_reduce;
+             if (verify_calls) o.verify_calls = *verify_calls;
+             return o;
+           }),
+           py::arg("timeout_s") = py::none(), py::arg("all_reduce") = AllReduceStrategy::kAuto,
+           py::arg("verify_calls") = py::none(),
+           "timeout_s: a collective not done by then raises RuntimeError (default TP_COMM_TIMEOUT_MS or 300 s); "
+           "all_reduce: the default strategy; verify_calls: ranks check that they agree on each collective "
+           "(default TP_COMM_VERIFY or on).")
+      .def_property_readonly("timeout_s", [](const CommunicatorOptions& o) { return o.timeout.count() / 1000.0; })
+      .def_readonly("all_reduce", &CommunicatorOptions::all_reduce)
+      .def_readonly("verify_calls", &CommunicatorOptions::verify_calls);
+
+  // Held by a shared_ptr that releases the GIL on destruction (see release_gil_on_delete).
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator",
+                           "A rank's view of its tensor-parallel group; Communicator() is world size 1 "
+                           "(collectives are no-ops).")
+      .def(py::init([] { return release_gil_on_delete(new Communicator()); }))
+      .def_static("from_group_name", &from_group_name, py::arg("group_name"),
+                  py::arg("options") = CommunicatorOptions{},
+                  "Wraps the torch.distributed process group registered as `group_name` (group.group_name).")
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("world_size", &Communicator::world_size)
+      .def_property_readonly("options", &Communicator::options)
+      .def(
+          "all_reduce",
+          [](const Communicator& c, at::Tensor t, AllReduceStrategy strategy) { return c.all_reduce(t, strategy); },
+          py::arg("tensor"), py::arg("strategy") = AllReduceStrategy::kAuto, Release(),
+          "Sums `tensor` over all ranks in place (accumulating in at least fp32) and returns it.")
+      .def("all_gather", &Communicator::all_gather, py::arg("tensor"), py::arg("dim"), py::arg("sizes"), Release(),
+           "Concatenates every rank's tensor along `dim`; sizes[r] is rank r's extent.")
+      .def("reduce_scatter", &Communicator::reduce_scatter, py::arg("tensor"), py::arg("dim"), py::arg("sizes"),
+           Release(), "Sums over ranks and returns this rank's slice along `dim` (sizes[r]: rank r's extent).")
+      .def(
+          "broadcast", [](const Communicator& c, at::Tensor t, int64_t root) { c.broadcast(t, root); },
+          py::arg("tensor"), py::arg("root"), Release(), "Copies root's tensor into every rank's, in place.")
+      .def("barrier", &Communicator::barrier, Release(), "Returns once every rank has called it.")
+      .def("all_reduce_counts", &counts_by_name,
+           "How many all_reduce calls took each strategy (after resolving auto), by name.")
+      .def("__repr__", [](const Communicator& c) {
+        return "tp.Communicator(rank=" + std::to_string(c.rank()) + ", world_size=" + std::to_string(c.world_size()) +
+               ")";
+      });
+}
+
+}  // namespace tp::python

@@ -1,0 +1,82 @@
+// Bindings: QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan (plain values).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <pybind11/operators.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "tp/quant/quant_config.h"
+#include "tp/shard/heads.h"
+#include "tp/shard/range.h"
+#include "tp/shard/split.h"
+
+namespace py = pybind11;
+
+namespace tp::python {
+
+void init_config(py::module_& m) {
+  py::enum_<QuantFormat>(m, "QuantFormat", "Weight formats (none: the layer's dtype, GEMM by at::linear).")
+      .value("none", QuantFormat::kNone);
+
+  py::class_<QuantConfig>(m, "QuantConfig", "Selects a layer's weight format.")
+      .def(py::init([](QuantFormat format) { return QuantConfig{format}; }), py::arg("format") = QuantFormat::kNone)
+      .def_readwrite("format", &QuantConfig::format)
+      .def("__repr__", [](const QuantConfig& q) { return std::string("tp.QuantConfig(format=") + to_string(q.format) + ")"; });
+
+  py::class_<Range>(m, "Range", "A half-open interval [begin, end) of elements along one dimension.")
+      .def(py::init([](int64_t begin, int64_t end) { return Range{begin, end}; }), py::arg("begin"), py::arg("end"))
+      .def_readonly("begin", &Range::begin)
+      .def_readonly("end", &Range::end)
+      .def("size", &Range::size)
+      .def("__len__", &Range::size)
+      .def("__iter__", [](const Range& r) { return py::iter(py::make_tuple(r.begin, r.end)); })
+      .def(py::self == py::self)
+      .def(py::self != py::self)
+      .def("__repr__", [](const Range& r) { return to_repr([&](std::ostream& o) { o << "tp.Range" << r; }); });
+
+  py::class_<SplitPolicy>(m, "SplitPolicy",
+                          "How one dimension is split: granularity (every boundary a multiple of it), "
+                          "per-rank weights (empty: even), rotation (which rank takes the remainder first).")
+      .def(py::init([](int64_t granularity, std::vector<double> weights, int64_t rotation) {
+             SplitPolicy p;
+             p.granularity = granularity;
+             p.weights = std::move(weights);
+             p.rotation = rotation;
+             return p;
+           }),
+           py::arg("granularity") = 1, py::arg("weights") = std::vector<double>{}, py::arg("rotation") = 0)
+      .def_readwrite("granularity", &SplitPolicy::granularity)
+      .def_readwrite("weights", &SplitPolicy::weights)
+      .def_readwrite("rotation", &SplitPolicy::rotation)
+      .def("__repr__", [](const SplitPolicy& p) {
+        return to_repr([&](std::ostream& o) {
+          o << "tp.SplitPolicy(granularity=" << p.granularity << ", weights=[";
+          for (size_t i = 0; i < p.weights.size(); ++i) o << (i ? ", " : "") << p.weights[i];
+          o << "], rotation=" << p.rotation << ")";
+        });
+      });
+
+  m.def("split", &split, py::arg("total"), py::arg("world"), py::arg("policy") = SplitPolicy{},
+        py::arg("what") = "dimension", "Splits [0, total) into `world` ranges, in rank order (ValueError if it cannot).");
+
+  py::class_<HeadPlan>(m, "HeadPlan", "Which attention heads one rank owns.")
+      .def_readonly("num_heads", &HeadPlan::num_heads)
+      .def_readonly("num_kv_heads", &HeadPlan::num_kv_heads)
+      .def_readonly("head_dim", &HeadPlan::head_dim)
+      .def_readonly("world", &HeadPlan::world)
+      .def_readonly("rank", &HeadPlan::rank)
+      .def_readonly("q_heads", &HeadPlan::q_heads)
+      .def_readonly("kv_heads", &HeadPlan::kv_heads)
+      .def_readonly("kv_replicas", &HeadPlan::kv_replicas)
+      .def("__repr__", [](const HeadPlan& h) {
+        return to_repr([&](std::ostream& o) {
+          o << "tp.HeadPlan(q_heads=" << h.q_heads << ", kv_heads=" << h.kv_heads << ", kv_replicas=" << h.kv_replicas
+            << ", rank=" << h.rank << "/" << h.world << ")";
+        });
+      });
+}
+
+}  // namespace tp::python

@@ -1,0 +1,169 @@
+// Bindings: the four layers and their options.
+//
+// Each layer is bound over its Impl, held by std::shared_ptr (as torch::nn::ModuleHolder
+// holds it). The tp package wraps each in a torch.nn.Module whose parameters ARE the
+// tensors of this C++ module (same TensorImpl), so parameters(), state_dict(), .to()
+// and optimizers see what the C++ forward uses. forward and load_weights release the GIL.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/communicator.h"
+#include "tp/layers/column_parallel_linear.h"
+#include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/qkv_parallel_linear.h"
+#include "tp/layers/row_parallel_linear.h"
+#include "tp/loader/tensor_source.h"
+#include "tp/quant/quant_config.h"
+#include "tp/shard/split.h"
+
+namespace py = pybind11;
+
+namespace tp::python {
+namespace {
+
+using Release = py::call_guard<py::gil_scoped_release>;
+
+/// A read-write property over a TORCH_ARG field.
+#define TP_OPTION(cls, Options, field)                                                               \
+  cls.def_property(                                                                                  \
+      #field, [](const Options& o) { return o.field(); },                                            \
+      [](Options& o, std::decay_t<decltype(std::declval<const Options&>().field())> v) { o.field(std::move(v)); })
+
+/// Options fields every layer has.
+template <class Options>
+py::class_<Options> bind_options(py::module_& m, const char* name, const char* doc) {
+  py::class_<Options> cls(m, name, doc);
+  TP_OPTION(cls, Options, bias);
+  TP_OPTION(cls, Options, quant);
+  TP_OPTION(cls, Options, split);
+  TP_OPTION(cls, Options, dtype);
+  TP_OPTION(cls, Options, device);
+  return cls;
+}
+
+/// Members every layer has: construction, forward, loading, parameters, repr.
+template <class Impl, class Options>
+py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* name, const char* doc) {
+  py::class_<Impl, std::shared_ptr<Impl>> cls(m, name, doc);
+  // The layer holds a Communicator, hence maybe the last reference to its process
+  // group: destroyed without the GIL (see release_gil_on_delete).
+  cls.def(py::init([](Options options, const Communicator& comm) {
+            return release_gil_on_delete(new Impl(std::move(options), comm));
+          }),
+          py::arg("options"), py::arg("communicator"))
+      .def(
+          "forward", [](Impl& layer, const at::Tensor& x) { return layer.forward(x); }, py::arg("input"), Release(),
+          "The layer's forward (GIL released, collectives included).")
+      .def(
+          "load_weights",
+          [](Impl& layer, const Checkpoint& checkpoint, const std::string& prefix) {
+            layer.load_weights(checkpoint, prefix);
+          },
+          py::arg("checkpoint"), py::arg("prefix"), Release(),
+          "Loads this rank's slice of the checkpoint tensors under `prefix` (Hugging Face names).")
+      .def("reset_parameters", &Impl::reset_parameters, "Fresh random weights (global fan-in).")
+      .def_readonly("options", &Impl::options)
+      .def_property_readonly("communicator",
+                             [](const Impl& layer) { return release_gil_on_delete(new Communicator(layer.comm)); })
+      .def_property_readonly("weight", [](const Impl& layer) { return layer.weight; })
+      .def_property_readonly("bias",
+                             [](const Impl& layer) {
+                               return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt;
+                             })
+      .def(
+          "named_parameters",
+          [](const Impl& layer) {
+            std::vector<std::pair<std::string, at::Tensor>> out;
+            for (const auto& item : layer.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
+            return out;
+          },
+          "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
+      .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
+  return cls;
+}
+
+void bind_column(py::module_& m) {
+  auto opts = bind_options<ColumnParallelLinearOptions>(m, "ColumnParallelLinearOptions",
+                                                        "Options of ColumnParallelLinear; sizes are GLOBAL.");
+  opts.def(py::init<int64_t, int64_t>(), py::arg("in_features"), py::arg("out_features"));
+  TP_OPTION(opts, ColumnParallelLinearOptions, in_features);
+  TP_OPTION(opts, ColumnParallelLinearOptions, out_features);
+  TP_OPTION(opts, ColumnParallelLinearOptions, gather_output);
+
+  bind_layer<ColumnParallelLinearImpl, ColumnParallelLinearOptions>(
+      m, "ColumnParallelLinear", "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
+      .def("local_range", &ColumnParallelLinearImpl::local_range)
+      .def("ranges", &ColumnParallelLinearImpl::ranges);
+}
+
+void bind_row(py::module_& m) {
+  auto opts = bind_options<RowParallelLinearOptions>(m, "RowParallelLinearOptions",
+                                                     "Options of RowParallelLinear; sizes are GLOBAL.");
+  opts.def(py::init<int64_t, int64_t>(), py::arg("in_features"), py::arg("out_features"));
+  TP_OPTION(opts, RowParallelLinearOptions, in_features);
+  TP_OPTION(opts, RowParallelLinearOptions, out_features);
+  TP_OPTION(opts, RowParallelLinearOptions, input_is_parallel);
+  TP_OPTION(opts, RowParallelLinearOptions, reduce_output);
+  TP_OPTION(opts, RowParallelLinearOptions, all_reduce);
+
+  bind_layer<RowParallelLinearImpl, RowParallelLinearOptions>(
+      m, "RowParallelLinear", "y = x W^T + b with W's columns sharded; partial sums reduced over ranks.")
+      .def("local_range", &RowParallelLinearImpl::local_range);
+}
+
+void bind_qkv(py::module_& m) {
+  auto opts = bind_options<QKVParallelLinearOptions>(m, "QKVParallelLinearOptions",
+                                                     "Options of QKVParallelLinear; sizes are GLOBAL.");
+  opts.def(py::init<int64_t, int64_t, int64_t, int64_t>(), py::arg("hidden_size"), py::arg("head_dim"),
+           py::arg("num_heads"), py::arg("num_kv_heads"));
+  TP_OPTION(opts, QKVParallelLinearOptions, hidden_size);
+  TP_OPTION(opts, QKVParallelLinearOptions, head_dim);
+  TP_OPTION(opts, QKVParallelLinearOptions, num_heads);
+  TP_OPTION(opts, QKVParallelLinearOptions, num_kv_heads);
+  TP_OPTION(opts, QKVParallelLinearOptions, gather_output);
+
+  bind_layer<QKVParallelLinearImpl, QKVParallelLinearOptions>(
+      m, "QKVParallelLinear", "Fused [Q | K | V] projection, column-parallel by whole heads (GQA, KV replication).")
+      .def("split", &QKVParallelLinearImpl::split, py::arg("output"), "(q, k, v) views of a forward output.")
+      .def_property_readonly("head_plan", &QKVParallelLinearImpl::head_plan)
+      .def_property_readonly("local_q_heads", &QKVParallelLinearImpl::local_q_heads)
+      .def_property_readonly("local_kv_heads", &QKVParallelLinearImpl::local_kv_heads)
+      .def("attention_output_split", &QKVParallelLinearImpl::attention_output_split,
+           "The SplitPolicy that gives the O projection (RowParallelLinear) exactly this rank's query heads.");
+}
+
+void bind_gate_up(py::module_& m) {
+  auto opts = bind_options<GateUpParallelLinearOptions>(m, "GateUpParallelLinearOptions",
+                                                        "Options of GateUpParallelLinear; sizes are GLOBAL.");
+  opts.def(py::init<int64_t, int64_t>(), py::arg("hidden_size"), py::arg("intermediate_size"));
+  TP_OPTION(opts, GateUpParallelLinearOptions, hidden_size);
+  TP_OPTION(opts, GateUpParallelLinearOptions, intermediate_size);
+  TP_OPTION(opts, GateUpParallelLinearOptions, gather_output);
+
+  bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
+      m, "GateUpParallelLinear", "Fused [gate | up] projection of a gated MLP, column-parallel.")
+      .def("split", &GateUpParallelLinearImpl::split, py::arg("output"), "(gate, up) views of a forward output.")
+      .def("local_range", &GateUpParallelLinearImpl::local_range);
+}
+
+#undef TP_OPTION
+
+}  // namespace
+
+void init_layers(py::module_& m) {
+  bind_column(m);
+  bind_row(m);
+  bind_qkv(m);
+  bind_gate_up(m);
+}
+
+}  // namespace tp::python

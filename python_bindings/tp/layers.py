@@ -1,0 +1,314 @@
+"""The tensor-parallel layers as torch.nn.Modules.
+
+Each module holds the C++ module (``self._impl``) and registers the C++ module's own
+tensors as its parameters: the very same tensors (one TensorImpl, not a copy), so
+``parameters()``, ``state_dict()``, ``load_state_dict()``, optimizers and autograd
+all act on what the C++ forward reads. ``.to()``, ``.half()``, ``.cuda()`` swap the
+data of those tensors in place (as torch::nn::Module::to does), so both sides stay
+in sync. Sizes are GLOBAL; parameters have this rank's LOCAL shapes.
+"""
+
+from typing import Mapping, Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from . import _C
+from .distributed import all_reduce_strategy, communicator as make_communicator
+
+__all__ = [
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "QKVParallelLinear",
+    "GateUpParallelLinear",
+]
+
+QuantLike = Union[None, str, "_C.QuantFormat", "_C.QuantConfig"]
+CheckpointLike = Union["_C.Checkpoint", Mapping[str, torch.Tensor]]
+
+
+def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
+    if quant is None:
+        return _C.QuantConfig()
+    if isinstance(quant, _C.QuantConfig):
+        return quant
+    if isinstance(quant, _C.QuantFormat):
+        return _C.QuantConfig(quant)
+    if isinstance(quant, str):
+        formats = _C.QuantFormat.__members__
+        if quant not in formats:
+            raise ValueError(f"unknown quant format '{quant}'; expected one of {sorted(formats)}")
+        return _C.QuantConfig(formats[quant])
+    raise TypeError(f"quant: expected None, a format name, QuantFormat or QuantConfig, got {type(quant).__name__}")
+
+
+def _fill_options(options, *, bias, quant, split, dtype, device, **fields):
+    options.bias = bias
+    options.quant = _quant_config(quant)
+    if split is not None:
+        options.split = split
+    options.dtype = torch.get_default_dtype() if dtype is None else dtype
+    options.device = torch.device("cpu" if device is None else device)
+    for name, value in fields.items():
+        setattr(options, name, value)
+    return options
+
+
+def _resolve_communicator(group, comm) -> "_C.Communicator":
+    if comm is not None and group is not None:
+        raise ValueError("pass either group= or communicator=, not both")
+    return comm if comm is not None else make_communicator(group)
+
+
+class _ParallelLinear(nn.Module):
+    """What the four layers share: the C++ module and its tensors as parameters."""
+
+    def __init__(self, impl):
+        super().__init__()
+        self._impl = impl
+        for name, tensor in impl.named_parameters():
+            if type(tensor) is not nn.Parameter:
+                # The C++ tensor itself becomes the Parameter (same object, same TensorImpl).
+                tensor.__class__ = nn.Parameter
+            self.register_parameter(name, tensor)
+        if "bias" not in self._parameters:
+            self.register_parameter("bias", None)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        """Runs the C++ forward with the GIL released (collectives included)."""
+        return self._impl.forward(input)
+
+    def load_weights(self, checkpoint: CheckpointLike, prefix: str) -> None:
+        """Loads this rank's slice of the checkpoint tensors named ``prefix`` + ...
+
+        ``checkpoint`` is a tp.Checkpoint or a dict of Hugging Face names to full
+        (global) tensors, e.g. ``load_weights(hf_state_dict, "model.layers.0.mlp.down_proj")``.
+        """
+        if not isinstance(checkpoint, _C.Checkpoint):
+            checkpoint = _C.Checkpoint(dict(checkpoint))
+        self._impl.load_weights(checkpoint, prefix)
+
+    def reset_parameters(self) -> None:
+        """Fresh random weights, drawn with the GLOBAL fan-in."""
+        self._impl.reset_parameters()
+
+    @property
+    def options(self):
+        """The C++ options (global sizes, dtype and device at construction)."""
+        return self._impl.options
+
+    @property
+    def communicator(self) -> "_C.Communicator":
+        return self._impl.communicator
+
+    @property
+    def rank(self) -> int:
+        return self._impl.communicator.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.communicator.world_size
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module._apply may replace a Parameter with a new object (e.g. across
+        # devices); the C++ module would keep the old one. Instead swap the data of
+        # the shared tensor in place, as torch::nn::Module::to does in C++.
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        for name, param in self._parameters.items():
+            if param is None:
+                continue
+            with torch.no_grad():
+                applied = fn(param)
+            if applied is not param:
+                if not torch._has_compatible_shallow_copy_type(param, applied):
+                    raise RuntimeError(
+                        f"{type(self).__name__}: cannot convert parameter '{name}' in place "
+                        f"({param.type()} -> {applied.type()}); the C++ module must keep its tensor"
+                    )
+                param.data = applied
+            if param.grad is not None:
+                with torch.no_grad():
+                    grad = fn(param.grad)
+                if grad is not param.grad:
+                    param.grad = grad
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    def extra_repr(self) -> str:
+        text = repr(self._impl)  # "tp::Name(k=v, ...)", the C++ pretty_print
+        return text[text.index("(") + 1 : text.rindex(")")]
+
+    def __getstate__(self):
+        raise TypeError(
+            f"{type(self).__name__} holds a C++ module and a process group and cannot be pickled; "
+            "save its state_dict() instead"
+        )
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """y = x W^T + b with W's rows (output features) split over ranks.
+
+    Input [..., in_features] (the same on every rank); output [..., local out] (this
+    rank's slice, see ``local_range()``), or [..., out_features] with gather_output.
+    Parameters: weight [local out, in_features], bias [local out].
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        gather_output: bool = False,
+        quant: QuantLike = None,
+        split: Optional["_C.SplitPolicy"] = None,
+        dtype: Optional[torch.dtype] = None,
+        device=None,
+        group: Optional["dist.ProcessGroup"] = None,
+        communicator: Optional["_C.Communicator"] = None,
+    ):
+        options = _fill_options(
+            _C.ColumnParallelLinearOptions(in_features, out_features),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        )
+        super().__init__(_C.ColumnParallelLinear(options, _resolve_communicator(group, communicator)))
+
+    in_features = property(lambda self: self._impl.options.in_features)
+    out_features = property(lambda self: self._impl.options.out_features)
+
+    def local_range(self) -> Tuple[int, int]:
+        """This rank's rows of the global output, (begin, end)."""
+        return tuple(self._impl.local_range())
+
+    def ranges(self):
+        """Every rank's (begin, end), in rank order."""
+        return [tuple(r) for r in self._impl.ranges()]
+
+
+class RowParallelLinear(_ParallelLinear):
+    """y = x W^T + b with W's columns (input features) split over ranks.
+
+    Input: this rank's slice [..., local in] (input_is_parallel, the output of a
+    ColumnParallelLinear) or the whole [..., in_features]. Output [..., out_features],
+    summed over ranks unless reduce_output=False (then a partial sum; rank 0 adds the
+    bias, so it still sums to the right answer). Parameters: weight [out_features,
+    local in], bias [out_features].
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        input_is_parallel: bool = True,
+        reduce_output: bool = True,
+        all_reduce: Union[str, "_C.AllReduceStrategy"] = "auto",
+        quant: QuantLike = None,
+        split: Optional["_C.SplitPolicy"] = None,
+        dtype: Optional[torch.dtype] = None,
+        device=None,
+        group: Optional["dist.ProcessGroup"] = None,
+        communicator: Optional["_C.Communicator"] = None,
+    ):
+        options = _fill_options(
+            _C.RowParallelLinearOptions(in_features, out_features),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device,
+            input_is_parallel=input_is_parallel, reduce_output=reduce_output,
+            all_reduce=all_reduce_strategy(all_reduce),
+        )
+        super().__init__(_C.RowParallelLinear(options, _resolve_communicator(group, communicator)))
+
+    in_features = property(lambda self: self._impl.options.in_features)
+    out_features = property(lambda self: self._impl.options.out_features)
+
+    def local_range(self) -> Tuple[int, int]:
+        """This rank's columns of the global weight (its slice of the input), (begin, end)."""
+        return tuple(self._impl.local_range())
+
+
+class QKVParallelLinear(_ParallelLinear):
+    """The fused [Q | K | V] projection, split over ranks by whole heads.
+
+    With GQA a rank owns whole KV heads and the query heads that read them; with
+    more ranks than KV heads each KV head is replicated. Output [..., (local_q_heads
+    + 2 * local_kv_heads) * head_dim], or all heads with gather_output; ``split(y)``
+    gives (q, k, v).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: Optional[int] = None,
+        bias: bool = False,
+        *,
+        gather_output: bool = False,
+        quant: QuantLike = None,
+        split: Optional["_C.SplitPolicy"] = None,
+        dtype: Optional[torch.dtype] = None,
+        device=None,
+        group: Optional["dist.ProcessGroup"] = None,
+        communicator: Optional["_C.Communicator"] = None,
+    ):
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        options = _fill_options(
+            _C.QKVParallelLinearOptions(hidden_size, head_dim, num_heads, num_kv_heads),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        )
+        super().__init__(_C.QKVParallelLinear(options, _resolve_communicator(group, communicator)))
+
+    def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q, k, v) views of a forward output, each [..., heads * head_dim]."""
+        return self._impl.split(output)
+
+    head_plan = property(lambda self: self._impl.head_plan, doc="Which heads this rank owns.")
+    local_q_heads = property(lambda self: self._impl.local_q_heads)
+    local_kv_heads = property(lambda self: self._impl.local_kv_heads)
+
+    def attention_output_split(self) -> "_C.SplitPolicy":
+        """The split for the O projection (RowParallelLinear(num_heads * head_dim, hidden,
+        split=...)) that gives it exactly this rank's query heads."""
+        return self._impl.attention_output_split()
+
+
+class GateUpParallelLinear(_ParallelLinear):
+    """The fused [gate | up] projection of a gated MLP, column-parallel.
+
+    Output [..., 2 * local intermediate] ([gate_local | up_local]); ``split(y)`` gives
+    (gate, up), so SiLU(gate) * up needs no communication.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        *,
+        gather_output: bool = False,
+        quant: QuantLike = None,
+        split: Optional["_C.SplitPolicy"] = None,
+        dtype: Optional[torch.dtype] = None,
+        device=None,
+        group: Optional["dist.ProcessGroup"] = None,
+        communicator: Optional["_C.Communicator"] = None,
+    ):
+        options = _fill_options(
+            _C.GateUpParallelLinearOptions(hidden_size, intermediate_size),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        )
+        super().__init__(_C.GateUpParallelLinear(options, _resolve_communicator(group, communicator)))
+
+    def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(gate, up) views of a forward output."""
+        return self._impl.split(output)
+
+    def local_range(self) -> Tuple[int, int]:
+        """This rank's slice of the intermediate dimension (the down projection's input)."""
+        return tuple(self._impl.local_range())
