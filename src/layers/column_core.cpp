@@ -17,15 +17,17 @@ std::vector<SegmentPlan> plans_for_all_ranks(int64_t world, const std::function<
 }
 
 ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,
-                       const QuantConfig& quant, bool bias, const at::TensorOptions& options, torch::nn::Module& owner)
+                       std::shared_ptr<QuantMethod> method, bool bias, const at::TensorOptions& options,
+                       torch::nn::Module& owner)
     : layer_(std::move(layer)),
       comm_(std::move(comm)),
       plans_(std::move(plans)),
       in_features_(in_features),
-      method_(make_quant_method(quant)) {
+      method_(std::move(method)) {
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(plans_.size()) == comm_.world_size());
   const int64_t out_local = plan().local_size;
   method_->create_weights(owner, out_local, in_features_, options);
+  weight_ = owner.named_parameters(/*recurse=*/false)["weight"];
   if (bias) bias_ = owner.register_parameter("bias", at::empty({out_local}, options));
 }
 

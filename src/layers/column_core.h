@@ -30,12 +30,17 @@ class ColumnCore {
   /// a gather knows everyone's sizes). Registers "weight" (via the method) and,
   /// with `bias`, "bias" on `owner`.
   ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,
-             const QuantConfig& quant, bool bias, const at::TensorOptions& options, torch::nn::Module& owner);
+             std::shared_ptr<QuantMethod> method, bool bias, const at::TensorOptions& options,
+             torch::nn::Module& owner);
 
   const SegmentPlan& plan() const { return plans_[comm_.rank()]; }
   const std::vector<SegmentPlan>& plans() const { return plans_; }
   const QuantMethod& method() const { return *method_; }
   int64_t in_features() const { return in_features_; }
+  /// The parameters registered on the owner: the stored weight, and the bias
+  /// (undefined without one). Layers expose them as their `weight` / `bias`.
+  const at::Tensor& weight() const { return weight_; }
+  const at::Tensor& bias() const { return bias_; }
 
   /// Fresh random weights and bias (global fan-in).
   void reset_parameters();
@@ -62,6 +67,7 @@ class ColumnCore {
   std::vector<SegmentPlan> plans_;
   int64_t in_features_;
   std::shared_ptr<QuantMethod> method_;
+  at::Tensor weight_;  // as registered by the method
   at::Tensor bias_;  // [local_out] or undefined
 };
 

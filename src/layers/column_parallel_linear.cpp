@@ -32,12 +32,12 @@ void ColumnParallelLinearImpl::reset() {
       return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
     });
   });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.in_features(),
-                                               options.quant(), options.bias(),
+  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.in_features(), method,
+                                               options.bias(),
                                                at::TensorOptions().dtype(options.dtype()).device(options.device()),
                                                *this);
-  weight = named_parameters(/*recurse=*/false)["weight"];
-  bias = options.bias() ? named_parameters(false)["bias"] : at::Tensor();
+  weight = core_->weight();
+  bias = core_->bias();
   reset_parameters();
 }
 

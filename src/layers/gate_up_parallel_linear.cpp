@@ -33,12 +33,12 @@ void GateUpParallelLinearImpl::reset() {
       return plan_segments(segments, comm.world_size(), r, policy);
     });
   });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(),
-                                               options.quant(), options.bias(),
+  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(), method,
+                                               options.bias(),
                                                at::TensorOptions().dtype(options.dtype()).device(options.device()),
                                                *this);
-  weight = named_parameters(/*recurse=*/false)["weight"];
-  bias = options.bias() ? named_parameters(false)["bias"] : at::Tensor();
+  weight = core_->weight();
+  bias = core_->bias();
   reset_parameters();
 }
 

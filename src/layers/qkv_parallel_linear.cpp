@@ -41,12 +41,12 @@ void QKVParallelLinearImpl::reset() {
   auto plans = detail::with_layer_context(kLayer, [&] {
     return detail::plans_for_all_ranks(world, [&](int64_t r) { return plan_of_rank(r).qkv_plan(); });
   });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(),
-                                               options.quant(), options.bias(),
+  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(), method,
+                                               options.bias(),
                                                at::TensorOptions().dtype(options.dtype()).device(options.device()),
                                                *this);
-  weight = named_parameters(/*recurse=*/false)["weight"];
-  bias = options.bias() ? named_parameters(false)["bias"] : at::Tensor();
+  weight = core_->weight();
+  bias = core_->bias();
   reset_parameters();
 }
 
