@@ -52,9 +52,11 @@ std::map<std::string, int64_t> counts_by_name(const Communicator& c) {
 void init_comm(py::module_& m) {
   py::enum_<AllReduceStrategy>(m, "AllReduceStrategy", "AllReduce algorithms (auto: chosen per call).")
       .value("auto", AllReduceStrategy::kAuto)
-      .value("process_group", AllReduceStrategy::kProcessGroup);
+      .value("process_group", AllReduceStrategy::kProcessGroup)
+      .value("shm_one_shot", AllReduceStrategy::kSharedMemoryOneShot)
+      .value("shm_two_shot", AllReduceStrategy::kSharedMemoryTwoShot);
   m.def("parse_all_reduce_strategy", &parse_all_reduce_strategy, py::arg("name"),
-        "The strategy named `name` ('auto', 'process_group'; case-insensitive); ValueError otherwise.");
+        "The strategy named `name` ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot'; case-insensitive); ValueError otherwise.");
 
   py::class_<CommunicatorOptions>(m, "CommunicatorOptions", "Settings shared by every collective of a communicator.")
       .def(py::init([](std::optional<double> timeout_s, AllReduceStrategy all_reduce, std::optional<bool> verify_calls) {

@@ -52,7 +52,7 @@ def communicator(
 
 
 def all_reduce_strategy(value: Union[str, "_C.AllReduceStrategy"]) -> "_C.AllReduceStrategy":
-    """``value`` as an AllReduceStrategy; a name ('auto', 'process_group') is parsed."""
+    """``value`` as an AllReduceStrategy; a name ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot') is parsed."""
     if isinstance(value, _C.AllReduceStrategy):
         return value
     if isinstance(value, str):

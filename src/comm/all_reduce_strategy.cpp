@@ -13,6 +13,8 @@ namespace {
 constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kAuto,
     AllReduceStrategy::kProcessGroup,
+    AllReduceStrategy::kSharedMemoryOneShot,
+    AllReduceStrategy::kSharedMemoryTwoShot,
 };
 
 std::string lower(std::string s) {
@@ -29,6 +31,10 @@ const char* to_string(AllReduceStrategy s) {
       return "auto";
     case AllReduceStrategy::kProcessGroup:
       return "process_group";
+    case AllReduceStrategy::kSharedMemoryOneShot:
+      return "shm_one_shot";
+    case AllReduceStrategy::kSharedMemoryTwoShot:
+      return "shm_two_shot";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
 }

@@ -15,8 +15,10 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "comm/communicator_access.h"
 #include "comm/env.h"
 #include "comm/select.h"
+#include "comm/shm_all_reduce.h"
 
 namespace tp {
 
@@ -30,6 +32,10 @@ struct CommunicatorState {
   CommunicatorOptions options;
   /// TP_ALLREDUCE, parsed once at construction; nullopt when unset or "auto".
   std::optional<AllReduceStrategy> env_all_reduce;
+  /// Every rank runs on this host (see Communicator::ranks_on_one_host).
+  bool ranks_on_one_host = true;
+  /// The shared-memory workspace, created by the first shared-memory all_reduce.
+  mutable std::unique_ptr<ShmAllReduce> shm;
 
   mutable std::mutex counts_mutex;
   mutable std::map<AllReduceStrategy, int64_t> counts;  // guarded by counts_mutex
@@ -144,7 +150,8 @@ AllReduceStrategy resolve(const CommunicatorState& s, AllReduceStrategy requeste
   if (s.env_all_reduce) return *s.env_all_reduce;
   if (s.options.all_reduce != AllReduceStrategy::kAuto) return s.options.all_reduce;
   const AllReduceStrategy chosen = detail::select_all_reduce(
-      t.is_cuda(), s.world, static_cast<int64_t>(t.numel() * t.element_size()), t.scalar_type());
+      t.is_cuda(), s.world, static_cast<int64_t>(t.numel() * t.element_size()), t.scalar_type(),
+      s.ranks_on_one_host);
   TORCH_INTERNAL_ASSERT(chosen != AllReduceStrategy::kAuto, "select_all_reduce returned kAuto");
   return chosen;
 }
@@ -245,7 +252,7 @@ std::string describe(const Fingerprint& f) {
   }
   if (f[12] >= 0) {
     out << ", strategy=";
-    if (f[12] <= static_cast<int64_t>(AllReduceStrategy::kProcessGroup)) {
+    if (f[12] <= static_cast<int64_t>(AllReduceStrategy::kSharedMemoryTwoShot)) {
       out << static_cast<AllReduceStrategy>(f[12]);
     } else {
       out << "#" << f[12];  // a strategy this build does not know
@@ -255,11 +262,29 @@ std::string describe(const Fingerprint& f) {
   return out.str();
 }
 
+[[noreturn]] void calls_disagree(const CommunicatorState& s, const char* op, const Fingerprint& mine,
+                                 int64_t rank, const Fingerprint& theirs) {
+  TORCH_CHECK_VALUE(false, op_name(op), ": the ranks disagree on this collective: rank ", s.rank,
+                    " called ", describe(mine), " while rank ", rank, " called ", describe(theirs),
+                    ". Every rank must make the same collective calls in the same order, with "
+                    "the same dtype and shape (only all_gather's extents along dim may differ).");
+}
+
 /// Exchanges `mine` with every rank; every rank throws if any two disagree (each
 /// differs from at least one other, so none is left waiting).
 void verify_call(const CommunicatorState& s, const char* op, const Fingerprint& mine,
                  at::Device device) {
   if (!s.options.verify_calls) return;
+  // Once the ranks share a shared-memory workspace, every collective's fingerprint goes
+  // through it (one flag round trip instead of a process-group allgather). All
+  // collectives use the one sequence there, so a rank in all_reduce and a peer in,
+  // say, barrier still meet at the same step and both see the mismatch.
+  if (s.shm) {
+    s.shm->exchange(mine, op, [&](int64_t rank, const Fingerprint& theirs) {
+      calls_disagree(s, op, mine, rank, theirs);
+    });
+    return;
+  }
   at::Tensor local = at::tensor(c10::IntArrayRef(mine.data(), mine.size()), at::kLong).to(device);
   std::vector<at::Tensor> inputs{local};
   std::vector<std::vector<at::Tensor>> outputs(1);
@@ -273,11 +298,7 @@ void verify_call(const CommunicatorState& s, const char* op, const Fingerprint& 
     Fingerprint theirs;
     std::copy(theirs_t.data_ptr<int64_t>(), theirs_t.data_ptr<int64_t>() + theirs.size(),
               theirs.begin());
-    TORCH_CHECK_VALUE(theirs == mine, op_name(op), ": the ranks disagree on this collective: rank ",
-                      s.rank, " called ", describe(mine), " while rank ", r, " called ",
-                      describe(theirs),
-                      ". Every rank must make the same collective calls in the same order, with "
-                      "the same dtype and shape (only all_gather's extents along dim may differ).");
+    if (theirs != mine) calls_disagree(s, op, mine, r, theirs);
   }
 }
 
@@ -300,6 +321,44 @@ void all_reduce_process_group(const CommunicatorState& s, at::Tensor& t, const c
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
+void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root);
+void barrier_impl(const CommunicatorState& s);
+
+bool is_shared_memory(AllReduceStrategy strategy) {
+  return strategy == AllReduceStrategy::kSharedMemoryOneShot ||
+         strategy == AllReduceStrategy::kSharedMemoryTwoShot;
+}
+
+/// A forced strategy that cannot run here is an error (every rank sees the same
+/// tensor and settings, so all ranks throw alike and none is left waiting).
+void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const at::Tensor& t,
+                    const char* op) {
+  if (!is_shared_memory(taken)) return;
+  TORCH_CHECK_VALUE(t.is_cpu(), op_name(op), ": strategy ", taken,
+                    " reduces CPU tensors only; got a tensor on ", t.device(),
+                    ". Use auto or process_group for device tensors (check TP_ALLREDUCE and "
+                    "CommunicatorOptions::all_reduce)");
+  TORCH_CHECK_VALUE(detail::shm_supports_dtype(t.scalar_type()), op_name(op), ": strategy ", taken,
+                    " supports float32, float64, bfloat16 and float16; got ", t.scalar_type(),
+                    ". Use auto or process_group for this tensor");
+  TORCH_CHECK_VALUE(s.ranks_on_one_host, op_name(op), ": strategy ", taken, " needs every rank on "
+                    "this host, which is not known for this communicator (rank ", s.rank,
+                    " of world_size ", s.world, "): only run_ranks_in_threads, "
+                    "make_gloo_communicator and connect_tcp/communicator_from_env over a loopback "
+                    "MASTER_ADDR establish it. Use auto or process_group");
+}
+
+/// The communicator's shared-memory workspace, created on first use (a collective:
+/// every rank gets here at the same call, as the strategy is agreed).
+detail::ShmAllReduce& shm_workspace(const CommunicatorState& s) {
+  if (!s.shm) {
+    s.shm = std::make_unique<detail::ShmAllReduce>(
+        s.rank, s.world, s.options.timeout, [&](at::Tensor& t) { broadcast_impl(s, t, 0); },
+        [&] { barrier_impl(s); });
+  }
+  return *s.shm;
+}
+
 /// Validates, resolves and counts the strategy, then reduces `t` in place. `verify`:
 /// exchange an all_reduce fingerprint first (the caller has not checked agreement).
 void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy requested,
@@ -309,18 +368,31 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
   TORCH_CHECK_TYPE(dtype != at::kBool && !at::isComplexType(dtype), op_name(op), ": dtype ",
                    dtype, " cannot be summed; expected a floating-point or integer tensor");
   const AllReduceStrategy taken = resolve(s, requested, t);
+  check_possible(s, taken, t, op);
   {
     std::lock_guard<std::mutex> lock(s.counts_mutex);
     ++s.counts[taken];
   }
   // Shapes agree across ranks, so every rank skips an empty tensor alike.
   if (s.world == 1 || t.numel() == 0) return;
-  if (verify) {
-    verify_call(s, op, fingerprint(CallKind::kAllReduce, &t, -1, -1, taken, nullptr), t.device());
-  }
+  // A shared-memory all_reduce compares the fingerprints in the same step as its data
+  // (see verify_call): the process group's allgather would cost several times the
+  // reduction it guards. The first one (which creates the workspace) still verifies
+  // over the process group, so a peer in another collective gets the mismatch message.
+  const bool shm_step = is_shared_memory(taken) && s.shm != nullptr;
+  const Fingerprint mine = fingerprint(CallKind::kAllReduce, &t, -1, -1, taken, nullptr);
+  if (verify && !shm_step) verify_call(s, op, mine, t.device());
   switch (taken) {
     case AllReduceStrategy::kProcessGroup:
       all_reduce_process_group(s, t, op);
+      return;
+    case AllReduceStrategy::kSharedMemoryOneShot:
+    case AllReduceStrategy::kSharedMemoryTwoShot:
+      shm_workspace(s).run(t, taken == AllReduceStrategy::kSharedMemoryTwoShot, op,
+                           verify && shm_step && s.options.verify_calls ? &mine : nullptr,
+                           [&](int64_t rank, const Fingerprint& theirs) {
+                             calls_disagree(s, op, mine, rank, theirs);
+                           });
       return;
     case AllReduceStrategy::kAuto:
       break;
@@ -334,7 +406,47 @@ at::Tensor as_bytes(const at::Tensor& contiguous) {
   return contiguous.view({-1}).view(at::kByte);
 }
 
+void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root) {
+  const char* op = "broadcast";
+  check_defined(t, op);
+  TORCH_CHECK_VALUE(root >= 0 && root < s.world, op_name(op), ": invalid root ", root,
+                    " (root should be in the 0..", s.world - 1, " range)");
+  if (s.world == 1 || t.numel() == 0) return;
+  verify_call(s, op, fingerprint(CallKind::kBroadcast, &t, -1, root, std::nullopt, nullptr),
+              t.device());
+  at::Tensor buf = t.contiguous();
+  std::vector<at::Tensor> bufs{as_bytes(buf)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.rootTensor = 0;
+  opts.timeout = s.options.timeout;
+  run_collective(s, op, buf.is_cpu(), [&] { return s.group->broadcast(bufs, opts); });
+  if (!buf.is_same(t)) t.copy_(buf);
+}
+
+void barrier_impl(const CommunicatorState& s) {
+  if (s.world == 1) return;
+  // The fingerprint travels on CPU when the group has a CPU backend (Gloo), else on
+  // the group's device (an NCCL-only group handed in from Python).
+  const auto devices = s.group->getDeviceTypes();
+  const bool has_cpu = devices.empty() || std::any_of(devices.begin(), devices.end(),
+                                                      [](const c10::Device& d) { return d.is_cpu(); });
+  verify_call(s, "barrier", fingerprint(CallKind::kBarrier, nullptr, -1, -1, std::nullopt, nullptr),
+              has_cpu ? at::Device(at::kCPU) : devices.front());
+  c10d::BarrierOptions opts;
+  opts.timeout = s.options.timeout;
+  // Straight to the backend: ProcessGroup::barrier assigns a function-static tensor,
+  // a data race when several ranks of one process (run_ranks_in_threads) call it at
+  // once. Its CPU kernel ends in the same backend call.
+  const bool gloo = s.group->getBackendType() == c10d::ProcessGroup::BackendType::GLOO;
+  run_collective(s, "barrier", gloo, [&] { return s.group->getDefaultBackend()->barrier(opts); });
+}
+
 }  // namespace
+
+void detail::CommunicatorAccess::set_ranks_on_one_host(Communicator& comm, bool on_one_host) {
+  comm.state_->ranks_on_one_host = on_one_host || comm.state_->world == 1;
+}
 
 std::chrono::milliseconds CommunicatorOptions::default_timeout() {
   const auto v = detail::env_value("TP_COMM_TIMEOUT_MS");
@@ -374,6 +486,9 @@ Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                     " of world_size ", state_->world, "; expected 0 <= rank < world_size");
   state_->options = options;
   state_->env_all_reduce = all_reduce_from_env();
+  // A group handed in from outside may span hosts; launchers that know better say so
+  // through CommunicatorAccess.
+  state_->ranks_on_one_host = state_->world == 1;
 }
 
 int64_t Communicator::rank() const { return state_->rank; }
@@ -385,6 +500,8 @@ const CommunicatorOptions& Communicator::options() const { return state_->option
 c10::intrusive_ptr<c10d::ProcessGroup> Communicator::process_group() const {
   return state_->group;
 }
+
+bool Communicator::ranks_on_one_host() const { return state_->ranks_on_one_host; }
 
 at::Tensor& Communicator::all_reduce(at::Tensor& t, AllReduceStrategy strategy) const {
   all_reduce_impl(*state_, t, strategy, "all_reduce", /*verify=*/true);
@@ -469,43 +586,9 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim,
   return sum.narrow(d, offset, sizes[s.rank]).clone(at::MemoryFormat::Contiguous);
 }
 
-void Communicator::broadcast(at::Tensor& t, int64_t root) const {
-  const CommunicatorState& s = *state_;
-  const char* op = "broadcast";
-  check_defined(t, op);
-  TORCH_CHECK_VALUE(root >= 0 && root < s.world, op_name(op), ": invalid root ", root,
-                    " (root should be in the 0..", s.world - 1, " range)");
-  if (s.world == 1 || t.numel() == 0) return;
-  verify_call(s, op, fingerprint(CallKind::kBroadcast, &t, -1, root, std::nullopt, nullptr),
-              t.device());
-  at::Tensor buf = t.contiguous();
-  std::vector<at::Tensor> bufs{as_bytes(buf)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  opts.rootTensor = 0;
-  opts.timeout = s.options.timeout;
-  run_collective(s, op, buf.is_cpu(), [&] { return s.group->broadcast(bufs, opts); });
-  if (!buf.is_same(t)) t.copy_(buf);
-}
+void Communicator::broadcast(at::Tensor& t, int64_t root) const { broadcast_impl(*state_, t, root); }
 
-void Communicator::barrier() const {
-  const CommunicatorState& s = *state_;
-  if (s.world == 1) return;
-  // The fingerprint travels on CPU when the group has a CPU backend (Gloo), else on
-  // the group's device (an NCCL-only group handed in from Python).
-  const auto devices = s.group->getDeviceTypes();
-  const bool has_cpu = devices.empty() || std::any_of(devices.begin(), devices.end(),
-                                                      [](const c10::Device& d) { return d.is_cpu(); });
-  verify_call(s, "barrier", fingerprint(CallKind::kBarrier, nullptr, -1, -1, std::nullopt, nullptr),
-              has_cpu ? at::Device(at::kCPU) : devices.front());
-  c10d::BarrierOptions opts;
-  opts.timeout = s.options.timeout;
-  // Straight to the backend: ProcessGroup::barrier assigns a function-static tensor,
-  // a data race when several ranks of one process (run_ranks_in_threads) call it at
-  // once. Its CPU kernel ends in the same backend call.
-  const bool gloo = s.group->getBackendType() == c10d::ProcessGroup::BackendType::GLOO;
-  run_collective(s, "barrier", gloo, [&] { return s.group->getDefaultBackend()->barrier(opts); });
-}
+void Communicator::barrier() const { barrier_impl(*state_); }
 
 std::map<AllReduceStrategy, int64_t> Communicator::all_reduce_counts() const {
   std::lock_guard<std::mutex> lock(state_->counts_mutex);

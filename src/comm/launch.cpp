@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/communicator_access.h"
 #include "comm/env.h"
 
 namespace tp {
@@ -52,7 +53,8 @@ void ignore_sigpipe_unless_handled() {
 }
 
 Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
-                       const CommunicatorOptions& options, const GlooDevice& device) {
+                       const CommunicatorOptions& options, const GlooDevice& device,
+                       bool on_one_host) {
   ignore_sigpipe_unless_handled();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices = {device};
@@ -78,6 +80,7 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
     group->setBackend(device, c10d::ProcessGroup::BackendType::GLOO, c10::intrusive_ptr<c10d::Backend>(backend));
   }
   Communicator comm(group, options);
+  detail::CommunicatorAccess::set_ranks_on_one_host(comm, on_one_host);
   // Gloo's constructor can return on one rank while a peer is still finishing its
   // side of the handshake; if this rank then closed its group early (a short-lived
   // communicator), that peer would wait for a connection that never completes.
@@ -133,8 +136,10 @@ Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store
   TORCH_CHECK_VALUE(store, fn, ": the store is null");
   check_rank_world(fn, rank, world);
   check_timeout(fn, options);
+  // Bound to 127.0.0.1, the ranks can only reach each other on this host.
   return make_gloo(store, rank, world, options,
-                   c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+                   c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
+                   /*on_one_host=*/true);
 }
 
 void run_ranks_in_threads(int64_t world, const std::function<void(Communicator&)>& fn,
@@ -219,7 +224,8 @@ Communicator connect_tcp(const std::string& master_addr, int port, int64_t rank,
   GlooDevice device = is_loopback(master_addr)
                           ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                           : c10d::ProcessGroupGloo::createDefaultDevice();
-  return make_gloo(store, rank, world, options, device);
+  // A loopback rendezvous address means every rank runs on this host.
+  return make_gloo(store, rank, world, options, device, is_loopback(master_addr));
 }
 
 Communicator communicator_from_env(CommunicatorOptions options) {

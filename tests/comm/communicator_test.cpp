@@ -332,20 +332,26 @@ TEST_CASE("a default-constructed Communicator is world 1 and its collectives are
 }
 
 TEST_CASE("AllReduceStrategy names round-trip and parse case-insensitively", "[comm]") {
-  for (auto s : {AllReduceStrategy::kAuto, AllReduceStrategy::kProcessGroup}) {
+  for (auto s : {AllReduceStrategy::kAuto, AllReduceStrategy::kProcessGroup,
+                 AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot}) {
     CHECK(tp::parse_all_reduce_strategy(tp::to_string(s)) == s);
   }
   CHECK(std::string(tp::to_string(AllReduceStrategy::kProcessGroup)) == "process_group");
   CHECK(tp::parse_all_reduce_strategy("Process_Group") == AllReduceStrategy::kProcessGroup);
   CHECK(tp::parse_all_reduce_strategy("AUTO") == AllReduceStrategy::kAuto);
+  CHECK(tp::parse_all_reduce_strategy("SHM_One_Shot") == AllReduceStrategy::kSharedMemoryOneShot);
+  CHECK(std::string(tp::to_string(AllReduceStrategy::kSharedMemoryTwoShot)) == "shm_two_shot");
   REQUIRE_THROWS_AS(tp::parse_all_reduce_strategy("ring"), c10::ValueError);
   REQUIRE_THROWS_WITH(tp::parse_all_reduce_strategy("ring"),
-                      Contains("'ring'") && Contains("auto, process_group"));
+                      Contains("'ring'") && Contains("auto, process_group, shm_one_shot, shm_two_shot"));
 }
 
 TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option or TP_ALLREDUCE", "[comm]") {
   using Counts = std::map<AllReduceStrategy, int64_t>;
   const Counts three = {{AllReduceStrategy::kProcessGroup, 3}};
+  // Ranks as threads share the host, so kAuto takes shared memory for small CPU tensors.
+  const Counts auto_on_one_host = {{AllReduceStrategy::kProcessGroup, 1},
+                                   {AllReduceStrategy::kSharedMemoryOneShot, 2}};
   auto three_calls = [](Communicator& comm) {
     at::Tensor t = at::ones({4});
     comm.all_reduce(t);                                   // kAuto: the selector
@@ -354,14 +360,14 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
   };
   EnvGuard unset("TP_ALLREDUCE", std::nullopt);
 
-  SECTION("auto resolves to the process group") {
+  SECTION("auto resolves to shared memory one-shot for small tensors on one host") {
     std::vector<Counts> counts(2);
     tp::run_ranks_in_threads(2, [&](Communicator& comm) {
       three_calls(comm);
       counts[comm.rank()] = comm.all_reduce_counts();
     }, test_options());
-    CHECK(counts[0] == three);
-    CHECK(counts[1] == three);
+    CHECK(counts[0] == auto_on_one_host);
+    CHECK(counts[1] == auto_on_one_host);
   }
   SECTION("forced by CommunicatorOptions::all_reduce") {
     CommunicatorOptions options = test_options();
@@ -382,8 +388,8 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
         three_calls(comm);
         counts[comm.rank()] = comm.all_reduce_counts();
       }, test_options());
-      CHECK(counts[0] == three);
-      Communicator solo;
+      CHECK(counts[0] == (std::string(value) == "auto" ? auto_on_one_host : three));
+      Communicator solo;  // world 1: kAuto takes the process group (a no-op)
       three_calls(solo);
       CHECK(solo.all_reduce_counts() == three);
     }

@@ -6,6 +6,10 @@
 // on any error the worker prints it to stderr and exits 1 (never aborts). To add a
 // mode, write `int run_xxx()` and add it to modes().
 
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -64,6 +68,73 @@ int run_comm() {
   return 0;
 }
 
+/// Both shared-memory strategies across processes (float32 and bfloat16, a chunked
+/// size included) vs the float64 sum, and rank 0's segment already unlinked.
+int run_shm() {
+  tp::Communicator comm = tp::communicator_from_env();
+  const int64_t rank = comm.rank();
+  const int64_t world = comm.world_size();
+  TORCH_CHECK(comm.ranks_on_one_host(), "shm: a loopback MASTER_ADDR should mean ranks_on_one_host");
+  constexpr uint64_t kSeed = 4242;
+  const int64_t chunked = (int64_t{2} << 20) / 4 + 5;  // past one 2 MiB buffer
+  int64_t calls = 0;
+  for (auto strategy : {tp::AllReduceStrategy::kSharedMemoryOneShot, tp::AllReduceStrategy::kSharedMemoryTwoShot}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (int64_t n : {int64_t{1}, int64_t{1000}, chunked}) {
+        at::Tensor t = random_tensor(kSeed + n + rank, {n}, dtype);
+        comm.all_reduce(t, strategy);
+        ++calls;
+        at::Tensor expected = at::zeros({n}, at::kDouble);
+        for (int64_t r = 0; r < world; ++r) expected += random_tensor(kSeed + n + r, {n}, dtype).to(at::kDouble);
+        const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+        TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, tol, tol), "shm: ", strategy, " ", dtype, " numel ",
+                    n, " differs from the float64 reference by up to ",
+                    (t.to(at::kDouble) - expected).abs().max().item<double>());
+      }
+    }
+  }
+  const auto counts = comm.all_reduce_counts();
+  TORCH_CHECK(counts.at(tp::AllReduceStrategy::kSharedMemoryOneShot) == calls / 2 &&
+                  counts.at(tp::AllReduceStrategy::kSharedMemoryTwoShot) == calls / 2,
+              "shm: unexpected strategy counts");
+  if (rank == 0) {
+    const std::string prefix = "tp-" + std::to_string(::getpid()) + "-";
+    DIR* dir = ::opendir("/dev/shm");
+    while (dir != nullptr) {
+      const dirent* e = ::readdir(dir);
+      if (e == nullptr) break;
+      TORCH_CHECK(std::string(e->d_name).rfind(prefix, 0) != 0, "shm: segment /dev/shm/", e->d_name,
+                  " is still linked");
+    }
+    if (dir != nullptr) ::closedir(dir);
+  }
+  comm.barrier();
+  std::cout << "rank " << rank << " ok" << std::endl;
+  return 0;
+}
+
+/// Rank 1 exits without a word (no destructors run) after one shared-memory
+/// all_reduce; rank 0's next one must fail at once, naming it, not after the timeout.
+int run_shm_peer_exits() {
+  tp::Communicator comm = tp::communicator_from_env();
+  at::Tensor t = at::ones({64});
+  comm.all_reduce(t, tp::AllReduceStrategy::kSharedMemoryOneShot);
+  if (comm.rank() != 0) std::_Exit(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    comm.all_reduce(t, tp::AllReduceStrategy::kSharedMemoryOneShot);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  TORCH_CHECK(error.find("rank 1 is gone (its process, pid") != std::string::npos,
+              "shm_peer_exits: expected rank 0's all_reduce to name the exited rank 1; got: '", error, "'");
+  TORCH_CHECK(seconds < 5.0, "shm_peer_exits: rank 0 failed only after ", seconds, " s");
+  std::cout << "rank 0 ok" << std::endl;
+  return 0;
+}
+
 /// A Llama MLP (gate_up -> SiLU(gate) * up -> down) and a gathered column layer,
 /// each rank loading its shard of the same global weights, vs one-device float64.
 int run_mlp() {
@@ -106,6 +177,8 @@ const std::map<std::string, std::function<int()>>& modes() {
   static const std::map<std::string, std::function<int()>> kModes = {
       {"comm", run_comm},
       {"mlp", run_mlp},
+      {"shm", run_shm},
+      {"shm_peer_exits", run_shm_peer_exits},
   };
   return kModes;
 }

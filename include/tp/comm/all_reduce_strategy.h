@@ -8,14 +8,16 @@
 namespace tp {
 
 /// AllReduce algorithms. `kAuto` picks one per call from (device, world size, bytes,
-/// dtype); today it always resolves to `kProcessGroup`. More strategies (shared
-/// memory, recursive doubling, NCCL variants) join this enum as they land.
+/// dtype, whether the ranks share one host). More strategies (recursive doubling,
+/// NCCL variants) join this enum as they land.
 enum class AllReduceStrategy {
-  kAuto,          ///< let the selector choose (the default everywhere)
-  kProcessGroup,  ///< the c10d process group's own allreduce (Gloo ring on CPU)
+  kAuto,                 ///< let the selector choose (the default everywhere)
+  kProcessGroup,         ///< the c10d process group's own allreduce (Gloo ring on CPU)
+  kSharedMemoryOneShot,  ///< CPU, ranks on one host: each rank sums every rank's buffer
+  kSharedMemoryTwoShot,  ///< CPU, ranks on one host: reduce-scatter of slices, then all-gather
 };
 
-/// "auto", "process_group".
+/// "auto", "process_group", "shm_one_shot", "shm_two_shot".
 const char* to_string(AllReduceStrategy s);
 
 /// Writes to_string(s), so strategies print in error messages and test output.

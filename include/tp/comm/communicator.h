@@ -24,6 +24,7 @@ namespace tp {
 
 namespace detail {
 struct CommunicatorState;
+struct CommunicatorAccess;
 }
 
 /// Settings shared by every collective of one communicator.
@@ -65,6 +66,10 @@ class Communicator {
   const CommunicatorOptions& options() const;
   /// The wrapped group; null for world size 1.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const;
+  /// Whether every rank is known to run on this host (world 1, the thread launcher,
+  /// connect_tcp over loopback). Only then can all_reduce use shared memory; a group
+  /// handed in from outside counts as not on one host.
+  bool ranks_on_one_host() const;
 
   /// Sums `t` over all ranks, in place, and returns it. Accumulates in at least fp32
   /// (half and bfloat16 are widened for the reduction) and leaves every rank with
@@ -90,6 +95,7 @@ class Communicator {
   std::map<AllReduceStrategy, int64_t> all_reduce_counts() const;
 
  private:
+  friend struct detail::CommunicatorAccess;  // lets the launchers record ranks_on_one_host
   std::shared_ptr<detail::CommunicatorState> state_;
 };
 

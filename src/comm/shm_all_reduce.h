@@ -1,0 +1,96 @@
+#pragma once
+// AllReduce through POSIX shared memory, for ranks on one host (threads of one
+// process or separate processes alike). Private to the comm module.
+//
+// One segment per communicator, created on first use: rank 0 creates it under a
+// unique name, the name travels to the others through the process group, every rank
+// maps it, and rank 0 unlinks the name at once, so nothing is left in /dev/shm even
+// if a process dies later. Per rank the segment holds three flags (sequence numbers)
+// and two data buffers (double buffering: consecutive calls need no barrier), plus
+// a shared result area for the two-shot algorithm. Messages larger than one buffer
+// go through in chunks, each chunk one step of the protocol.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tp::detail {
+
+/// Shared-memory all-reduce workspace of one rank.
+class ShmAllReduce {
+ public:
+  /// Bytes of one data buffer (per rank, per parity); a longer message is chunked.
+  static constexpr int64_t kBufferBytes = int64_t{2} << 20;
+
+  /// Collective: every rank constructs it at the same point. `broadcast_from_rank0`
+  /// and `barrier` run over the communicator's process group.
+  ShmAllReduce(int64_t rank, int64_t world, std::chrono::milliseconds timeout,
+               const std::function<void(at::Tensor&)>& broadcast_from_rank0,
+               const std::function<void()>& barrier);
+  ~ShmAllReduce();
+  ShmAllReduce(const ShmAllReduce&) = delete;
+  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+
+  /// A description of the call that all ranks must agree on (see communicator.cpp).
+  using Fingerprint = std::array<int64_t, 16>;
+  /// Called, and must throw, when peer `rank` published a different fingerprint.
+  using OnMismatch = std::function<void(int64_t rank, const Fingerprint& theirs)>;
+
+  /// Sums `t` (CPU; float32, float64, bfloat16 or float16) over all ranks in place.
+  /// Every rank sums the ranks in order 0..world-1 in fp32 (fp64 for float64), so all
+  /// end bitwise identical. `op` names the caller's collective in errors. With a
+  /// `fingerprint`, the ranks compare it through the segment before reducing (instead
+  /// of a process-group exchange, which would cost more than the reduction itself);
+  /// on a mismatch every rank calls `on_mismatch`, and the workspace stays usable.
+  void run(at::Tensor& t, bool two_shot, const char* op, const Fingerprint* fingerprint = nullptr,
+           const OnMismatch& on_mismatch = {});
+
+  /// Only compares `fingerprint` across the ranks (one step of the protocol, no data),
+  /// for collectives that run over the process group.
+  void exchange(const Fingerprint& fingerprint, const char* op, const OnMismatch& on_mismatch);
+
+ private:
+  // Per rank: three flags, the fingerprint of the call once per buffer parity, then
+  // liveness: 1 once the rank's workspace is destroyed, and the rank's pid.
+  enum Slot : int64_t {
+    kArrived = 0, kReduced = 1, kDone = 2, kFingerprint = 3, kLeft = 5, kPid = 6, kSlots = 7
+  };
+
+  void check_usable(const char* op) const;
+  /// Throws if `peer` can no longer arrive.
+  void check_alive(int64_t peer, uint64_t target, const char* waiting_for, const char* op);
+  std::atomic<uint64_t>& flag(int64_t rank, Slot slot) const;
+  Fingerprint* fingerprint(int64_t rank, int64_t parity) const;
+  void* data(int64_t rank, int64_t parity) const;
+  void* result(int64_t parity) const;
+  /// Spins (then yields, then sleeps) until every peer's `slot` >= target; throws
+  /// after the timeout, naming the peers that did not get there, or as soon as one of
+  /// them is gone (its workspace destroyed, or its process exited).
+  void wait_peers(Slot slot, uint64_t target, const char* waiting_for, const char* op);
+  template <typename T, typename Acc>
+  void step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
+            const OnMismatch& on_mismatch);
+  template <typename T, typename Acc>
+  void run_typed(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
+                 const OnMismatch& on_mismatch);
+
+  int64_t rank_;
+  int64_t world_;
+  std::chrono::milliseconds timeout_;
+  void* base_ = nullptr;  // the mapping, bytes_ long
+  size_t bytes_ = 0;
+  uint64_t seq_ = 0;       // the last step's sequence number, the same on every rank
+  bool broken_ = false;    // a step timed out: peers are at unknown points
+  const char* what_ = "";  // the current step's algorithm, for error messages
+  // Peers whose process this rank can watch: another process, visible in this pid
+  // namespace when the workspace was set up (ranks as threads share our pid).
+  std::vector<bool> watch_pid_;
+};
+
+}  // namespace tp::detail
