@@ -15,6 +15,7 @@
 
 #include "comm/comm_test_util.h"
 #include "comm/spawn.h"
+#include "comm/worker_ranks_check.h"
 
 #ifndef TP_PROCESS_WORKER
 #error "TP_PROCESS_WORKER (the path of tp_process_worker) must be defined"
@@ -241,17 +242,7 @@ TEST_CASE("a peer that fails makes the others' shared-memory all_reduce fail at 
 }
 
 TEST_CASE("ranks as separate processes all_reduce through shared memory", "[comm][process]") {
-  for (int world : {2, 3}) {
-    const auto results = tp::test::run_ranks_as_processes(TP_PROCESS_WORKER, {"shm"}, world, std::chrono::seconds(90),
-                                                          {{"TP_COMM_TIMEOUT_MS", "30000"}});
-    REQUIRE(results.size() == static_cast<size_t>(world));
-    for (int rank = 0; rank < world; ++rank) {
-      INFO("world=" << world << " rank=" << rank << " output:\n" << results[rank].output);
-      CHECK_FALSE(results[rank].timed_out);
-      CHECK(results[rank].exit_code == 0);
-      CHECK_THAT(results[rank].output, Contains("rank " + std::to_string(rank) + " ok"));
-    }
-  }
+  for (int world : {2, 3}) tp::test::check_worker_ranks("shm", world);
 }
 
 TEST_CASE("a peer process that exits makes the shared-memory all_reduce fail at once", "[comm][process]") {
