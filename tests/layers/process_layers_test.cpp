@@ -2,13 +2,7 @@
 
 #include "tp_catch.h"
 
-#include <chrono>
-#include <string>
-
-#include "comm/spawn.h"
 #include "comm/worker_ranks_check.h"
-
-using Catch::Contains;
 
 TEST_CASE("a Llama MLP across 2 and 3 processes matches one device", "[layers][process]") {
   for (int world : {2, 3}) tp::test::check_worker_ranks("mlp", world);
