@@ -18,7 +18,7 @@
 // the middle of a local 128-row block) - a local block grid could express neither.
 // The cost is out_local * ceil(K/128) floats (~3% of the FP8 weight at K=4096).
 //
-// CPU kernel (all three formats): fp8_linear_f32 in fp8_kernels.cpp - weight tiles
+// CPU kernel (all three formats): fp8_linear_f32 in fp8_kernels.cpp - weight chunks
 // decoded to float32 with the scales folded in, then BLAS; activations are
 // quantized-dequantized by the same functions quantize_activation uses, so the layer
 // and the float64 reference see identical activations. fp8_kernels.h has the

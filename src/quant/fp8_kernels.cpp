@@ -1,4 +1,5 @@
-// The tiled FP8 CPU GEMM (see fp8_kernels.h for why not an ATen op).
+// The FP8 CPU GEMM: decode a chunk of weight rows, multiply it (see fp8_kernels.h
+// for why not an ATen op).
 
 #include "quant/fp8_kernels.h"
 
@@ -9,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <vector>
 
 namespace tp::detail {
 
@@ -29,12 +29,11 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-// Weight rows per tile: the float tile (rows * K * 4 bytes) should stay in L2 while
-// BLAS reads it M times. Decode-bound small M gets small tiles (more parallel work);
-// large M wants wider tiles for an efficient GEMM.
-int64_t tile_rows(int64_t m, int64_t k) {
-  const int64_t budget_floats = m >= 32 ? (512 << 10) / 4 : (256 << 10) / 4;
-  return std::clamp<int64_t>(budget_floats / std::max<int64_t>(k, 1), 8, 256);
+// Weight rows per chunk: ~8 MB of float32 (the decoded chunk is read M times by the
+// GEMM, so it should stay in L2/L3), at least 16 rows.
+int64_t chunk_rows(int64_t n, int64_t k) {
+  const int64_t budget_floats = (8 << 20) / 4;
+  return std::clamp<int64_t>(budget_floats / std::max<int64_t>(k, 1), 16, std::max<int64_t>(n, 16));
 }
 
 }  // namespace
@@ -55,30 +54,29 @@ at::Tensor fp8_linear_f32(const at::Tensor& x, const at::Tensor& w, const at::Te
   const auto* w_bits = reinterpret_cast<const uint8_t*>(wc.data_ptr());
   const float* s = sc.data_ptr<float>();
   const auto& table = e4m3_table();
-  const int64_t rows = tile_rows(m, k);
-  const int64_t tiles = (n + rows - 1) / rows;
-  // One tile per task: each thread decodes its rows into its own buffer and runs a
-  // single-threaded GEMM on it (ATen runs nested BLAS calls serially), so decode and
-  // GEMM share the thread's cache and no two threads touch the same output columns.
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> buffer(static_cast<size_t>(rows * k));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * rows;
-      const int64_t nr = std::min(rows, n - n0);
-      for (int64_t r = 0; r < nr; ++r) {
+  const int64_t rows = std::min(chunk_rows(n, k), n);
+  at::Tensor chunk = at::empty({rows, k}, x.options());
+  float* buffer = chunk.data_ptr<float>();
+  // Chunk by chunk: the rows are decoded in parallel (with their scales folded in),
+  // then one BLAS call with ATen's own threading multiplies the chunk. Few, large
+  // BLAS calls: per-thread small GEMMs inside a parallel region were measured 10-100x
+  // slower on a loaded 2-core VM (every call paid for OpenMP barriers).
+  for (int64_t n0 = 0; n0 < n; n0 += rows) {
+    const int64_t nr = std::min(rows, n - n0);
+    at::parallel_for(0, nr, 8, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* src = w_bits + (n0 + r) * k;
         const float* row_scale = s + (n0 + r) * groups;
-        float* dst = buffer.data() + r * k;
+        float* dst = buffer + r * k;
         for (int64_t g = 0; g < groups; ++g) {
           const float sg = row_scale[g];
           const int64_t k1 = std::min(k, (g + 1) * group);
           for (int64_t c = g * group; c < k1; ++c) dst[c] = table[src[c]] * sg;
         }
       }
-      const at::Tensor tile = at::from_blob(buffer.data(), {nr, k}, at::TensorOptions().dtype(at::kFloat));
-      y.narrow(1, n0, nr).copy_(at::mm(x, tile.t()));
-    }
-  });
+    });
+    y.narrow(1, n0, nr).copy_(at::mm(x, chunk.narrow(0, 0, nr).t()));
+  }
   return y;
 }
 

@@ -4,15 +4,20 @@
 // Why not an ATen op: on the CPUs we run on (x86 without AVX-512 FP16/AMX), the ops
 // that take FP8 operands convert element by element through c10::Float8_e4m3fn, and
 // are far slower than the float32 GEMM they end in. Measured on the development VM
-// (2 cores, 4096 x 11008, torch 2.11), per call:
-//   at::linear float32                      M=1:   74 ms   M=256: 1.7 s
-//   at::_scaled_mm (fp8 x fp8, unit scales) M=1: 2300 ms   M=256: 3.5 s
-//   dequantize with .to(float) + at::linear M=1: 1390 ms   M=256: 2.9 s
-// So every FP8 format takes one tiled path instead: a few weight rows at a time are
-// decoded through a 256-entry table into a float32 tile (with their scales folded
-// in) that stays in cache, and multiplied by BLAS (at::mm). The weight stays FP8 in
-// memory (1 byte per element), and the arithmetic is exactly that of the float64
-// reference up to float32 accumulation.
+// (2 shared cores, heavily loaded; 4096 x 11008, torch 2.11), per call:
+//                                            M=1       M=16      M=256
+//   at::linear float32                      20-74 ms  240-450   0.8-1.7 s
+//   at::linear bfloat16                     30-40 ms   43-53    0.28-0.35 s
+//   at::_scaled_mm (fp8 x fp8, unit scales)  2300 ms   2900     3.5 s
+//   dequantize with .to(float) + at::linear  1390 ms   1700     2.9 s
+//   fp8_linear_f32 (this kernel)            84-126 ms  840-1040 1.8-1.9 s
+// So every FP8 format takes this path instead: the weight is decoded chunk by chunk
+// (~8 MB of float32 rows, in parallel) through a 256-entry table, with its scales
+// folded in, and each chunk is multiplied by one BLAS call (at::mm). The weight stays
+// FP8 in memory (1 byte per element), and the arithmetic is that of the float64
+// reference up to float32 accumulation. At M=1 the decode dominates; at larger M the
+// BLAS calls (one per chunk) do, and on a loaded machine every multi-threaded BLAS
+// call pays for its OpenMP barriers, which is why chunks are large.
 
 #include <cstdint>
 

@@ -178,7 +178,7 @@ TEST_CASE("fp8_block: every rank reads its own scale blocks (span 128), column a
   }
 }
 
-TEST_CASE("fp8_channel: a row-parallel layer replicates the [N,1] scales; a column layer slices them",
+TEST_CASE("fp8_channel: a row-parallel layer replicates the [N,1] scales, a column layer slices them",
           "[quant][fp8][loader]") {
   const int64_t n = 96, k = 64;
   const auto q = quantize_weight(test::random_weight(n, k, 31), kChannel);
