@@ -13,7 +13,7 @@
 // so the checkpoint's integer zero point becomes zero_f = (8 - zero) * scale
 // (tested against dequantize_weight). The op needs N % 16 == 0. In torch 2.11 on the
 // CPU only its bfloat16 path is vectorized (AVX512-BF16); float32 and float16 are
-// scalar loops, 5-50x slower than at::linear in float32. So a float32 layer runs the
+// scalar loops, 5-15x slower than at::linear in float32. So a float32 layer runs the
 // bfloat16 kernel (x rounded to bfloat16, the output converted back): ~2^-9 relative
 // error, far below the weights' own 4-bit rounding. A float16 layer runs the exact
 // (slow) float16 path. Anything else (N of 8 mod 16, a float64 layer, another
