@@ -9,12 +9,16 @@
 // CPU kernel: at::_weight_int4pack_mm_for_cpu. finalize() unpacks the checkpoint to
 // codes q [N, K] and converts them once with at::_convert_weight_to_int4pack_for_cpu
 // (u8 [N, K/2], independent of the activation dtype), plus scales_and_zeros
-// [K/g, N, 2] in the layer dtype. That kernel computes w = (q - 8) * scale + zero_f,
+// [K/g, N, 2] in the kernel's dtype. That kernel computes w = (q - 8) * scale + zero_f,
 // so the checkpoint's integer zero point becomes zero_f = (8 - zero) * scale
-// (tested against dequantize_weight). The op needs N % 16 == 0 and a float32,
-// bfloat16 or float16 activation on the CPU; anything else (an N of 8 mod 16, a
-// float64 layer, another device) takes a dequantize-and-at::linear reference with
-// the weight dequantized once in finalize().
+// (tested against dequantize_weight). The op needs N % 16 == 0. In torch 2.11 on the
+// CPU only its bfloat16 path is vectorized (AVX512-BF16); float32 and float16 are
+// scalar loops, 5-15x slower than at::linear in float32. So a float32 layer runs the
+// bfloat16 kernel (x rounded to bfloat16, the output converted back): ~2^-9 relative
+// error, far below the weights' own 4-bit rounding. A float16 layer runs the exact
+// (slow) float16 path. Anything else (N of 8 mod 16, a float64 layer, another
+// device) takes a dequantize-and-matmul reference with the weight dequantized once in
+// finalize().
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -154,7 +158,8 @@ class Int4Method final : public QuantMethod {
     if (qweight_.device().is_cpu() && aten_kernel_dtype(dtype_) && n_ % 16 == 0) {
       // innerKTiles is ignored by the CPU conversion; the layout does not depend on the activation dtype.
       packed_ = at::_convert_weight_to_int4pack_for_cpu(u.codes, /*innerKTiles=*/1);
-      scales_and_zeros_ = at::stack({u.scale, (8 - u.zero) * u.scale}, -1).to(dtype_).contiguous();
+      const auto kernel_dtype = dtype_ == at::kHalf ? at::kHalf : at::kBFloat16;
+      scales_and_zeros_ = at::stack({u.scale, (8 - u.zero) * u.scale}, -1).to(kernel_dtype).contiguous();
     } else {
       dequantized_ = dequantize_unpacked(u, g_).to(qweight_.device(), dtype_);
     }
@@ -169,9 +174,11 @@ class Int4Method final : public QuantMethod {
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
     } else if (packed_.defined() && x.device().is_cpu() && aten_kernel_dtype(x.scalar_type())) {
-      const auto sz = scales_and_zeros_.scalar_type() == x.scalar_type() ? scales_and_zeros_
-                                                                           : scales_and_zeros_.to(x.scalar_type());
-      y = at::_weight_int4pack_mm_for_cpu(x2, packed_, g_, sz);
+      // float32 and bfloat16 run the vectorized bfloat16 kernel, float16 its own.
+      const auto kernel_dtype = x.scalar_type() == at::kHalf ? at::kHalf : at::kBFloat16;
+      const auto sz = scales_and_zeros_.scalar_type() == kernel_dtype ? scales_and_zeros_
+                                                                        : scales_and_zeros_.to(kernel_dtype);
+      y = at::_weight_int4pack_mm_for_cpu(x2.to(kernel_dtype), packed_, g_, sz).to(x.scalar_type());
     } else {
       const auto w = dequantized_.defined() ? dequantized_ : dequantize_unpacked(unpack(), g_);
       y = at::matmul(x2, w.to(x.device(), x.scalar_type()).t());
@@ -225,7 +232,7 @@ class Int4Method final : public QuantMethod {
   at::Tensor qweight_, qzeros_, scales_;
   // Kernel side, built by finalize().
   at::Tensor packed_;            // u8 [N, K/2]: _convert_weight_to_int4pack_for_cpu(q [N, K])
-  at::Tensor scales_and_zeros_;  // [K/g, N, 2] in dtype_: scale, (8 - zero) * scale
+  at::Tensor scales_and_zeros_;  // [K/g, N, 2] bf16 (f16 for float16 layers): scale, (8 - zero) * scale
   at::Tensor dequantized_;       // [N, K] in dtype_, when the ATen kernel does not apply
 };
 

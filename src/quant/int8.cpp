@@ -8,12 +8,18 @@
 // slices weight along K and replicates weight_scale (its split dim has width 1).
 //
 // CPU kernels:
-// - int8_weight_only: at::_weight_int8pack_mm(x, weight [N, K], scales [N] in x's
-//   dtype), which dequantizes inside the GEMM so the weight is read as int8.
-//   In torch 2.11 it takes float32, bfloat16 and float16 activations, but with a
-//   bfloat16 / float16 activation and K not a multiple of 16 it crashes (seen for
-//   K = 8, 33, 40); those, float64 layers and other devices take the reference:
-//   dequantize to the activation dtype, then at::matmul.
+// - int8_weight_only (W8A16): at::_weight_int8pack_mm(x, weight [N, K], scales [N]),
+//   which dequantizes inside the GEMM so the weight is read as int8. In torch 2.11 on
+//   the CPU only its bfloat16 path is vectorized (AVX512-BF16); the float32 and
+//   float16 paths are scalar loops, several times slower than at::linear in float32
+//   (tp-bench numbers in the closing note of issue 4). So, true to "A16", a float32
+//   layer runs the bfloat16 kernel: x is rounded to bfloat16 and the output
+//   converted back to float32. That adds ~2^-9 relative error, below the weight's own
+//   rounding (half a step of amax / 127 per channel). A float16 layer runs the exact
+//   float16 path (slow). With K not a multiple of 16 the reduced-precision paths
+//   crash in torch 2.11 (seen for K = 8, 33, 40): float32 then takes the exact float32
+//   op, the others the reference. Float64 layers and other devices take the
+//   reference: dequantize to the activation dtype, then at::matmul.
 // - int8_w8a8: x is quantized per token (scale = amax / 127, round to nearest, clamp
 //   to +-127, the same helper quantize_activation uses), at::_int_mm computes the
 //   exact int32 products (no shape rules on the CPU in torch 2.11), then
@@ -111,8 +117,8 @@ class Int8Method final : public QuantMethod {
   }
 
   void finalize() override {
-    // The weight-only kernel wants the scales 1-D in the activation dtype.
-    scales_ = weight_scale_.reshape({-1}).to(at::isFloatingType(dtype_) ? dtype_ : at::kFloat).contiguous();
+    // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
+    scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
     weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
   }
 
@@ -129,9 +135,13 @@ class Int8Method final : public QuantMethod {
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
                                            : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
       y = (acc * x_scale * weight_row_scale_).to(x.scalar_type());
-    } else if (use_weight_int8pack_mm(x)) {
-      const auto scales = scales_.scalar_type() == x.scalar_type() ? scales_ : scales_.to(x.scalar_type());
-      y = at::_weight_int8pack_mm(x2, weight_, scales);
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && x.scalar_type() == at::kFloat && k_ % 16 != 0) {
+      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kFloat).contiguous());
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 &&
+               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
+      y = at::_weight_int8pack_mm(x2.to(at::kBFloat16), weight_, scales_bf16_).to(x.scalar_type());
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 && x.scalar_type() == at::kHalf) {
+      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kHalf).contiguous());
     } else {
       const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
       y = at::matmul(x2, w.t());
@@ -147,13 +157,6 @@ class Int8Method final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
-  bool use_weight_int8pack_mm(const at::Tensor& x) const {
-    const auto t = x.scalar_type();
-    if (!x.device().is_cpu() || !weight_.device().is_cpu()) return false;
-    if (t == at::kFloat) return true;
-    return (t == at::kBFloat16 || t == at::kHalf) && k_ % 16 == 0;  // smaller K crashes in torch 2.11
-  }
-
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
   // than compute with it.
   void check_stored() const {
@@ -168,7 +171,7 @@ class Int8Method final : public QuantMethod {
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
-  at::Tensor scales_;                  // [N] in dtype_, for _weight_int8pack_mm
+  at::Tensor scales_bf16_;             // bf16 [N], for _weight_int8pack_mm
   at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
 };
 

@@ -4,10 +4,13 @@
 //
 // Tolerances (relative_error: max abs error / max(1, max |ref|)) against the float64
 // reference x @ dequantize_weight(W)^T + b:
-// - float32: 1e-4. The kernel holds the same codes and float16 scales; it adds
-//   (8 - zero) * scale as a float32 zero point and accumulates in float32.
-// - bfloat16: 3e-2, the bfloat16 GEMM tolerance (test_util.h); the kernel's scales
-//   and float zero points are rounded to bfloat16 too (2^-9 relative each).
+// - float32 and bfloat16: 3e-2, the bfloat16 GEMM tolerance (test_util.h). Both run
+//   ATen's bfloat16 kernel (a float32 layer rounds x to bfloat16 and converts the
+//   output back: only that path is vectorized in torch 2.11), whose scales and
+//   float zero points (8 - zero) * scale are bfloat16 too (2^-9 relative each).
+//   Ranks whose N % 16 != 0 run the exact dequantize reference instead.
+// - float16 (the exact float16 kernel): 8e-3, twice the float16 GEMM tolerance, for
+//   the float16 float zero points on top of the float16 GEMM.
 
 #include "tp_catch.h"
 
@@ -108,14 +111,21 @@ TEST_CASE("int4 layers match the float64 reference at TP 1-4 (GPTQ and AWQ, g32/
   // Default shapes: in = 384 splits 2+1 groups of 128 at world 2 and 1+1+1+0 at world 4
   // (a rank without input columns); column splits of 640 / 3 leave N % 16 == 8 on some
   // ranks, which run the dequantize reference instead of the ATen kernel.
+  // Every group x symmetry x packing runs in float32 and bfloat16; to keep the suite
+  // fast, each combination runs one world size per dtype, rotating so that every
+  // (packing, group) pair meets worlds 1-4 across its symmetries and dtypes.
+  int64_t i = 0;
   for (auto format : {QuantFormat::kInt4Gptq, QuantFormat::kInt4Awq}) {
     for (int64_t group : {32, 64, 128}) {
       for (bool symmetric : {true, false}) {
         const auto config = int4(format, group, symmetric);
         INFO(to_string(config));
-        test::check_quant_layers({config, at::kFloat, 1e-4});
+        test::QuantCheck fp32{config, at::kFloat, 3e-2};
         test::QuantCheck bf16{config, at::kBFloat16, 3e-2};
-        bf16.worlds = group == 128 ? std::vector<int64_t>{1, 2, 3, 4} : std::vector<int64_t>{2};
+        fp32.worlds = {1 + i % 4};
+        bf16.worlds = {1 + (i + 2) % 4};
+        fp32.seed = bf16.seed = 10 + i++;
+        test::check_quant_layers(fp32);
         test::check_quant_layers(bf16);
       }
     }
@@ -187,13 +197,14 @@ TEST_CASE("int4 shards: COLUMN and ROW slices of hand-built GPTQ and AWQ tensors
         col->load_weights(ckpt, "fc");
         const auto rows = h.expected.narrow(0, r * n / world, n / world);
         CHECK(at::equal(local(*col), rows));
-        CHECK(test::relative_error(col->forward(x), at::matmul(x, rows.t())) < 1e-5);
+        CHECK(test::relative_error(col->forward(x), at::matmul(x, rows.t())) < 3e-2);
 
         RowParallelLinear row(RowParallelLinearOptions(k, n).bias(false).quant(config).reduce_output(false), comm);
         row->load_weights(ckpt, "fc");
         const auto cols = h.expected.narrow(1, r * k / world, k / world);
         CHECK(at::equal(local(*row), cols));
-        CHECK(test::relative_error(row->forward(x.narrow(1, r * k / world, k / world)), at::matmul(x.narrow(1, r * k / world, k / world), cols.t())) < 1e-5);
+        const auto x_local = x.narrow(1, r * k / world, k / world);
+        CHECK(test::relative_error(row->forward(x_local), at::matmul(x_local, cols.t())) < 3e-2);
       }, test::test_comm_options());
     }
   }
@@ -212,7 +223,8 @@ TEST_CASE("int4 kernel's float zero points reproduce (q - zero) * scale", "[quan
       fc->load_weights(ckpt, "fc");
       const auto x = test::randn({5, 256}, 71);
       const auto ref = at::matmul(x.to(dtype).to(at::kDouble), h.expected.to(at::kDouble).t());
-      CHECK(test::relative_error(fc->forward(x.to(dtype)), ref) < test::tolerance(dtype) * 5);
+      const double tolerance = dtype == at::kHalf ? 8e-3 : 3e-2;
+      CHECK(test::relative_error(fc->forward(x.to(dtype)), ref) < tolerance);
     }
   }
 }
