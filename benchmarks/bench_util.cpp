@@ -73,6 +73,13 @@ std::string machine_description() {
   return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " hardware threads";
 }
 
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  if (!(in >> a >> b >> c)) return "unknown";
+  return a + " " + b + " " + c;
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (const char c : s) {

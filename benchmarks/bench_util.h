@@ -54,6 +54,9 @@ bool reset_peak_rss();
 /// "AMD EPYC 7B13, 2 hardware threads" from /proc/cpuinfo.
 std::string machine_description();
 
+/// The first three fields of /proc/loadavg ("1.02 0.87 0.60"): how busy the machine was.
+std::string load_average();
+
 /// `s` as a JSON string literal, quotes included.
 std::string json_string(const std::string& s);
 

@@ -423,10 +423,13 @@ void TpRun::rank_body(Communicator& comm) const {
     if (cuda) torch::cuda::synchronize();
   };
 
-  // ---- loading
+  // ---- loading. Peak RSS: a process's VmHWM during the loads minus its VmRSS before.
+  // Ranks as threads share one process (rank 0 measures it: all ranks together);
+  // ranks as processes each measure their own.
+  const bool measures_memory = rank0 || config.ranks_are_processes;
   int64_t rss_before = 0;
   bool peak_reset = false;
-  if (rank0) {
+  if (measures_memory) {
     malloc_trim(0);  // so freed heap from an earlier TP size does not hide this load's growth
     peak_reset = reset_peak_rss();
     rss_before = proc_status_kib("VmRSS");
@@ -437,15 +440,17 @@ void TpRun::rank_body(Communicator& comm) const {
   Layers layers(config.shape, quant_config(quant_format), dtype, config.device, comm, ckpt);
   sync();
   const double load_s = seconds_since(t_load);
-  const auto load_stats = gather(comm, {load_s, static_cast<double>(layers.bytes())});
   comm.barrier();
+  const double peak = measures_memory && peak_reset ? (proc_status_kib("VmHWM") - rss_before) * 1024.0 : -1.0;
+  const auto load_stats = gather(comm, {load_s, static_cast<double>(layers.bytes()), peak});
   if (rank0) {
     load_out.tp = tp;
+    load_out.ranks = config.ranks_are_processes ? "processes" : "threads";
     for (const auto& r : load_stats) {
       load_out.load_s = std::max(load_out.load_s, r[0]);
       load_out.shard_bytes = std::max(load_out.shard_bytes, static_cast<int64_t>(r[1]));
+      load_out.peak_rss_delta = std::max(load_out.peak_rss_delta, static_cast<int64_t>(r[2]));
     }
-    load_out.peak_rss_delta = peak_reset ? (proc_status_kib("VmHWM") - rss_before) * 1024 : -1;
   }
 
   const auto& timing = config.timing;
@@ -596,7 +601,7 @@ void TpRun::rank_body(Communicator& comm) const {
 
 }  // namespace
 
-BenchResults run_bench(const BenchConfig& config) {
+BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher) {
   BenchResults results;
   const int64_t total = static_cast<int64_t>(config.dtypes.size() * config.formats.size() * config.tp_sizes.size() *
                                              config.allreduce.size() * config.tokens.size() * config.rows.size());
@@ -629,18 +634,78 @@ BenchResults run_bench(const BenchConfig& config) {
         load.checkpoint = file.path;
         load.written = file.written && tp == config.tp_sizes.front();
         load.write_s = load.written ? file.write_s : 0.0;
-        TpRun run{config, format, dtype, file.path, ref, inputs, expected, ckpt, tp, progress, results.rows, load};
-        if (tp == 1) {
+        std::vector<RowResult> rows;
+        TpRun run{config, format, dtype, file.path, ref, inputs, expected, ckpt, tp, progress, rows, load};
+        auto body = [&](Communicator& comm) { run.rank_body(comm); };
+        if (launcher) {
+          launcher(tp, body);
+        } else if (tp == 1) {
           Communicator single;  // TP=1 is the user's path: the same layers, a no-op communicator
-          run.rank_body(single);
+          body(single);
         } else {
-          run_ranks_in_threads(tp, [&](Communicator& comm) { run.rank_body(comm); }, comm_options);
+          run_ranks_in_threads(tp, body, comm_options);
         }
+        if (rows.empty()) continue;  // not rank 0 of a process launch: rank 0 reports
+        results.rows.insert(results.rows.end(), rows.begin(), rows.end());
         results.loads.push_back(load);
       }
     }
   }
   progress.finish();
+  return results;
+}
+
+void prepare_checkpoints(const BenchConfig& config) {
+  for (const auto dtype : config.dtypes)
+    for (const auto& format : config.formats) (void)ensure_checkpoint(config, format, dtype);
+}
+
+// ---- results as text lines (a worker process hands them to tp-bench this way) --------------
+
+std::string serialize(const BenchResults& results) {
+  std::ostringstream os;
+  os.precision(17);
+  for (const auto& r : results.rows) {
+    os << "row\t" << r.row << "\t" << r.format << "\t" << r.dtype << "\t" << r.allreduce << "\t" << r.allreduce_taken
+       << "\t" << r.tp << "\t" << r.tokens << "\t" << r.in_features << "\t" << r.out_features << "\t" << r.flops
+       << "\t" << r.bytes << "\t" << r.max_abs_err << "\t" << r.rel_err << "\t" << r.reference_s << "\t" << r.tp_s
+       << "\t" << r.gemm_s << "\t" << r.comm_s << "\t" << r.suspicious << "\n";
+  }
+  for (const auto& l : results.loads) {
+    os << "load\t" << l.format << "\t" << l.dtype << "\t" << l.checkpoint << "\t" << l.written << "\t" << l.write_s
+       << "\t" << l.tp << "\t" << l.ranks << "\t" << l.load_s << "\t" << l.shard_bytes << "\t" << l.peak_rss_delta
+       << "\n";
+  }
+  return os.str();
+}
+
+BenchResults deserialize(const std::string& text) {
+  BenchResults results;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::vector<std::string> f;
+    std::istringstream fields(line);
+    std::string field;
+    while (std::getline(fields, field, '\t')) f.push_back(field);
+    if (!f.empty() && f[0] == "row" && f.size() == 19) {
+      RowResult r;
+      r.row = f[1], r.format = f[2], r.dtype = f[3], r.allreduce = f[4], r.allreduce_taken = f[5];
+      r.tp = std::stoll(f[6]), r.tokens = std::stoll(f[7]), r.in_features = std::stoll(f[8]);
+      r.out_features = std::stoll(f[9]), r.flops = std::stod(f[10]), r.bytes = std::stod(f[11]);
+      r.max_abs_err = std::stod(f[12]), r.rel_err = std::stod(f[13]), r.reference_s = std::stod(f[14]);
+      r.tp_s = std::stod(f[15]), r.gemm_s = std::stod(f[16]), r.comm_s = std::stod(f[17]), r.suspicious = f[18] == "1";
+      results.rows.push_back(r);
+    } else if (!f.empty() && f[0] == "load" && f.size() == 11) {
+      LoadResult l;
+      l.format = f[1], l.dtype = f[2], l.checkpoint = f[3], l.written = f[4] == "1", l.write_s = std::stod(f[5]);
+      l.tp = std::stoll(f[6]), l.ranks = f[7], l.load_s = std::stod(f[8]), l.shard_bytes = std::stoll(f[9]);
+      l.peak_rss_delta = std::stoll(f[10]);
+      results.loads.push_back(l);
+    } else {
+      TORCH_CHECK(false, "tp-bench: malformed result line from a worker process: '", line, "'");
+    }
+  }
   return results;
 }
 
@@ -668,11 +733,11 @@ std::string row_table(const std::vector<RowResult>& rows) {
 }
 
 std::string load_table(const std::vector<LoadResult>& loads) {
-  Table table({"format", "dtype", "TP", "load s (slowest rank)", "shard MiB (largest rank)", "peak RSS growth MiB",
-               "checkpoint"});
+  Table table({"format", "dtype", "TP", "ranks", "load s (slowest rank)", "shard MiB (largest rank)",
+               "peak RSS growth MiB (largest process)", "checkpoint"});
   std::vector<std::string> paths;
   for (const auto& l : loads) {
-    table.add({l.format, l.dtype, std::to_string(l.tp), format("%.3f", l.load_s),
+    table.add({l.format, l.dtype, std::to_string(l.tp), l.ranks, format("%.3f", l.load_s),
                format("%.1f", l.shard_bytes / 1048576.0),
                l.peak_rss_delta < 0 ? std::string("n/a") : format("%.1f", l.peak_rss_delta / 1048576.0),
                l.written ? format("written (%.1f s)", l.write_s) : std::string("cached")});
@@ -689,13 +754,14 @@ std::string to_json(const BenchConfig& config, const BenchResults& results, cons
   os << "{\n  \"settings\": {\"machine\": " << json_string(machine) << ", \"preset\": " << json_string(s.name)
      << ", \"hidden\": " << s.hidden << ", \"intermediate\": " << s.intermediate << ", \"heads\": " << s.heads
      << ", \"kv_heads\": " << s.kv_heads << ", \"head_dim\": " << s.head_dim << ", \"device\": "
-     << json_string(config.device.str()) << ", \"ranks\": \"threads\", \"intra_op_threads\": " << at::get_num_threads()
+     << json_string(config.device.str()) << ", \"ranks\": " << json_string(config.ranks_are_processes ? "processes" : "threads")
+     << ", \"intra_op_threads\": " << at::get_num_threads()
      << ", \"verify_calls\": " << (config.verify_calls ? "true" : "false")
      << ", \"block\": " << json_string(block_description()) << "},\n  \"loads\": [";
   for (size_t i = 0; i < results.loads.size(); ++i) {
     const auto& l = results.loads[i];
     os << (i ? ",\n" : "\n") << "    {\"format\": " << json_string(l.format) << ", \"dtype\": " << json_string(l.dtype)
-       << ", \"tp\": " << l.tp << ", \"load_s\": " << l.load_s << ", \"shard_bytes\": " << l.shard_bytes
+       << ", \"tp\": " << l.tp << ", \"ranks\": " << json_string(l.ranks) << ", \"load_s\": " << l.load_s << ", \"shard_bytes\": " << l.shard_bytes
        << ", \"peak_rss_delta_bytes\": " << l.peak_rss_delta << ", \"checkpoint\": " << json_string(l.checkpoint)
        << ", \"written\": " << (l.written ? "true" : "false") << "}";
   }

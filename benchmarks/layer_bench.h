@@ -19,6 +19,7 @@
 
 #include "bench_util.h"
 #include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/communicator.h"
 
 namespace tp::bench {
 
@@ -41,8 +42,6 @@ const std::vector<std::string>& all_rows();
 /// What the "block" row computes, for the header.
 const char* block_description();
 
-/// How ranks are run: as threads of this process (each its own Gloo group over an
-/// in-process store).
 struct BenchConfig {
   BlockShape shape = presets().front();
   std::vector<std::string> rows = all_rows();
@@ -55,6 +54,7 @@ struct BenchConfig {
   TimingPolicy timing;
   std::string ckpt_dir;      // where checkpoints are cached; empty: ~/.cache/tp/bench
   bool verify_calls = false;  // the communicator's per-collective shape check (costs a small allgather)
+  bool ranks_are_processes = false;  // set by a RankLauncher that runs each rank in its own process
   uint64_t seed = 1234;
 };
 
@@ -84,10 +84,11 @@ struct LoadResult {
   bool written = false;        // this run wrote the checkpoint (else it was cached)
   double write_s = 0.0;
   int64_t tp = 1;
+  std::string ranks = "threads";  // or "processes"
   double load_s = 0.0;         // slowest rank: open_checkpoint + constructing and loading the 4 layers
   int64_t shard_bytes = 0;     // largest rank's parameters and buffers after loading
-  int64_t peak_rss_delta = -1; // process VmHWM during the loads minus VmRSS before (all ranks: threads share
-                               // one process); -1 where the peak could not be reset
+  int64_t peak_rss_delta = -1; // VmHWM during the loads minus VmRSS before, of the largest process (ranks as
+                               // threads: one process for all ranks); -1 where the peak could not be reset
 };
 
 struct BenchResults {
@@ -95,8 +96,22 @@ struct BenchResults {
   std::vector<LoadResult> loads;
 };
 
-/// Runs every case of `config`, with a progress line on stderr.
-BenchResults run_bench(const BenchConfig& config);
+/// Runs `body(comm)` on every rank of a TP group of `world` ranks and returns when
+/// all are done. The default runs ranks as threads of this process (world 1: on
+/// this thread, with a no-op communicator).
+using RankLauncher = std::function<void(int64_t world, const std::function<void(Communicator&)>& body)>;
+
+/// Runs every case of `config`, with a progress line on stderr. With a launcher that
+/// runs this process as one rank of several, only rank 0 returns results.
+BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher = {});
+
+/// Writes every checkpoint `config` needs (if not cached), so processes started
+/// afterwards only read them.
+void prepare_checkpoints(const BenchConfig& config);
+
+/// Results as text lines and back (a worker process hands its results over this way).
+std::string serialize(const BenchResults& results);
+BenchResults deserialize(const std::string& text);
 
 /// The rows of one (format, dtype, allreduce) setting as a table.
 std::string row_table(const std::vector<RowResult>& rows);

@@ -11,6 +11,18 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +32,9 @@
 #include <vector>
 
 #include "layer_bench.h"
+#include "tp/comm/launch.h"
+
+extern char** environ;
 
 using namespace tp::bench;
 
@@ -28,7 +43,9 @@ namespace {
 const char* kUsage = R"(usage: tp-bench [options]
   --preset NAME      default | llama3-8b | llama3-70b | qwen3-32b     (default: default)
   --hidden N --intermediate N --heads N --kv-heads N --head-dim N     a custom shape (overrides the preset's)
-  --tp LIST          TP sizes; ranks are threads of this process          (default 1,2)
+  --tp LIST          TP sizes                                             (default 1,2)
+  --launch HOW       threads: ranks are threads of this process; processes: one process
+                     per rank (torchrun-style variables, TCP store on 127.0.0.1)  (default threads)
   --m LIST           tokens per forward (the GEMMs' M)                    (default 1,64)
   --rows LIST        qkv,o,gate_up,down,block                             (default all)
   --quant LIST       weight formats: none                                 (default none)
@@ -90,6 +107,8 @@ c10::Device parse_device(const std::string& name) {
 struct Args {
   BenchConfig config;
   std::string json, csv;
+  std::string launch = "threads";  // threads | processes | worker (one rank, started by tp-bench)
+  std::string worker_results;      // worker: where rank 0 writes its results
 };
 
 Args parse_args(int argc, char** argv) {
@@ -133,6 +152,11 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--json") args.json = value;
     else if (flag == "--csv") args.csv = value;
     else if (flag == "--ckpt-dir") config.ckpt_dir = value;
+    else if (flag == "--launch") {
+      TORCH_CHECK_VALUE(value == "threads" || value == "processes" || value == "worker", "tp-bench: unknown --launch '",
+                        value, "' (threads, processes)");
+      args.launch = value;
+    } else if (flag == "--worker-results") args.worker_results = value;
     else TORCH_CHECK_VALUE(false, "tp-bench: unknown option ", flag, "\n", kUsage);
   }
   if (!custom.empty()) {
@@ -149,12 +173,109 @@ Args parse_args(int argc, char** argv) {
   return args;
 }
 
-void write_file(const std::string& path, const std::string& text) {
+void write_file(const std::string& path, const std::string& text, bool say = true) {
   std::ofstream out(path);
   out << text;
   out.close();
   TORCH_CHECK(static_cast<bool>(out), "tp-bench: cannot write ", path);
-  std::cout << "wrote " << path << "\n";
+  if (say) std::cout << "wrote " << path << "\n";
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(static_cast<bool>(in), "tp-bench: cannot read ", path);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// One rank of a process launch: this process is rank RANK of WORLD_SIZE.
+int worker_main(const Args& args) {
+  auto config = args.config;
+  config.ranks_are_processes = true;
+  TORCH_CHECK_VALUE(config.tp_sizes.size() == 1, "tp-bench --launch worker: expects one --tp");
+  tp::CommunicatorOptions options;
+  options.verify_calls = config.verify_calls;
+  tp::Communicator comm = tp::communicator_from_env(options);
+  TORCH_CHECK_VALUE(comm.world_size() == config.tp_sizes[0], "tp-bench --launch worker: WORLD_SIZE=",
+                    comm.world_size(), " but --tp ", config.tp_sizes[0]);
+  const auto results = run_bench(config, [&](int64_t, const std::function<void(tp::Communicator&)>& body) { body(comm); });
+  if (comm.rank() == 0) write_file(args.worker_results, serialize(results), false);
+  return 0;
+}
+
+// Runs `world` copies of this program as ranks 0..world-1 of one TP group and returns
+// rank 0's results. A rank that fails ends the others.
+BenchResults run_processes(int argc, char** argv, int64_t world) {
+  const std::string results_path =
+      (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) + "/tp-bench-" +
+      std::to_string(::getpid()) + "-tp" + std::to_string(world) + ".txt";
+  std::vector<std::string> child_args(argv, argv + argc);
+  child_args[0] = "/proc/self/exe";
+  const std::vector<std::string> extra{"--tp", std::to_string(world), "--launch", "worker", "--worker-results",
+                                      results_path};
+  child_args.insert(child_args.end(), extra.begin(), extra.end());
+  std::vector<char*> child_argv;
+  for (auto& a : child_args) child_argv.push_back(a.data());
+  child_argv.push_back(nullptr);
+
+  // A port that was free a moment ago, for rank 0's TCP store.
+  int port = 0;
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    TORCH_CHECK(fd >= 0, "tp-bench: socket() failed: ", std::strerror(errno));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    ::close(fd);
+    TORCH_CHECK(ok, "tp-bench: cannot find a free TCP port: ", std::strerror(errno));
+    port = ntohs(addr.sin_port);
+  }
+  std::vector<pid_t> pids;
+  for (int64_t rank = 0; rank < world; ++rank) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e;
+      const auto name = kv.substr(0, kv.find('='));
+      if (name != "RANK" && name != "LOCAL_RANK" && name != "WORLD_SIZE" && name != "MASTER_ADDR" &&
+          name != "MASTER_PORT")
+        env.push_back(kv);
+    }
+    env.push_back("RANK=" + std::to_string(rank));
+    env.push_back("LOCAL_RANK=" + std::to_string(rank));
+    env.push_back("WORLD_SIZE=" + std::to_string(world));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    const int rc = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, child_argv.data(), envp.data());
+    TORCH_CHECK(rc == 0, "tp-bench: cannot start rank ", rank, ": ", std::strerror(rc));
+    pids.push_back(pid);
+  }
+  std::string failure;
+  for (size_t done = 0; done < pids.size(); ++done) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    const auto it = std::find(pids.begin(), pids.end(), pid);
+    if (it == pids.end()) continue;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && failure.empty()) {
+      failure = "rank " + std::to_string(it - pids.begin()) +
+                (WIFEXITED(status) ? " exited with status " + std::to_string(WEXITSTATUS(status))
+                                   : " was ended by signal " + std::to_string(WTERMSIG(status)));
+      for (const pid_t other : pids)
+        if (other != pid) ::kill(other, SIGTERM);  // the others would wait for it until the timeout
+    }
+  }
+  TORCH_CHECK(failure.empty(), "tp-bench: TP=", world, " as processes: ", failure);
+  auto results = deserialize(read_file(results_path));
+  std::remove(results_path.c_str());
+  return results;
 }
 
 }  // namespace
@@ -162,6 +283,7 @@ void write_file(const std::string& path, const std::string& text) {
 int main(int argc, char** argv) {
   try {
     const auto args = parse_args(argc, argv);
+    if (args.launch == "worker") return worker_main(args);
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();
@@ -172,13 +294,15 @@ int main(int argc, char** argv) {
         << "  machine: " << machine << "; torch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR << "."
         << TORCH_VERSION_PATCH << "; device " << config.device << "; " << at::get_num_threads()
         << " intra-op threads (each of N ranks gets 1/N of them, at least 1; the reference gets all)\n"
+        << "  load average (1, 5, 15 min) at the start: " << load_average() << "\n"
         << "  shape '" << s.name << "': hidden " << s.hidden << ", intermediate " << s.intermediate << ", heads "
         << s.heads << ", kv_heads " << s.kv_heads << ", head_dim " << s.head_dim << "\n"
         << "  GEMMs [M,K]x[K,N]: qkv K=" << s.hidden << " N=" << (s.heads + 2 * s.kv_heads) * s.head_dim
         << "; o K=" << s.heads * s.head_dim << " N=" << s.hidden << "; gate_up K=" << s.hidden
         << " N=" << 2 * s.intermediate << "; down K=" << s.intermediate << " N=" << s.hidden << "\n"
         << "  block: " << block_description() << "\n"
-        << "  ranks: threads of this process, Gloo groups" << (config.device.is_cuda() ? " (sharing the one GPU)" : "")
+        << "  ranks: " << (args.launch == "processes" ? "one process each" : "threads of this process")
+        << ", Gloo groups" << (config.device.is_cuda() ? " (sharing the one GPU)" : "")
         << "; allreduce " << strategies.str() << "; per-collective verification "
         << (config.verify_calls ? "on" : "off") << "\n"
         << "  reference: at::linear on the full weights (format none; errors vs the same in float64), or the same\n"
@@ -191,7 +315,26 @@ int main(int argc, char** argv) {
         << "    (weights as stored + activations in and out; 2*M*K*N) over TP ms; rel_err = ||TP - ref|| / ||ref||\n"
         << "    over each rank's part, worst rank; '!' marks an error above the dtype's bound\n"
         << std::flush;
-    const auto results = run_bench(config);
+    BenchResults results;
+    if (args.launch == "threads") {
+      results = run_bench(config);
+    } else {
+      prepare_checkpoints(config);  // written once here, only read by the ranks
+      for (const auto tp : config.tp_sizes) {
+        BenchResults one;
+        if (tp == 1) {
+          auto single = config;
+          single.tp_sizes = {1};
+          single.ranks_are_processes = true;  // this process is the one rank
+          one = run_bench(single);
+        } else {
+          std::cerr << "  TP=" << tp << ": starting " << tp << " processes\n" << std::flush;
+          one = run_processes(argc, argv, tp);
+        }
+        results.rows.insert(results.rows.end(), one.rows.begin(), one.rows.end());
+        results.loads.insert(results.loads.end(), one.loads.begin(), one.loads.end());
+      }
+    }
 
     // One table per (dtype, format, allreduce) setting, in the order run.
     std::vector<std::tuple<std::string, std::string, std::string>> settings;
@@ -211,9 +354,10 @@ int main(int argc, char** argv) {
       std::cout << "\n== " << dtype << ", format " << format << ", allreduce " << allreduce << "\n"
                 << row_table(rows);
     }
-    std::cout << "\nloading (every rank opens the checkpoint and reads its shard; ranks are threads, so the peak RSS\n"
-              << "growth is the whole process's: VmHWM during the loads minus VmRSS before)\n"
+    std::cout << "\nloading (every rank opens the checkpoint and reads its shard; peak RSS growth: VmHWM during the\n"
+              << "loads minus VmRSS before, of the largest process; ranks as threads share one process)\n"
               << load_table(results.loads);
+    std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
     if (!args.json.empty()) write_file(args.json, to_json(config, results, machine));
     if (!args.csv.empty()) write_file(args.csv, to_csv(config, results));
     if (suspicious) {
