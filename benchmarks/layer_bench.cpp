@@ -64,16 +64,27 @@ const std::string kQ = std::string(kAttn) + ".q_proj", kK = std::string(kAttn) +
 const std::string kGate = std::string(kMlp) + ".gate_proj", kUp = std::string(kMlp) + ".up_proj",
                   kDown = std::string(kMlp) + ".down_proj";
 
-QuantConfig quant_config(const std::string& format) {
-  TORCH_CHECK_VALUE(format == "none", "tp-bench: quant format '", format, "' is not available in this build (formats: none)");
-  return QuantConfig{};
+// The format's config from its name ("int4_gptq:g64", "fp8_block"); errors list the names.
+QuantConfig quant_config(const std::string& format) { return parse_quant_config(format); }
+
+// The checkpoint tensors of one linear layer's weight [out, in] in `format`, by full
+// name: the weight itself in the dtype under test (format none), or what
+// quantize_weight makes of it.
+std::map<std::string, at::Tensor> layer_tensors(const std::string& prefix, const at::Tensor& weight,
+                                                const std::string& format, c10::ScalarType dtype) {
+  const auto config = quant_config(format);
+  if (config.format == QuantFormat::kNone) return {{prefix + ".weight", weight.to(dtype)}};
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [suffix, t] : quantize_weight(weight, config)) out.emplace(prefix + "." + suffix, t);
+  return out;
 }
 
-// The checkpoint tensors of one linear layer's weight [out, in] in `format`, by full name.
-std::map<std::string, at::Tensor> layer_tensors(const std::string& prefix, const at::Tensor& weight,
-                                                const std::string& format) {
-  (void)quant_config(format);
-  return {{prefix + ".weight", weight}};
+// One layer's stored tensors by suffix, read back from the checkpoint.
+QuantizedTensors read_layer(const Checkpoint& ckpt, const std::string& prefix) {
+  QuantizedTensors out;
+  for (const auto& n : ckpt.names())
+    if (n.rfind(prefix + ".", 0) == 0) out.emplace(n.substr(prefix.size() + 1), ckpt.get(n).read_all());
+  return out;
 }
 
 std::string dtype_name(c10::ScalarType dtype) {
@@ -98,7 +109,7 @@ struct CheckpointFile {
 };
 
 // Writes the block's weights once: random N(0, 1/in) in float32, stored in `dtype`
-// (then quantized for `format`). A cached file is reused when its metadata says it
+// (format none) or quantized from float32 by quantize_weight. A cached file is reused when its metadata says it
 // holds the same shape, seed, format and dtype.
 CheckpointFile ensure_checkpoint(const BenchConfig& config, const std::string& format, c10::ScalarType dtype) {
   namespace fs = std::filesystem;
@@ -113,7 +124,9 @@ CheckpointFile ensure_checkpoint(const BenchConfig& config, const std::string& f
   const auto& s = config.shape;
   const std::string name = s.name == "custom" ? "custom-" + shape_tag(s) : s.name;
   CheckpointFile file;
-  file.path = dir + "/" + name + "-" + format + "-" + dtype_name(dtype) + ".safetensors";
+  std::string format_tag = format;
+  std::replace(format_tag.begin(), format_tag.end(), ':', '-');
+  file.path = dir + "/" + name + "-" + format_tag + "-" + dtype_name(dtype) + ".safetensors";
   const std::string signature =
       shape_tag(s) + " seed " + std::to_string(config.seed) + " " + format + " " + dtype_name(dtype) + " v1";
   if (fs::exists(file.path)) {
@@ -131,8 +144,8 @@ CheckpointFile ensure_checkpoint(const BenchConfig& config, const std::string& f
   uint64_t seed = config.seed;
   auto add = [&](const std::string& prefix, int64_t out, int64_t in) {
     auto gen = at::detail::createCPUGenerator(seed++);
-    const auto w = (at::randn({out, in}, gen, at::kFloat) / std::sqrt(static_cast<double>(in))).to(dtype);
-    for (auto& [n, t] : layer_tensors(prefix, w, format)) tensors.emplace(n, t);
+    const auto w = at::randn({out, in}, gen, at::kFloat) / std::sqrt(static_cast<double>(in));
+    for (auto& [n, t] : layer_tensors(prefix, w, format, dtype)) tensors.emplace(n, t);
   };
   const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
   add(kQ, q, s.hidden);
@@ -274,14 +287,18 @@ at::Tensor rank_part(const std::string& row, const Layers& l, const BlockShape& 
 
 // ---- the single-device reference -------------------------------------------------------------
 
-// Unquantized: at::linear on the full weights (timed in the dtype under test; the
-// expected output in float64). Quantized: the same format's layers on one device
-// (world 1) from the same checkpoint (timed, and their output is the expected one).
+// Timing: format none runs at::linear on the full weights (in the dtype under test);
+// a quantized format runs its own layers on one device (world 1) from the same
+// checkpoint. Expected output (float64, CPU): at::linear on the full weights, or on
+// dequantize_weight of the stored tensors with quantize_activation of the input (what
+// the format's kernel computes, exactly).
 struct Reference {
+  QuantConfig quant;
   bool quantized = false;
   at::Tensor w_qkv, w_o, w_gate_up, w_down;  // [out, in] full, dtype under test, on the device
   at::Tensor w_q;                            // the Q rows of w_qkv
   std::unique_ptr<Layers> layers;            // quantized formats
+  QuantizedTensors tq, tk, tv, to, tg, tu, td;  // quantized formats: stored tensors per layer
 
   at::Tensor forward(const std::string& row, const Inputs& in_dev) const {
     if (quantized) {
@@ -293,11 +310,7 @@ struct Reference {
 
   // The expected output in float64 on the CPU.
   at::Tensor expected(const std::string& row, const Inputs& in) const {
-    if (quantized) {
-      const auto device = layers->qkv->weight.device();
-      Inputs d{in.hidden.to(device), in.attn.to(device), in.inter.to(device)};
-      return forward(row, d).cpu().to(at::kDouble);
-    }
+    if (quantized) return quantized_chain(row, in);
     auto f64 = [](const at::Tensor& t) { return t.cpu().to(at::kDouble); };
     Inputs d{f64(in.hidden), f64(in.attn), f64(in.inter)};
     return linear_chain(row, d, f64(w_qkv), f64(w_q), f64(w_o), f64(w_gate_up), f64(w_down));
@@ -316,15 +329,33 @@ struct Reference {
     const int64_t inter = gu.size(-1) / 2;
     return at::linear(at::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter), down);
   }
+
+  // One quantized GEMM in float64: quantize_activation(x) [dequantize_weight(W)]^T.
+  at::Tensor qlinear(const at::Tensor& x, const QuantizedTensors& t) const {
+    return at::linear(quantize_activation(x.cpu(), t, quant).to(at::kDouble),
+                      dequantize_weight(t, quant).to(at::kDouble));
+  }
+
+  at::Tensor quantized_chain(const std::string& row, const Inputs& in) const {
+    if (row == "qkv") return at::cat({qlinear(in.hidden, tq), qlinear(in.hidden, tk), qlinear(in.hidden, tv)}, -1);
+    if (row == "o") return qlinear(in.attn, to);
+    if (row == "gate_up") return at::cat({qlinear(in.hidden, tg), qlinear(in.hidden, tu)}, -1);
+    if (row == "down") return qlinear(in.inter, td);
+    const auto h = qlinear(qlinear(in.hidden, tq), to);
+    return qlinear(at::silu(qlinear(h, tg)) * qlinear(h, tu), td);
+  }
 };
 
 Reference make_reference(const BenchConfig& config, const std::string& format, c10::ScalarType dtype,
                          const Checkpoint& ckpt) {
   Reference ref;
-  ref.quantized = format != "none";
+  ref.quant = quant_config(format);
+  ref.quantized = ref.quant.format != QuantFormat::kNone;
   if (ref.quantized) {
-    ref.layers = std::make_unique<Layers>(config.shape, quant_config(format), dtype, config.device, Communicator{},
-                                          ckpt);
+    ref.layers = std::make_unique<Layers>(config.shape, ref.quant, dtype, config.device, Communicator{}, ckpt);
+    ref.tq = read_layer(ckpt, kQ), ref.tk = read_layer(ckpt, kK), ref.tv = read_layer(ckpt, kV);
+    ref.to = read_layer(ckpt, kO), ref.tg = read_layer(ckpt, kGate), ref.tu = read_layer(ckpt, kUp);
+    ref.td = read_layer(ckpt, kDown);
     return ref;
   }
   auto w = [&](const std::string& prefix) { return ckpt.get(prefix + ".weight").read_all().to(config.device); };
@@ -377,7 +408,9 @@ Shapes row_shapes(const std::string& row, const BlockShape& s, int64_t m, int64_
 }
 
 double error_bound(c10::ScalarType dtype, const std::string& format) {
-  if (format != "none") return 5e-2;
+  // Quantized: vs the float64 model of the same kernel; what remains is the GEMM's own
+  // rounding and, on row layers, activations quantized per rank slice.
+  if (quant_config(format).format != QuantFormat::kNone) return 5e-2;
   if (dtype == c10::kDouble) return 1e-10;
   if (dtype == c10::kFloat) return 1e-4;
   return 3e-2;

@@ -33,6 +33,7 @@
 
 #include "layer_bench.h"
 #include "tp/comm/launch.h"
+#include "tp/quant/quant_config.h"
 
 extern char** environ;
 
@@ -48,7 +49,8 @@ const char* kUsage = R"(usage: tp-bench [options]
                      per rank (torchrun-style variables, TCP store on 127.0.0.1)  (default threads)
   --m LIST           tokens per forward (the GEMMs' M)                    (default 1,64)
   --rows LIST        qkv,o,gate_up,down,block                             (default all)
-  --quant LIST       weight formats: none                                 (default none)
+  --quant LIST       weight formats: none, fp8_tensor, fp8_channel, fp8_block, int8_w8a8,
+                     int8_weight_only, int4_gptq, int4_awq (INT4: ":g64", ":asym")  (default none)
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
   --dtype LIST       float32 | float64 | bfloat16 | float16               (default float32)
   --device NAME      cpu | cuda                                           (default cpu)
@@ -132,7 +134,11 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--tp") config.tp_sizes = parse_ints(flag, value);
     else if (flag == "--m") config.tokens = parse_ints(flag, value);
     else if (flag == "--rows" || flag == "--layers") config.rows = split_list(flag, value);
-    else if (flag == "--quant") config.formats = split_list(flag, value);
+    else if (flag == "--quant") {
+      config.formats.clear();  // canonical names: "int4_gptq" -> "int4_gptq:g128:sym"
+      for (const auto& name : split_list(flag, value))
+        config.formats.push_back(tp::to_string(tp::parse_quant_config(name)));
+    }
     else if (flag == "--allreduce") {
       config.allreduce.clear();
       for (const auto& name : split_list(flag, value)) config.allreduce.push_back(tp::parse_all_reduce_strategy(name));
