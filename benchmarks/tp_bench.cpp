@@ -364,7 +364,11 @@ int main(int argc, char** argv) {
               << "loads minus VmRSS before, of the largest process; ranks as threads share one process)\n"
               << load_table(results.loads);
     std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
-    if (!args.json.empty()) write_file(args.json, to_json(config, results, machine));
+    if (!args.json.empty()) {
+      auto described = config;
+      described.ranks_are_processes = args.launch == "processes";
+      write_file(args.json, to_json(described, results, machine));
+    }
     if (!args.csv.empty()) write_file(args.csv, to_csv(config, results));
     if (suspicious) {
       std::cerr << "tp-bench: some errors ('!') are above the bound for their dtype: the TP result is wrong\n";
