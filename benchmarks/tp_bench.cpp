@@ -31,7 +31,7 @@
 #include <tuple>
 #include <vector>
 
-#include "layer_bench.h"
+#include "bench_report.h"
 #include "tp/comm/launch.h"
 #include "tp/quant/quant_config.h"
 
