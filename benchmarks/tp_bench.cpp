@@ -311,8 +311,9 @@ int main(int argc, char** argv) {
         << ", Gloo groups" << (config.device.is_cuda() ? " (sharing the one GPU)" : "")
         << "; allreduce " << strategies.str() << "; per-collective verification "
         << (config.verify_calls ? "on" : "off") << "\n"
-        << "  reference: at::linear on the full weights (format none; errors vs the same in float64), or the same\n"
-        << "    format's layers on one device (quantized formats; errors vs their output)\n"
+        << "  reference: format none: at::linear on the full weights (errors vs the same in float64); quantized:\n"
+        << "    the format's layers on one device (errors vs float64 at::linear on dequantize_weight of the stored\n"
+        << "    tensors and quantize_activation of the input)\n"
         << "  times: medians after " << config.timing.warmup << " warm-ups; " << config.timing.rounds
         << " alternating rounds of ref / TP / GEMM / comm, up to " << config.timing.max_iters
         << " iterations or ~" << config.timing.max_seconds << " s per side; TP sides: the slowest rank per iteration\n"
