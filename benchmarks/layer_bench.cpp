@@ -308,12 +308,24 @@ struct Reference {
     return linear_chain(row, in_dev, w_qkv, w_q, w_o, w_gate_up, w_down);
   }
 
-  // The expected output in float64 on the CPU.
-  at::Tensor expected(const std::string& row, const Inputs& in) const {
-    if (quantized) return quantized_chain(row, in);
+  // The expected output of `row` for every M, in float64 on the CPU. Only the weights
+  // the row uses are widened, once for all M (a Llama-3-70B gate_up is 3.8 GB in float64).
+  std::map<int64_t, at::Tensor> expected(const std::string& row, const std::map<int64_t, Inputs>& inputs) const {
+    std::map<int64_t, at::Tensor> out;
+    if (quantized) {
+      for (const auto& [m, in] : inputs) out[m] = quantized_chain(row, in);
+      return out;
+    }
     auto f64 = [](const at::Tensor& t) { return t.cpu().to(at::kDouble); };
-    Inputs d{f64(in.hidden), f64(in.attn), f64(in.inter)};
-    return linear_chain(row, d, f64(w_qkv), f64(w_q), f64(w_o), f64(w_gate_up), f64(w_down));
+    const bool block = row == "block";
+    auto need = [&](const at::Tensor& w, bool used) { return used ? f64(w) : at::Tensor(); };
+    const auto qkv = need(w_qkv, block || row == "qkv"), o = need(w_o, block || row == "o");
+    const auto gate_up = need(w_gate_up, block || row == "gate_up"), down = need(w_down, block || row == "down");
+    for (const auto& [m, in] : inputs) {
+      Inputs d{f64(in.hidden), f64(in.attn), f64(in.inter)};
+      out[m] = linear_chain(row, d, qkv, w_q, o, gate_up, down);
+    }
+    return out;
   }
 
   static at::Tensor linear_chain(const std::string& row, const Inputs& in, const at::Tensor& qkv, const at::Tensor& q,
@@ -655,10 +667,9 @@ BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher) 
       std::map<std::pair<int64_t, std::string>, at::Tensor> expected;
       {
         c10::InferenceMode inference;
-        for (const auto m : config.tokens) {
-          inputs[m] = make_inputs(config.shape, m, dtype, config.seed);
-          for (const auto& row : config.rows) expected[{m, row}] = ref.expected(row, inputs[m]);
-        }
+        for (const auto m : config.tokens) inputs[m] = make_inputs(config.shape, m, dtype, config.seed);
+        for (const auto& row : config.rows)
+          for (auto& [m, y] : ref.expected(row, inputs)) expected[{m, row}] = std::move(y);
       }
       for (const auto tp : config.tp_sizes) {
         LoadResult load;
