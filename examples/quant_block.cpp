@@ -84,10 +84,10 @@ int main(int argc, char** argv) {
           worst = std::max(worst, rel);
           if (comm.rank() == 0 && world == 4) std::cout << "  " << *block.gate_up << "\n";
         });
-        const bool pass = worst < 5e-3;
+        const bool pass = worst < 1e-5;
         ok = ok && pass;
         std::cout << "  TP=" << world << ": ||block - one device|| / ||one device|| = " << worst
-                  << (pass ? "  ok" : "  FAILED (bound 5e-3)") << "\n";
+                  << (pass ? "  ok" : "  FAILED (bound 1e-5)") << "\n";
       }
       std::remove(path.c_str());
     }
