@@ -44,7 +44,7 @@ step "build" build.log cmake --build "$build" --parallel "$(nproc)" &&
 
 echo "== machine"; cat "$logs/machine.txt"
 echo "== tests";  grep -hE "tests passed|tests failed|assertions|test cases" "$logs/ctest.log" "$logs/cuda_tests.log" 2>/dev/null | tail -n 4
-echo "== tp-bench (cuda, bf16)"; sed -n '/^layer/,$p' "$logs/bench_cuda.log" 2>/dev/null
+echo "== tp-bench (cuda, bf16)"; sed -n '/^== /,$p' "$logs/bench_cuda.log" 2>/dev/null
 echo "== steps ($(( $(date +%s) - start )) s in all; logs in $logs)"
 printf '%s\n' "${status[@]}"
 ! printf '%s\n' "${status[@]}" | grep -q FAILED

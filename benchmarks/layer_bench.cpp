@@ -3,235 +3,705 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <malloc.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <tuple>
 
 #include "tp/tp.h"
 
 namespace tp::bench {
 
-BlockShape default_block() { return {"default", 2048, 5632, 16, 4, 128}; }
+// ---- presets and rows ------------------------------------------------------------------
 
-const std::vector<std::string>& all_layers() {
-  static const std::vector<std::string> layers{"column", "qkv", "o", "gate_up", "down"};
-  return layers;
+const std::vector<BlockShape>& presets() {
+  // From each model's Hugging Face config.json: hidden_size, intermediate_size,
+  // num_attention_heads, num_key_value_heads, head_dim.
+  static const std::vector<BlockShape> all{
+      {"default", 2048, 5632, 16, 4, 128},
+      {"llama3-8b", 4096, 14336, 32, 8, 128},
+      {"llama3-70b", 8192, 28672, 64, 8, 128},
+      {"qwen3-32b", 5120, 25600, 64, 8, 128},
+  };
+  return all;
+}
+
+BlockShape preset(const std::string& name) {
+  std::string names;
+  for (const auto& p : presets()) {
+    if (p.name == name) return p;
+    names += (names.empty() ? "" : ", ") + p.name;
+  }
+  TORCH_CHECK_VALUE(false, "tp-bench: unknown preset '", name, "' (presets: ", names, ")");
+}
+
+const std::vector<std::string>& all_rows() {
+  static const std::vector<std::string> rows{"qkv", "o", "gate_up", "down", "block"};
+  return rows;
+}
+
+const char* block_description() {
+  return "qkv -> Q (standing in for the attention output: no attention math, norms or residuals) -> o -> "
+         "AllReduce -> gate_up -> SiLU(gate)*up -> down -> AllReduce";
 }
 
 namespace {
 
-// The global weights of one layer, as a checkpoint and as the single-device weight.
-struct LayerWeights {
-  Checkpoint checkpoint;
-  at::Tensor full_weight;  // [out, in], the dtype under test: what at::linear multiplies
-  int64_t in = 0, out = 0;
-};
+// ---- names, formats, checkpoints ---------------------------------------------------------
 
-at::Tensor random_weight(int64_t out, int64_t in, uint64_t seed, c10::ScalarType dtype) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  return (at::randn({out, in}, gen, at::kFloat) / std::sqrt(static_cast<double>(in))).to(dtype);
+const char* const kAttn = "model.layers.0.self_attn";
+const char* const kMlp = "model.layers.0.mlp";
+const std::string kQ = std::string(kAttn) + ".q_proj", kK = std::string(kAttn) + ".k_proj",
+                  kV = std::string(kAttn) + ".v_proj", kO = std::string(kAttn) + ".o_proj";
+const std::string kGate = std::string(kMlp) + ".gate_proj", kUp = std::string(kMlp) + ".up_proj",
+                  kDown = std::string(kMlp) + ".down_proj";
+
+// The format's config from its name ("int4_gptq:g64", "fp8_block"); errors list the names.
+QuantConfig quant_config(const std::string& format) { return parse_quant_config(format); }
+
+// The checkpoint tensors of one linear layer's weight [out, in] in `format`, by full
+// name: the weight itself in the dtype under test (format none), or what
+// quantize_weight makes of it.
+std::map<std::string, at::Tensor> layer_tensors(const std::string& prefix, const at::Tensor& weight,
+                                                const std::string& format, c10::ScalarType dtype) {
+  const auto config = quant_config(format);
+  if (config.format == QuantFormat::kNone) return {{prefix + ".weight", weight.to(dtype)}};
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [suffix, t] : quantize_weight(weight, config)) out.emplace(prefix + "." + suffix, t);
+  return out;
 }
 
-LayerWeights make_weights(const std::string& layer, const BlockShape& s, c10::ScalarType dtype, uint64_t seed) {
-  LayerWeights w;
-  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  auto add = [&](const std::string& name, int64_t out, int64_t in) {
-    auto t = random_weight(out, in, seed++, dtype);
-    w.checkpoint.add(name + ".weight", t);
-    return t;
+// One layer's stored tensors by suffix, read back from the checkpoint.
+QuantizedTensors read_layer(const Checkpoint& ckpt, const std::string& prefix) {
+  QuantizedTensors out;
+  for (const auto& n : ckpt.names())
+    if (n.rfind(prefix + ".", 0) == 0) out.emplace(n.substr(prefix.size() + 1), ckpt.get(n).read_all());
+  return out;
+}
+
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kFloat: return "float32";
+    case c10::kDouble: return "float64";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kHalf: return "float16";
+    default: return c10::toString(dtype);
+  }
+}
+
+std::string shape_tag(const BlockShape& s) {
+  return format("h%lld-i%lld-q%lld-kv%lld-d%lld", (long long)s.hidden, (long long)s.intermediate, (long long)s.heads,
+                (long long)s.kv_heads, (long long)s.head_dim);
+}
+
+struct CheckpointFile {
+  std::string path;
+  bool written = false;
+  double write_s = 0.0;
+};
+
+// Writes the block's weights once: random N(0, 1/in) in float32, stored in `dtype`
+// (format none) or quantized from float32 by quantize_weight. A cached file is reused when its metadata says it
+// holds the same shape, seed, format and dtype.
+CheckpointFile ensure_checkpoint(const BenchConfig& config, const std::string& format, c10::ScalarType dtype) {
+  namespace fs = std::filesystem;
+  std::string dir = config.ckpt_dir;
+  if (dir.empty()) {
+    const char* home = std::getenv("HOME");
+    dir = std::string(home && *home ? home : "/tmp") + "/.cache/tp/bench";
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TORCH_CHECK(!ec, "tp-bench: cannot create the checkpoint folder ", dir, ": ", ec.message());
+  const auto& s = config.shape;
+  const std::string name = s.name == "custom" ? "custom-" + shape_tag(s) : s.name;
+  CheckpointFile file;
+  std::string format_tag = format;
+  std::replace(format_tag.begin(), format_tag.end(), ':', '-');
+  file.path = dir + "/" + name + "-" + format_tag + "-" + dtype_name(dtype) + ".safetensors";
+  const std::string signature =
+      shape_tag(s) + " seed " + std::to_string(config.seed) + " " + format + " " + dtype_name(dtype) + " v1";
+  if (fs::exists(file.path)) {
+    try {
+      const auto existing = SafetensorsFile::open(file.path);
+      const auto it = existing.metadata().find("tp_bench");
+      if (it != existing.metadata().end() && it->second == signature) return file;
+    } catch (const c10::Error&) {
+      // Unreadable or stale: written again below.
+    }
+  }
+  std::cerr << "  writing the checkpoint " << file.path << " (once; later runs reuse it)\n" << std::flush;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::map<std::string, at::Tensor> tensors;
+  uint64_t seed = config.seed;
+  auto add = [&](const std::string& prefix, int64_t out, int64_t in) {
+    auto gen = at::detail::createCPUGenerator(seed++);
+    const auto w = at::randn({out, in}, gen, at::kFloat) / std::sqrt(static_cast<double>(in));
+    for (auto& [n, t] : layer_tensors(prefix, w, format, dtype)) tensors.emplace(n, t);
   };
-  if (layer == "column") {
-    w.full_weight = add("up_proj", s.intermediate, s.hidden);
-  } else if (layer == "qkv") {
-    w.full_weight = at::cat({add("attn.q_proj", q, s.hidden), add("attn.k_proj", kv, s.hidden),
-                             add("attn.v_proj", kv, s.hidden)});
-  } else if (layer == "o") {
-    w.full_weight = add("o_proj", s.hidden, q);
-  } else if (layer == "gate_up") {
-    w.full_weight = at::cat({add("mlp.gate_proj", s.intermediate, s.hidden), add("mlp.up_proj", s.intermediate, s.hidden)});
-  } else if (layer == "down") {
-    w.full_weight = add("down_proj", s.hidden, s.intermediate);
-  } else {
-    TORCH_CHECK_VALUE(false, "tp-bench: unknown layer '", layer, "' (layers: column, qkv, o, gate_up, down)");
-  }
-  w.out = w.full_weight.size(0);
-  w.in = w.full_weight.size(1);
-  return w;
+  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  add(kQ, q, s.hidden);
+  add(kK, kv, s.hidden);
+  add(kV, kv, s.hidden);
+  add(kO, s.hidden, q);
+  add(kGate, s.intermediate, s.hidden);
+  add(kUp, s.intermediate, s.hidden);
+  add(kDown, s.hidden, s.intermediate);
+  save_safetensors(file.path, tensors, {{"format", "pt"}, {"tp_bench", signature}});
+  file.written = true;
+  file.write_s = seconds_since(t0);
+  return file;
 }
 
-// One rank's layer as a forward function plus which columns of the reference its
-// output corresponds to (column layers: a slice per segment; row layers: all of it).
-struct RankLayer {
-  std::function<at::Tensor(const at::Tensor&)> forward;
-  std::function<at::Tensor(const at::Tensor&)> input_of;           // global x -> this rank's input
-  std::function<at::Tensor(const at::Tensor&)> expected_of;        // global y -> this rank's expected y
+int64_t source_bytes(const TensorSource& src) {
+  int64_t n = 1;
+  for (const auto d : src.shape()) n *= d;
+  return n * static_cast<int64_t>(c10::elementSize(src.dtype()));
+}
+
+// Bytes of every checkpoint tensor under `prefix` (the weight as stored, scales included).
+int64_t stored_bytes(const Checkpoint& ckpt, const std::string& prefix) {
+  int64_t total = 0;
+  for (const auto& n : ckpt.names())
+    if (n.rfind(prefix + ".", 0) == 0) total += source_bytes(ckpt.get(n));
+  return total;
+}
+
+// ---- the block's layers on one rank ---------------------------------------------------------
+
+// Inputs of one token count M: the activations every row starts from (global, CPU).
+struct Inputs {
+  at::Tensor hidden;  // [M, hidden]: input of qkv, gate_up and the block
+  at::Tensor attn;    // [M, heads * head_dim]: input of o (global; each rank takes its heads)
+  at::Tensor inter;   // [M, intermediate]: input of down (global; each rank takes its slice)
 };
 
-RankLayer build(const std::string& layer, const BlockShape& s, c10::ScalarType dtype, at::Device device,
-                const Checkpoint& ckpt, Communicator& comm) {
-  RankLayer r;
-  auto identity = [](const at::Tensor& t) { return t; };
-  r.input_of = identity;
-  if (layer == "column") {
-    ColumnParallelLinear m(ColumnParallelLinearOptions(s.hidden, s.intermediate).bias(false).dtype(dtype).device(device), comm);
-    m->load_weights(ckpt, "up_proj");
-    const Range range = m->local_range();
-    r.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-    r.expected_of = [range](const at::Tensor& y) { return y.narrow(-1, range.begin, range.size()); };
-  } else if (layer == "qkv") {
-    QKVParallelLinear m(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).dtype(dtype).device(device),
-                        comm);
-    m->load_weights(ckpt, "attn");
-    const auto plan = m->head_plan().qkv_plan();
-    r.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-    r.expected_of = [plan](const at::Tensor& y) {
-      std::vector<at::Tensor> parts;
-      for (const auto& p : plan.pieces) parts.push_back(y.narrow(-1, p.fused_source().begin, p.size()));
-      return at::cat(parts, -1);
-    };
-  } else if (layer == "gate_up") {
-    GateUpParallelLinear m(GateUpParallelLinearOptions(s.hidden, s.intermediate).dtype(dtype).device(device), comm);
-    m->load_weights(ckpt, "mlp");
-    const Range range = m->local_range();
-    const int64_t inter = s.intermediate;
-    r.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-    r.expected_of = [range, inter](const at::Tensor& y) {
-      return at::cat({y.narrow(-1, range.begin, range.size()), y.narrow(-1, inter + range.begin, range.size())}, -1);
-    };
-  } else {  // "o" and "down": row-parallel, input already split (the usual case in a block)
-    const bool o = layer == "o";
-    const int64_t in = o ? s.heads * s.head_dim : s.intermediate;
-    RowParallelLinear m(RowParallelLinearOptions(in, s.hidden).bias(false).dtype(dtype).device(device), comm);
-    m->load_weights(ckpt, o ? "o_proj" : "down_proj");
-    const Range range = m->local_range();
-    r.forward = [m](const at::Tensor& x) mutable { return m->forward(x); };
-    r.input_of = [range](const at::Tensor& x) { return x.narrow(-1, range.begin, range.size()).contiguous(); };
-    r.expected_of = identity;
-  }
-  return r;
+Inputs make_inputs(const BlockShape& s, int64_t m, c10::ScalarType dtype, uint64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed + 977 * static_cast<uint64_t>(m));
+  Inputs in;
+  in.hidden = at::randn({m, s.hidden}, gen, at::kFloat).to(dtype);
+  in.attn = at::randn({m, s.heads * s.head_dim}, gen, at::kFloat).to(dtype);
+  in.inter = at::randn({m, s.intermediate}, gen, at::kFloat).to(dtype);
+  return in;
 }
 
-LayerResult run_case(const std::string& layer, const LayerWeights& w, int64_t tp, int64_t tokens,
-                     const LayerBenchConfig& config) {
-  LayerResult result;
-  result.layer = layer;
-  result.tp = tp;
-  result.tokens = tokens;
-  result.in_features = w.in;
-  result.out_features = w.out;
-  auto gen = at::detail::createCPUGenerator(config.seed + 977 * tokens);
-  const auto x_cpu = at::randn({tokens, w.in}, gen, at::kFloat).to(config.dtype);
-  const auto y64 = at::linear(x_cpu.to(at::kDouble), w.full_weight.to(at::kDouble));
-  const auto x = x_cpu.to(config.device);
-  const auto full_weight = w.full_weight.to(config.device);
-  // GPU work is asynchronous: a timed region ends when the device is done.
+struct Layers {
+  QKVParallelLinear qkv{nullptr};
+  RowParallelLinear o{nullptr};
+  GateUpParallelLinear gate_up{nullptr};
+  RowParallelLinear down{nullptr};
+
+  Layers(const BlockShape& s, const QuantConfig& quant, c10::ScalarType dtype, c10::Device device,
+         const Communicator& comm, const Checkpoint& ckpt) {
+    qkv = QKVParallelLinear(
+        QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).quant(quant).dtype(dtype).device(device),
+        comm);
+    o = RowParallelLinear(RowParallelLinearOptions(s.heads * s.head_dim, s.hidden)
+                              .bias(false)
+                              .quant(quant)
+                              .split(qkv->attention_output_split())
+                              .dtype(dtype)
+                              .device(device),
+                          comm);
+    // gate_up splits the intermediate dim as a column layer and down as a row layer;
+    // one granularity for both keeps their slices equal whatever the formats' alignments.
+    const auto split = SplitPolicy{}.with_granularity(s.intermediate % 128 == 0 ? 128 : 1);
+    gate_up = GateUpParallelLinear(
+        GateUpParallelLinearOptions(s.hidden, s.intermediate).quant(quant).split(split).dtype(dtype).device(device),
+        comm);
+    down = RowParallelLinear(RowParallelLinearOptions(s.intermediate, s.hidden)
+                                 .bias(false)
+                                 .quant(quant)
+                                 .split(split)
+                                 .dtype(dtype)
+                                 .device(device),
+                             comm);
+    TORCH_CHECK(gate_up->local_range() == down->local_range(), "tp-bench: gate_up's intermediate slice ",
+                gate_up->local_range(), " differs from down's ", down->local_range());
+    qkv->load_weights(ckpt, kAttn);
+    o->load_weights(ckpt, kO);
+    gate_up->load_weights(ckpt, kMlp);
+    down->load_weights(ckpt, kDown);
+  }
+
+  int64_t bytes() const {
+    int64_t total = 0;
+    auto add = [&](const torch::nn::Module& m) {
+      for (const auto& p : m.parameters()) total += p.numel() * p.element_size();
+      for (const auto& b : m.buffers()) total += b.numel() * b.element_size();
+    };
+    add(*qkv), add(*o), add(*gate_up), add(*down);
+    return total;
+  }
+
+  void set_reduce(bool reduce, AllReduceStrategy strategy) {
+    o->options.reduce_output(reduce).all_reduce(strategy);
+    down->options.reduce_output(reduce).all_reduce(strategy);
+  }
+};
+
+// This rank's inputs (on the device): its heads of attn, its slice of inter.
+struct RankInputs {
+  at::Tensor hidden, attn, inter;
+};
+
+RankInputs rank_inputs(const Inputs& in, const Layers& l, c10::Device device) {
+  const Range o = l.o->local_range(), d = l.down->local_range();
+  return {in.hidden.to(device), in.attn.narrow(-1, o.begin, o.size()).contiguous().to(device),
+          in.inter.narrow(-1, d.begin, d.size()).contiguous().to(device)};
+}
+
+at::Tensor forward(const std::string& row, Layers& l, const RankInputs& in) {
+  if (row == "qkv") return l.qkv->forward(in.hidden);
+  if (row == "o") return l.o->forward(in.attn);
+  if (row == "gate_up") return l.gate_up->forward(in.hidden);
+  if (row == "down") return l.down->forward(in.inter);
+  const auto q = std::get<0>(l.qkv->split(l.qkv->forward(in.hidden)));
+  const auto h = l.o->forward(q);
+  const auto [gate, up] = l.gate_up->split(l.gate_up->forward(h));
+  return l.down->forward(at::silu(gate) * up);
+}
+
+// This rank's part of a global output (column layers: its segments; the others: all).
+at::Tensor rank_part(const std::string& row, const Layers& l, const BlockShape& s, const at::Tensor& y) {
+  if (row == "qkv") {
+    std::vector<at::Tensor> parts;
+    for (const auto& p : l.qkv->head_plan().qkv_plan().pieces)
+      parts.push_back(y.narrow(-1, p.fused_source().begin, p.size()));
+    return at::cat(parts, -1);
+  }
+  if (row == "gate_up") {
+    const Range r = l.gate_up->local_range();
+    return at::cat({y.narrow(-1, r.begin, r.size()), y.narrow(-1, s.intermediate + r.begin, r.size())}, -1);
+  }
+  return y;
+}
+
+// ---- the single-device reference -------------------------------------------------------------
+
+// Timing: format none runs at::linear on the full weights (in the dtype under test);
+// a quantized format runs its own layers on one device (world 1) from the same
+// checkpoint. Expected output (float64, CPU): at::linear on the full weights, or on
+// dequantize_weight of the stored tensors with quantize_activation of the input (what
+// the format's kernel computes, exactly).
+struct Reference {
+  QuantConfig quant;
+  bool quantized = false;
+  at::Tensor w_qkv, w_o, w_gate_up, w_down;  // [out, in] full, dtype under test, on the device
+  at::Tensor w_q;                            // the Q rows of w_qkv
+  std::unique_ptr<Layers> layers;            // quantized formats
+  QuantizedTensors tq, tk, tv, to, tg, tu, td;  // quantized formats: stored tensors per layer
+
+  at::Tensor forward(const std::string& row, const Inputs& in_dev) const {
+    if (quantized) {
+      RankInputs ri{in_dev.hidden, in_dev.attn, in_dev.inter};
+      return tp::bench::forward(row, *layers, ri);
+    }
+    return linear_chain(row, in_dev, w_qkv, w_q, w_o, w_gate_up, w_down);
+  }
+
+  // The expected output of `row` for every M, in float64 on the CPU. Only the weights
+  // the row uses are widened, once for all M (a Llama-3-70B gate_up is 3.8 GB in float64).
+  std::map<int64_t, at::Tensor> expected(const std::string& row, const std::map<int64_t, Inputs>& inputs) const {
+    std::map<int64_t, at::Tensor> out;
+    if (quantized) {
+      for (const auto& [m, in] : inputs) out[m] = quantized_chain(row, in);
+      return out;
+    }
+    auto f64 = [](const at::Tensor& t) { return t.cpu().to(at::kDouble); };
+    const bool block = row == "block";
+    auto need = [&](const at::Tensor& w, bool used) { return used ? f64(w) : at::Tensor(); };
+    const auto qkv = need(w_qkv, block || row == "qkv"), o = need(w_o, block || row == "o");
+    const auto gate_up = need(w_gate_up, block || row == "gate_up"), down = need(w_down, block || row == "down");
+    for (const auto& [m, in] : inputs) {
+      Inputs d{f64(in.hidden), f64(in.attn), f64(in.inter)};
+      out[m] = linear_chain(row, d, qkv, w_q, o, gate_up, down);
+    }
+    return out;
+  }
+
+  static at::Tensor linear_chain(const std::string& row, const Inputs& in, const at::Tensor& qkv, const at::Tensor& q,
+                                 const at::Tensor& o, const at::Tensor& gate_up, const at::Tensor& down) {
+    if (row == "qkv") return at::linear(in.hidden, qkv);
+    if (row == "o") return at::linear(in.attn, o);
+    if (row == "gate_up") return at::linear(in.hidden, gate_up);
+    if (row == "down") return at::linear(in.inter, down);
+    // The block as one device runs it: the whole QKV GEMM, then Q onwards.
+    const auto y_qkv = at::linear(in.hidden, qkv);
+    const auto h = at::linear(y_qkv.narrow(-1, 0, q.size(0)), o);
+    const auto gu = at::linear(h, gate_up);
+    const int64_t inter = gu.size(-1) / 2;
+    return at::linear(at::silu(gu.narrow(-1, 0, inter)) * gu.narrow(-1, inter, inter), down);
+  }
+
+  // One quantized GEMM in float64: quantize_activation(x) [dequantize_weight(W)]^T.
+  at::Tensor qlinear(const at::Tensor& x, const QuantizedTensors& t) const {
+    return at::linear(quantize_activation(x.cpu(), t, quant).to(at::kDouble),
+                      dequantize_weight(t, quant).to(at::kDouble));
+  }
+
+  at::Tensor quantized_chain(const std::string& row, const Inputs& in) const {
+    if (row == "qkv") return at::cat({qlinear(in.hidden, tq), qlinear(in.hidden, tk), qlinear(in.hidden, tv)}, -1);
+    if (row == "o") return qlinear(in.attn, to);
+    if (row == "gate_up") return at::cat({qlinear(in.hidden, tg), qlinear(in.hidden, tu)}, -1);
+    if (row == "down") return qlinear(in.inter, td);
+    const auto h = qlinear(qlinear(in.hidden, tq), to);
+    return qlinear(at::silu(qlinear(h, tg)) * qlinear(h, tu), td);
+  }
+};
+
+Reference make_reference(const BenchConfig& config, const std::string& format, c10::ScalarType dtype,
+                         const Checkpoint& ckpt) {
+  Reference ref;
+  ref.quant = quant_config(format);
+  ref.quantized = ref.quant.format != QuantFormat::kNone;
+  if (ref.quantized) {
+    ref.layers = std::make_unique<Layers>(config.shape, ref.quant, dtype, config.device, Communicator{}, ckpt);
+    ref.tq = read_layer(ckpt, kQ), ref.tk = read_layer(ckpt, kK), ref.tv = read_layer(ckpt, kV);
+    ref.to = read_layer(ckpt, kO), ref.tg = read_layer(ckpt, kGate), ref.tu = read_layer(ckpt, kUp);
+    ref.td = read_layer(ckpt, kDown);
+    return ref;
+  }
+  auto w = [&](const std::string& prefix) { return ckpt.get(prefix + ".weight").read_all().to(config.device); };
+  ref.w_q = w(kQ);
+  ref.w_qkv = at::cat({ref.w_q, w(kK), w(kV)});
+  ref.w_o = w(kO);
+  ref.w_gate_up = at::cat({w(kGate), w(kUp)});
+  ref.w_down = w(kDown);
+  return ref;
+}
+
+// ---- one TP size: load, then measure every case ------------------------------------------------
+
+// Per-rank doubles gathered on every rank: result[r] is rank r's vector.
+std::vector<std::vector<double>> gather(const Communicator& comm, const std::vector<double>& values) {
+  const int64_t n = static_cast<int64_t>(values.size()), world = comm.world_size();
+  if (world == 1) return {values};
+  const auto t = at::tensor(values, at::kDouble);
+  const auto all = comm.all_gather(t, 0, std::vector<int64_t>(world, n)).contiguous();
+  std::vector<std::vector<double>> out(world);
+  for (int64_t r = 0; r < world; ++r) out[r].assign(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
+  return out;
+}
+
+struct Shapes {
+  int64_t in, out;
+  double flops, bytes;
+};
+
+// The global GEMMs of a row (the block: all four), for FLOP and byte counts.
+Shapes row_shapes(const std::string& row, const BlockShape& s, int64_t m, int64_t act_bytes, const Checkpoint& ckpt) {
+  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
+  struct G { int64_t in, out, weight; };
+  const G qkv{s.hidden, q + 2 * kv, stored_bytes(ckpt, kQ) + stored_bytes(ckpt, kK) + stored_bytes(ckpt, kV)};
+  const G o{q, s.hidden, stored_bytes(ckpt, kO)};
+  const G gate_up{s.hidden, 2 * s.intermediate, stored_bytes(ckpt, kGate) + stored_bytes(ckpt, kUp)};
+  const G down{s.intermediate, s.hidden, stored_bytes(ckpt, kDown)};
+  const bool block = row == "block";
+  std::vector<G> gemms;
+  if (block || row == "qkv") gemms.push_back(qkv);
+  if (block || row == "o") gemms.push_back(o);
+  if (block || row == "gate_up") gemms.push_back(gate_up);
+  if (block || row == "down") gemms.push_back(down);
+  Shapes sh{gemms[0].in, gemms[0].out, 0.0, 0.0};
+  for (const auto& g : gemms) {
+    sh.flops += 2.0 * m * g.in * g.out;
+    sh.bytes += static_cast<double>(g.weight) + static_cast<double>(m) * (g.in + g.out) * act_bytes;
+  }
+  return sh;
+}
+
+double error_bound(c10::ScalarType dtype, const std::string& format) {
+  // Quantized: vs the float64 model of the same kernel; what remains is the GEMM's own
+  // rounding and, on row layers, activations quantized per rank slice.
+  if (quant_config(format).format != QuantFormat::kNone) return 5e-2;
+  if (dtype == c10::kDouble) return 1e-10;
+  if (dtype == c10::kFloat) return 1e-4;
+  return 3e-2;
+}
+
+std::string taken_between(const std::map<AllReduceStrategy, int64_t>& before,
+                          const std::map<AllReduceStrategy, int64_t>& after) {
+  std::string taken;
+  for (const auto& [strategy, count] : after) {
+    const auto it = before.find(strategy);
+    if (count > (it == before.end() ? 0 : it->second)) taken += (taken.empty() ? "" : "+") + std::string(to_string(strategy));
+  }
+  return taken.empty() ? "-" : taken;
+}
+
+struct TpRun {
+  const BenchConfig& config;
+  const std::string& quant_format;
+  c10::ScalarType dtype;
+  const std::string& ckpt_path;
+  const Reference& ref;
+  const std::map<int64_t, Inputs>& inputs;                             // by M
+  const std::map<std::pair<int64_t, std::string>, at::Tensor>& expected;  // by (M, row), float64 CPU
+  const Checkpoint& ckpt_meta;  // the same file, for byte counts
+  int64_t tp;
+  Progress& progress;
+  std::vector<RowResult>& rows_out;
+  LoadResult& load_out;
+
+  void rank_body(Communicator& comm) const;
+};
+
+void TpRun::rank_body(Communicator& comm) const {
+  c10::InferenceMode inference;  // no autograd bookkeeping, for the layers and the reference alike
+  const bool rank0 = comm.rank() == 0;
+  const int total_threads = at::get_num_threads();
+  // The ranks share this machine's cores: each gets its share, as separate processes
+  // pinned to their own cores would. The reference (rank 0, others waiting) gets all.
+  const int threads_per_rank = std::max(1, total_threads / static_cast<int>(tp));
+  at::set_num_threads(threads_per_rank);
   const bool cuda = config.device.is_cuda();
   auto sync = [cuda] {
     if (cuda) torch::cuda::synchronize();
   };
 
-  // Reference and TP layer are measured side by side: rounds alternate between them,
-  // so drift in the machine's speed (other load, frequency) hits both alike.
-  const auto ref_probe = std::chrono::steady_clock::now();
-  (void)at::linear(x, full_weight);
+  // ---- loading. Peak RSS: a process's VmHWM during the loads minus its VmRSS before.
+  // Ranks as threads share one process (rank 0 measures it: all ranks together);
+  // ranks as processes each measure their own.
+  const bool measures_memory = rank0 || config.ranks_are_processes;
+  int64_t rss_before = 0;
+  bool peak_reset = false;
+  if (measures_memory) {
+    malloc_trim(0);  // so freed heap from an earlier TP size does not hide this load's growth
+    peak_reset = reset_peak_rss();
+    rss_before = proc_status_kib("VmRSS");
+  }
+  comm.barrier();
+  const auto t_load = std::chrono::steady_clock::now();
+  const auto ckpt = open_checkpoint(ckpt_path);
+  Layers layers(config.shape, quant_config(quant_format), dtype, config.device, comm, ckpt);
   sync();
-  const double probe_s = std::max(seconds_since(ref_probe), 1e-6);
-  const int rounds = std::max(1, config.timing.rounds);
-  const int per_round = std::clamp(static_cast<int>(config.timing.max_seconds / probe_s / rounds), 1,
-                                   std::max(1, config.timing.max_iters / rounds));
-  const int iters = rounds * per_round;
+  const double load_s = seconds_since(t_load);
+  comm.barrier();
+  const double peak = measures_memory && peak_reset ? (proc_status_kib("VmHWM") - rss_before) * 1024.0 : -1.0;
+  const auto load_stats = gather(comm, {load_s, static_cast<double>(layers.bytes()), peak});
+  if (rank0) {
+    load_out.tp = tp;
+    load_out.ranks = config.ranks_are_processes ? "processes" : "threads";
+    for (const auto& r : load_stats) {
+      load_out.load_s = std::max(load_out.load_s, r[0]);
+      load_out.shard_bytes = std::max(load_out.shard_bytes, static_cast<int64_t>(r[1]));
+      load_out.peak_rss_delta = std::max(load_out.peak_rss_delta, static_cast<int64_t>(r[2]));
+    }
+  }
 
-  const int total_threads = at::get_num_threads();
-  const int threads_per_rank = std::max(1, total_threads / static_cast<int>(tp));
-  std::vector<std::vector<double>> samples(tp, std::vector<double>(iters));
-  std::vector<double> reference_samples;
-  std::vector<double> errors(tp, 0.0);
-  auto rank_body = [&](Communicator& comm) {
-    c10::InferenceMode inference;  // no autograd bookkeeping, for the layer and at::linear alike
-    // The ranks share this machine's cores: each gets its share, as separate
-    // processes pinned to their own cores would.
-    at::set_num_threads(threads_per_rank);
-    auto layer_fn = build(layer, config.shape, config.dtype, config.device, w.checkpoint, comm);
-    const auto input = layer_fn.input_of(x);
-    at::Tensor y;
-    for (int i = 0; i < config.timing.warmup; ++i) y = layer_fn.forward(input);
-    sync();
-    if (comm.rank() == 0) {
-      at::set_num_threads(total_threads);
-      for (int i = 0; i < config.timing.warmup; ++i) (void)at::linear(x, full_weight);
-      sync();
-      at::set_num_threads(threads_per_rank);
-    }
-    for (int round = 0; round < rounds; ++round) {
-      comm.barrier();
-      if (comm.rank() == 0) {  // the others wait in the barrier below
-        at::set_num_threads(total_threads);
-        for (int i = 0; i < per_round; ++i) {
+  const auto& timing = config.timing;
+  for (const auto strategy : config.allreduce) {
+    for (const auto& [m, in_global] : inputs) {
+      const auto in = rank_inputs(in_global, layers, config.device);
+      Inputs ref_in{in_global.hidden.to(config.device), in_global.attn.to(config.device),
+                    in_global.inter.to(config.device)};
+      const auto comm_buffer = at::randn({m, config.shape.hidden}, at::TensorOptions(dtype).device(config.device));
+      for (const auto& row : config.rows) {
+        if (rank0)
+          progress.step(format("%s %s AR=%s TP=%lld M=%lld %s", quant_format.c_str(), dtype_name(dtype).c_str(),
+                               to_string(strategy), (long long)tp, (long long)m, row.c_str()));
+        const bool has_comm = row == "o" || row == "down" || row == "block";
+        const int reductions = row == "block" ? 2 : 1;
+        layers.set_reduce(true, strategy);
+
+        // The sides of the case. TP sides run on every rank; the reference on rank 0
+        // with all threads while the others wait.
+        auto run_tp = [&] { (void)forward(row, layers, in); };
+        auto run_gemm = [&] {
+          layers.set_reduce(false, strategy);
+          (void)forward(row, layers, in);
+          layers.set_reduce(true, strategy);
+        };
+        std::vector<at::Tensor> buffers(reductions);
+        auto run_comm = [&] {
+          for (auto& b : buffers) comm.all_reduce(b, strategy);
+        };
+        auto refill = [&] {
+          for (auto& b : buffers) b = comm_buffer.clone();
+        };
+        auto run_ref = [&] { (void)ref.forward(row, ref_in); };
+
+        // Warm-up, and a probe that sets how many iterations fit the time budget.
+        double probe = 0.0;
+        for (int i = 0; i < timing.warmup; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
-          (void)at::linear(x, full_weight);
+          run_tp();
           sync();
-          reference_samples.push_back(seconds_since(t0));
+          probe = std::max(probe, seconds_since(t0));
+          if (has_comm) {
+            run_gemm();
+            refill();
+            run_comm();
+            sync();
+          }
         }
-        at::set_num_threads(threads_per_rank);
-      }
-      for (int i = 0; i < per_round; ++i) {
-        comm.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        y = layer_fn.forward(input);
-        sync();
-        samples[comm.rank()][round * per_round + i] = seconds_since(t0);
+        if (rank0) {
+          at::set_num_threads(total_threads);
+          for (int i = 0; i < timing.warmup; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            run_ref();
+            sync();
+            probe = std::max(probe, seconds_since(t0));
+          }
+          at::set_num_threads(threads_per_rank);
+        }
+        auto probe_t = at::full({1}, probe, at::kDouble);
+        comm.broadcast(probe_t, 0);
+        probe = std::max(probe_t.item<double>(), 1e-6);
+        const int rounds = std::max(1, timing.rounds);
+        const int per_round = std::clamp(static_cast<int>(timing.max_seconds / probe / rounds), 1,
+                                         std::max(1, timing.max_iters / rounds));
+        const int iters = rounds * per_round;
+
+        std::vector<double> t_ref, t_tp, t_gemm, t_comm;
+        auto timed = [&](const std::function<void()>& fn, std::vector<double>& out,
+                         const std::function<void()>& before = nullptr) {
+          for (int i = 0; i < per_round; ++i) {
+            if (before) before();
+            comm.barrier();
+            const auto t0 = std::chrono::steady_clock::now();
+            fn();
+            sync();
+            out.push_back(seconds_since(t0));
+          }
+        };
+        std::map<AllReduceStrategy, int64_t> counts_before, counts_after;
+        for (int round = 0; round < rounds; ++round) {
+          comm.barrier();
+          if (rank0) {
+            at::set_num_threads(total_threads);
+            for (int i = 0; i < per_round; ++i) {
+              const auto t0 = std::chrono::steady_clock::now();
+              run_ref();
+              sync();
+              t_ref.push_back(seconds_since(t0));
+            }
+            at::set_num_threads(threads_per_rank);
+          }
+          if (round == 0) counts_before = comm.all_reduce_counts();
+          timed(run_tp, t_tp);
+          if (round == 0) counts_after = comm.all_reduce_counts();
+          if (has_comm) {
+            timed(run_gemm, t_gemm);
+            timed(run_comm, t_comm, refill);
+          }
+        }
+
+        // Correctness: this rank's output vs its part of the reference.
+        const auto y = forward(row, layers, in).cpu().to(at::kDouble);
+        const auto want = rank_part(row, layers, config.shape, expected.at({m, row}));
+        const double max_abs = y.numel() ? (y - want).abs().max().item<double>() : 0.0;
+        const double err_norm = (y - want).norm().item<double>(), want_norm = want.norm().item<double>();
+
+        // Every rank's samples and errors, to rank 0.
+        std::vector<double> mine{max_abs, err_norm, want_norm};
+        mine.insert(mine.end(), t_tp.begin(), t_tp.end());
+        mine.insert(mine.end(), t_gemm.begin(), t_gemm.end());
+        mine.insert(mine.end(), t_comm.begin(), t_comm.end());
+        const auto all = gather(comm, mine);
+        if (!rank0) continue;
+        RowResult r;
+        r.row = row;
+        r.format = quant_format;
+        r.dtype = dtype_name(dtype);
+        r.allreduce = to_string(strategy);
+        r.allreduce_taken = has_comm && tp > 1 ? taken_between(counts_before, counts_after) : "-";
+        r.tp = tp;
+        r.tokens = m;
+        const auto sh = row_shapes(row, config.shape, m, static_cast<int64_t>(c10::elementSize(dtype)), ckpt_meta);
+        r.in_features = sh.in;
+        r.out_features = sh.out;
+        r.flops = sh.flops;
+        r.bytes = sh.bytes;
+        auto slowest = [&](size_t offset) {
+          std::vector<double> worst(iters, 0.0);
+          for (const auto& rank : all)
+            for (int i = 0; i < iters; ++i) worst[i] = std::max(worst[i], rank[offset + i]);
+          return median(worst);
+        };
+        for (const auto& rank : all) {
+          r.max_abs_err = std::max(r.max_abs_err, rank[0]);
+          r.rel_err = std::max(r.rel_err, rank[2] > 0 ? rank[1] / rank[2] : rank[1]);
+        }
+        r.reference_s = median(t_ref);
+        r.tp_s = slowest(3);
+        r.gemm_s = has_comm ? slowest(3 + iters) : r.tp_s;
+        r.comm_s = has_comm ? slowest(3 + 2 * iters) : 0.0;
+        r.suspicious = !(r.rel_err <= error_bound(dtype, quant_format));
+        rows_out.push_back(r);
       }
     }
-    const auto expected = layer_fn.expected_of(y64);
-    errors[comm.rank()] = (y.cpu().to(at::kDouble) - expected).abs().max().item<double>();
-  };
-  if (tp == 1) {
-    Communicator single;  // TP=1 is the user's path: the same layer, a no-op communicator
-    rank_body(single);
-  } else {
-    run_ranks_in_threads(tp, rank_body);
   }
   at::set_num_threads(total_threads);
-  result.reference_s = median(reference_samples);
-
-  std::vector<double> slowest(iters, 0.0);
-  for (int i = 0; i < iters; ++i)
-    for (int64_t r = 0; r < tp; ++r) slowest[i] = std::max(slowest[i], samples[r][i]);
-  result.tp_s = median(slowest);
-  result.max_abs_err = *std::max_element(errors.begin(), errors.end());
-  return result;
 }
 
 }  // namespace
 
-std::vector<LayerResult> run_layer_bench(const LayerBenchConfig& config,
-                                         const std::function<void(const std::string&)>& progress) {
-  std::vector<LayerResult> results;
-  uint64_t seed = config.seed;
-  for (const auto& layer : config.layers) {
-    const auto weights = make_weights(layer, config.shape, config.dtype, seed += 10);
-    for (int64_t tp : config.tp_sizes) {
-      for (int64_t tokens : config.tokens) {
-        if (progress) progress(format("%s TP=%lld M=%lld", layer.c_str(), (long long)tp, (long long)tokens));
-        results.push_back(run_case(layer, weights, tp, tokens, config));
+BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher) {
+  BenchResults results;
+  const int64_t total = static_cast<int64_t>(config.dtypes.size() * config.formats.size() * config.tp_sizes.size() *
+                                             config.allreduce.size() * config.tokens.size() * config.rows.size());
+  for (const auto& row : config.rows) {
+    TORCH_CHECK_VALUE(std::find(all_rows().begin(), all_rows().end(), row) != all_rows().end(),
+                      "tp-bench: unknown row '", row, "' (rows: qkv, o, gate_up, down, block)");
+  }
+  for (const auto& f : config.formats) (void)quant_config(f);  // refuse unknown formats before any work
+  Progress progress(total);
+  CommunicatorOptions comm_options;
+  comm_options.verify_calls = config.verify_calls;
+  for (const auto dtype : config.dtypes) {
+    for (const auto& format : config.formats) {
+      const auto file = ensure_checkpoint(config, format, dtype);
+      const auto ckpt = open_checkpoint(file.path);
+      const auto ref = make_reference(config, format, dtype, ckpt);
+      std::map<int64_t, Inputs> inputs;
+      std::map<std::pair<int64_t, std::string>, at::Tensor> expected;
+      {
+        c10::InferenceMode inference;
+        for (const auto m : config.tokens) inputs[m] = make_inputs(config.shape, m, dtype, config.seed);
+        for (const auto& row : config.rows)
+          for (auto& [m, y] : ref.expected(row, inputs)) expected[{m, row}] = std::move(y);
+      }
+      for (const auto tp : config.tp_sizes) {
+        LoadResult load;
+        load.format = format;
+        load.dtype = dtype_name(dtype);
+        load.checkpoint = file.path;
+        load.written = file.written && tp == config.tp_sizes.front();
+        load.write_s = load.written ? file.write_s : 0.0;
+        std::vector<RowResult> rows;
+        TpRun run{config, format, dtype, file.path, ref, inputs, expected, ckpt, tp, progress, rows, load};
+        auto body = [&](Communicator& comm) { run.rank_body(comm); };
+        if (launcher) {
+          launcher(tp, body);
+        } else if (tp == 1) {
+          Communicator single;  // TP=1 is the user's path: the same layers, a no-op communicator
+          body(single);
+        } else {
+          run_ranks_in_threads(tp, body, comm_options);
+        }
+        if (rows.empty()) continue;  // not rank 0 of a process launch: rank 0 reports
+        results.rows.insert(results.rows.end(), rows.begin(), rows.end());
+        results.loads.push_back(load);
       }
     }
   }
+  progress.finish();
   return results;
 }
 
-std::string layer_table(const std::vector<LayerResult>& results) {
-  Table table({"layer", "TP", "M", "GEMM [M,K]x[K,N]", "max_abs_err", "at::linear ms", "TP ms", "TP/linear"});
-  for (const auto& r : results) {
-    table.add({r.layer, std::to_string(r.tp), std::to_string(r.tokens),
-               format("[%lld,%lld]x[%lld,%lld]", (long long)r.tokens, (long long)r.in_features,
-                      (long long)r.in_features, (long long)r.out_features),
-               format("%.2e", r.max_abs_err), format("%.3f", r.reference_s * 1e3), format("%.3f", r.tp_s * 1e3),
-               format("%.3f", r.ratio())});
-  }
-  return table.str();
+void prepare_checkpoints(const BenchConfig& config) {
+  for (const auto dtype : config.dtypes)
+    for (const auto& format : config.formats) (void)ensure_checkpoint(config, format, dtype);
 }
 
 }  // namespace tp::bench

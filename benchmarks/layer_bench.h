@@ -1,7 +1,13 @@
 #pragma once
-// Per-layer benchmark: each TP layer of a Transformer block against at::linear on the
-// full weights, for several TP sizes and token counts. Correctness first (error vs a
-// float64 single-device reference), then the time ratio, measured side by side.
+// tp-bench's engine: one Transformer block's linear layers (QKV, O, gate_up, down)
+// and the block they make, at several TP sizes, token counts, weight formats,
+// AllReduce strategies and dtypes, each against a single-device reference built
+// from the same global weights. Correctness first (error vs the reference), then
+// time: the reference, the TP forward, and the TP forward split into its GEMM part
+// and its communication part, all measured side by side.
+//
+// Weights come from a safetensors checkpoint written once (cached), which every
+// rank opens and loads its shard of; loading time and memory are reported too.
 
 #include <cstdint>
 #include <functional>
@@ -12,48 +18,95 @@
 #include <c10/core/ScalarType.h>
 
 #include "bench_util.h"
+#include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/communicator.h"
 
 namespace tp::bench {
 
-/// The shapes of one Transformer block.
+/// The shapes of one Transformer block (one layer of a model).
 struct BlockShape {
   std::string name;
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
 };
 
-/// The built-in default block (issue: hidden 2048, intermediate 5632, 16 heads, 4 KV heads, head_dim 128).
-BlockShape default_block();
+/// The built-in presets: "default" (hidden 2048, intermediate 5632, 16 heads, 4 KV
+/// heads, head_dim 128: small enough for a quick run), and one layer of
+/// "llama3-8b", "llama3-70b" and "qwen3-32b" (their Hugging Face config.json).
+const std::vector<BlockShape>& presets();
+/// The preset named `name`; an error listing the presets otherwise.
+BlockShape preset(const std::string& name);
 
-/// The layers a block has, by name: "column" (a plain ColumnParallelLinear
-/// hidden -> intermediate), "qkv", "o", "gate_up", "down".
-const std::vector<std::string>& all_layers();
+/// Rows of the table: "qkv", "o", "gate_up", "down" (each layer on its own) and
+/// "block" (the four chained, with two AllReduces; see block_description()).
+const std::vector<std::string>& all_rows();
+/// What the "block" row computes, for the header.
+const char* block_description();
 
-struct LayerBenchConfig {
-  BlockShape shape = default_block();
-  std::vector<std::string> layers = all_layers();
+struct BenchConfig {
+  BlockShape shape = presets().front();
+  std::vector<std::string> rows = all_rows();
   std::vector<int64_t> tp_sizes{1, 2};
-  std::vector<int64_t> tokens{1, 256};
-  c10::ScalarType dtype = c10::kFloat;
+  std::vector<int64_t> tokens{1, 64};
+  std::vector<std::string> formats{"none"};  // quant formats by name
+  std::vector<AllReduceStrategy> allreduce{AllReduceStrategy::kAuto};
+  std::vector<c10::ScalarType> dtypes{c10::kFloat};
   c10::Device device = c10::kCPU;  // on CUDA, TP > 1 ranks share the one GPU
   TimingPolicy timing;
+  std::string ckpt_dir;      // where checkpoints are cached; empty: ~/.cache/tp/bench
+  bool verify_calls = false;  // the communicator's per-collective shape check (costs a small allgather)
+  bool ranks_are_processes = false;  // set by a RankLauncher that runs each rank in its own process
   uint64_t seed = 1234;
 };
 
-struct LayerResult {
-  std::string layer;
+/// One row of the table: a layer (or the block) at one setting.
+struct RowResult {
+  std::string row, format, dtype, allreduce;  // allreduce: as requested
+  std::string allreduce_taken;                // what the reductions used ("-" when there are none)
   int64_t tp = 1, tokens = 1;
-  int64_t out_features = 0, in_features = 0;  // global GEMM shape: [tokens, in] x [in, out]
-  double max_abs_err = 0.0;                   // TP output vs float64 at::linear on full weights
-  double reference_s = 0.0;                   // median at::linear, full weights, all threads
+  int64_t in_features = 0, out_features = 0;  // the global GEMM [tokens, in] x [in, out] ("block": its first)
+  double flops = 0.0;                         // of the global problem, 2 * M * K * N summed over GEMMs
+  double bytes = 0.0;                         // weights as stored + activations in and out, summed over GEMMs
+  double max_abs_err = 0.0;                   // worst rank: max |TP - reference| over its part of the output
+  double rel_err = 0.0;                       // worst rank: ||TP - reference|| / ||reference|| over its part
+  double reference_s = 0.0;                   // median, single device, all threads
   double tp_s = 0.0;                          // median TP forward, slowest rank per iteration
+  double gemm_s = 0.0;                        // median TP forward without its AllReduces, slowest rank
+  double comm_s = 0.0;                        // median of the AllReduces alone, slowest rank (0: none)
+  bool suspicious = false;                    // rel_err above the dtype's bound
   double ratio() const { return reference_s > 0 ? tp_s / reference_s : 0.0; }
+  double gflops() const { return tp_s > 0 ? flops / tp_s * 1e-9 : 0.0; }
+  double gbytes_per_s() const { return tp_s > 0 ? bytes / tp_s * 1e-9 : 0.0; }
 };
 
-/// Runs every (layer, tp, tokens) case; `progress` is called before each.
-std::vector<LayerResult> run_layer_bench(const LayerBenchConfig& config,
-                                         const std::function<void(const std::string&)>& progress);
+/// Loading one TP size's shards of one checkpoint.
+struct LoadResult {
+  std::string format, dtype, checkpoint;
+  bool written = false;        // this run wrote the checkpoint (else it was cached)
+  double write_s = 0.0;
+  int64_t tp = 1;
+  std::string ranks = "threads";  // or "processes"
+  double load_s = 0.0;         // slowest rank: open_checkpoint + constructing and loading the 4 layers
+  int64_t shard_bytes = 0;     // largest rank's parameters and buffers after loading
+  int64_t peak_rss_delta = -1; // VmHWM during the loads minus VmRSS before, of the largest process (ranks as
+                               // threads: one process for all ranks); -1 where the peak could not be reset
+};
 
-/// The results as a table.
-std::string layer_table(const std::vector<LayerResult>& results);
+struct BenchResults {
+  std::vector<RowResult> rows;
+  std::vector<LoadResult> loads;
+};
+
+/// Runs `body(comm)` on every rank of a TP group of `world` ranks and returns when
+/// all are done. The default runs ranks as threads of this process (world 1: on
+/// this thread, with a no-op communicator).
+using RankLauncher = std::function<void(int64_t world, const std::function<void(Communicator&)>& body)>;
+
+/// Runs every case of `config`, with a progress line on stderr. With a launcher that
+/// runs this process as one rank of several, only rank 0 returns results.
+BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher = {});
+
+/// Writes every checkpoint `config` needs (if not cached), so processes started
+/// afterwards only read them.
+void prepare_checkpoints(const BenchConfig& config);
 
 }  // namespace tp::bench

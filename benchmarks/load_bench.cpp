@@ -52,22 +52,6 @@ struct Config {
   bool keep = false;
 };
 
-int64_t status_kib(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string key = std::string(field) + ":";
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(key.size()));
-  }
-  TORCH_CHECK(false, "tp-load-bench: no ", field, " in /proc/self/status");
-}
-
-// Resets VmHWM to the current RSS (Linux >= 4.0), so the next peak is this phase's.
-void reset_peak_rss() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-}
-
 void pread_all(int fd, uint8_t* dst, size_t n, uint64_t offset) {
   while (n > 0) {
     const ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(offset));
@@ -94,9 +78,9 @@ int child(const std::string& path, int64_t dim, const Config& c) {
   const int64_t extent = source->shape()[dim];
   const tp::Range range = tp::split_for_rank(extent, c.world, c.rank, {}, dim == 0 ? "rows" : "cols");
   reset_peak_rss();
-  const int64_t rss_before = status_kib("VmRSS");
+  const int64_t rss_before = proc_status_kib("VmRSS");
   at::Tensor shard = source->read(dim, range);
-  const int64_t peak_kib = status_kib("VmHWM") - rss_before;
+  const int64_t peak_kib = proc_status_kib("VmHWM") - rss_before;
   const size_t shard_bytes = shard.nbytes();
   shard.reset();
 
