@@ -260,10 +260,17 @@ bool matmul(const MatmulSpec& spec, const MatmulArgs& args, const char* what) {
   const void* alpha = int_scale ? static_cast<const void*>(&args.alpha_i) : static_cast<const void*>(&args.alpha_f);
   const void* beta = int_scale ? static_cast<const void*>(&beta_i) : static_cast<const void*>(&beta_f);
   // C = D with beta = 0: C is never read, but cuBLASLt wants a layout for it.
-  TP_CHECK_CUBLAS(cublasLtMatmul(handle, desc.get(), alpha, args.a, layouts.a.get(), args.b, layouts.b.get(), beta,
-                                 args.d, layouts.d.get(), args.d, layouts.d.get(), &algo.algo,
-                                 workspace(device, stream), kWorkspaceBytes, stream),
-                  what, ": ", spec.describe());
+  const auto status = cublasLtMatmul(handle, desc.get(), alpha, args.a, layouts.a.get(), args.b, layouts.b.get(),
+                                     beta, args.d, layouts.d.get(), args.d, layouts.d.get(), &algo.algo,
+                                     workspace(device, stream), kWorkspaceBytes, stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The heuristic offered an algorithm that then refused these arguments: remember
+    // the spec as unsupported, so the caller's fallback is taken from now on.
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    cache()[key] = CachedAlgo{};
+    return false;
+  }
+  TP_CHECK_CUBLAS(status, what, ": ", spec.describe());
   return true;
 }
 

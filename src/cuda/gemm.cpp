@@ -329,7 +329,7 @@ at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::
 }
 
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale, Fp8Scaling scaling,
-                      const std::optional<at::Tensor>& bias) {
+                      const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& input_scale) {
   constexpr const char* what = "tp::cuda::fp8_linear";
   TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2, what, ": w_q must be 2-D [N, K]");
   check_cuda_operand(x, what, "x", w_q.device());
@@ -343,10 +343,16 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tens
   at::Tensor q, scale;
   switch (scaling) {
     case Fp8Scaling::kPerTensor: {
-      // One scale for the whole activation, computed on the device (no host sync, so
-      // it can be captured in a CUDA graph).
-      const auto amax = x2.abs().amax().to(at::kFloat);
-      scale = at::where(amax > 0, amax / 448.0, at::ones_like(amax)).reshape({1});
+      if (input_scale && input_scale->defined()) {
+        TORCH_CHECK_VALUE(input_scale->numel() == 1, what, ": input_scale must hold one value; got ",
+                          input_scale->sizes());
+        scale = input_scale->to(x2.device(), at::kFloat).reshape({1});
+      } else {
+        // One scale for the whole activation, computed on the device (no host sync,
+        // so it can be captured in a CUDA graph).
+        const auto amax = x2.abs().amax().to(at::kFloat);
+        scale = at::where(amax > 0, amax / 448.0, at::ones_like(amax)).reshape({1});
+      }
       q = (x2.to(at::kFloat) / scale).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn);
       break;
     }

@@ -36,10 +36,13 @@ at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::
                     const at::Tensor& w_scale, Fp8Scaling scaling, const std::optional<at::Tensor>& bias,
                     at::ScalarType out_dtype);
 
-/// Quantizes x dynamically to match `scaling` (one scale per tensor, per token, or
-/// per 1x128 group) and runs fp8_gemm; y has x's dtype and leading shape.
+/// Quantizes x to match `scaling` and runs fp8_gemm; y has x's dtype and leading shape.
+/// Per tensor: with `input_scale` (a static checkpoint scale, one fp32) x / input_scale
+/// is saturated to E4M3; without it the scale is x's amax / 448, computed on the
+/// device. Per channel: one dynamic scale per token; block: per 1x128 group.
 at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale, Fp8Scaling scaling,
-                      const std::optional<at::Tensor>& bias);
+                      const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& input_scale = std::nullopt);
 
 /// INT8 W8A8: int8 x int8 -> int32 (cuBLASLt IMMA), then y = acc * x_scale[m] * w_scale[n]
 /// (+ bias) in one small kernel. x_q: [M, K], x_scale: [M], w_q: [N, K], w_scale: [N].
