@@ -16,4 +16,5 @@
 #include "tp/loader/tensor_source.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
+#include "tp/quant/quantize.h"
 #include "tp/shard/shard.h"

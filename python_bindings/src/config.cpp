@@ -19,12 +19,27 @@ namespace tp::python {
 
 void init_config(py::module_& m) {
   py::enum_<QuantFormat>(m, "QuantFormat", "Weight formats (none: the layer's dtype, GEMM by at::linear).")
-      .value("none", QuantFormat::kNone);
+      .value("none", QuantFormat::kNone)
+      .value("fp8_tensor", QuantFormat::kFp8PerTensor)
+      .value("fp8_channel", QuantFormat::kFp8PerChannel)
+      .value("fp8_block", QuantFormat::kFp8Block)
+      .value("int8_w8a8", QuantFormat::kInt8W8A8)
+      .value("int8_weight_only", QuantFormat::kInt8WeightOnly)
+      .value("int4_gptq", QuantFormat::kInt4Gptq)
+      .value("int4_awq", QuantFormat::kInt4Awq);
 
-  py::class_<QuantConfig>(m, "QuantConfig", "Selects a layer's weight format.")
-      .def(py::init([](QuantFormat format) { return QuantConfig{format}; }), py::arg("format") = QuantFormat::kNone)
+  py::class_<QuantConfig>(m, "QuantConfig", "Selects a layer's weight format (INT4: group_size and symmetric).")
+      .def(py::init([](QuantFormat format, int64_t group_size, bool symmetric) {
+             return QuantConfig{format, group_size, symmetric};
+           }),
+           py::arg("format") = QuantFormat::kNone, py::arg("group_size") = 128, py::arg("symmetric") = true)
+      .def_static("parse", &parse_quant_config, py::arg("text"),
+                  "From a name like 'int4_gptq:g64:asym' or 'fp8_block'.")
       .def_readwrite("format", &QuantConfig::format)
-      .def("__repr__", [](const QuantConfig& q) { return std::string("tp.QuantConfig(format=") + to_string(q.format) + ")"; });
+      .def_readwrite("group_size", &QuantConfig::group_size)
+      .def_readwrite("symmetric", &QuantConfig::symmetric)
+      .def("__str__", [](const QuantConfig& q) { return to_string(q); })
+      .def("__repr__", [](const QuantConfig& q) { return "tp.QuantConfig.parse('" + to_string(q) + "')"; });
 
   py::class_<Range>(m, "Range", "A half-open interval [begin, end) of elements along one dimension.")
       .def(py::init([](int64_t begin, int64_t end) { return Range{begin, end}; }), py::arg("begin"), py::arg("end"))

@@ -36,10 +36,7 @@ def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
     if isinstance(quant, _C.QuantFormat):
         return _C.QuantConfig(quant)
     if isinstance(quant, str):
-        formats = _C.QuantFormat.__members__
-        if quant not in formats:
-            raise ValueError(f"unknown quant format '{quant}'; expected one of {sorted(formats)}")
-        return _C.QuantConfig(formats[quant])
+        return _C.QuantConfig.parse(quant)  # "int4_gptq:g64:asym"; a ValueError lists the names
     raise TypeError(f"quant: expected None, a format name, QuantFormat or QuantConfig, got {type(quant).__name__}")
 
 

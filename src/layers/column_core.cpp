@@ -27,7 +27,7 @@ ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<Segment
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(plans_.size()) == comm_.world_size());
   const int64_t out_local = plan().local_size;
   method_->create_weights(owner, out_local, in_features_, options);
-  weight_ = owner.named_parameters(/*recurse=*/false)["weight"];
+  weight_ = method_->weight();
   if (bias) bias_ = owner.register_parameter("bias", at::empty({out_local}, options));
 }
 

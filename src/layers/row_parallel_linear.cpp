@@ -31,7 +31,7 @@ void RowParallelLinearImpl::reset() {
   });
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
-  weight = named_parameters(/*recurse=*/false)["weight"];
+  weight = method_->weight();
   bias = options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
   reset_parameters();
 }

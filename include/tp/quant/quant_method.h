@@ -42,9 +42,15 @@ class QuantMethod {
   /// Every shard boundary of the split dimension must be a multiple of this many
   /// elements (a quant block, a packed element); 1 when anything goes.
   virtual int64_t tp_alignment(ShardMode mode) const = 0;
-  /// Registers the weight tensors on `layer` with local shapes. Weight: [out_local, in_local].
+  /// Registers the weight tensors on `layer` with local shapes for a logical weight of
+  /// [out_local, in_local]. `options` carries the layer's dtype (the activation and
+  /// output dtype) and device; quantized tensors are registered as parameters that do
+  /// not require grad, so they appear in parameters() and state_dict().
   virtual void create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
                               const at::TensorOptions& options) = 0;
+  /// The main stored tensor as registered ("weight", or "qweight" for INT4); layers
+  /// expose it as their `weight` member.
+  virtual at::Tensor weight() const = 0;
   /// Fills the weights with a fresh random initialisation (as torch::nn::Linear does,
   /// with the GLOBAL fan-in so every TP size draws from the same distribution).
   virtual void reset_parameters(int64_t global_in_features) = 0;

@@ -1,0 +1,42 @@
+// QuantConfig names, and the harness the formats share, run on the unquantized method.
+
+#include "tp_catch.h"
+
+#include <ATen/ATen.h>
+
+#include "quant/quant_layer_check.h"
+#include "test_util.h"
+#include "tp/quant/quant_config.h"
+#include "tp/quant/quantize.h"
+
+using namespace tp;
+
+TEST_CASE("quant configs round-trip through their names", "[quant]") {
+  for (const char* text : {"none", "fp8_tensor", "fp8_channel", "fp8_block", "int8_w8a8", "int8_weight_only",
+                           "int4_gptq:g32:sym", "int4_gptq:g128:asym", "int4_awq:g64:sym", "int4_awq:g128:asym"}) {
+    INFO(text);
+    CHECK(to_string(parse_quant_config(text)) == text);
+  }
+  const auto c = parse_quant_config("int4_awq:asym:g32");
+  CHECK(c.format == QuantFormat::kInt4Awq);
+  CHECK(c.group_size == 32);
+  CHECK_FALSE(c.symmetric);
+  CHECK(parse_quant_config("int4_gptq").group_size == 128);
+}
+
+TEST_CASE("unknown quant names are errors listing what is accepted", "[quant][errors]") {
+  CHECK_THROWS_WITH(parse_quant_config("fp4"), Catch::Contains("unknown format 'fp4'") &&
+                                                   Catch::Contains("int4_awq"));
+  CHECK_THROWS_WITH(parse_quant_config("fp8_block:g64"), Catch::Contains("takes none"));
+  CHECK_THROWS_WITH(parse_quant_config("int4_gptq:x"), Catch::Contains("unknown option 'x'"));
+  CHECK_THROWS_WITH(parse_quant_config(""), Catch::Contains("expected one of"));
+}
+
+TEST_CASE("the quantized-layer check passes for the unquantized method at TP 1-4", "[quant]") {
+  test::QuantCheck check{QuantConfig{}, at::kFloat, test::tolerance(at::kFloat)};
+  test::check_quant_layers(check);
+  check.from_file = true;
+  check.worlds = {3};
+  check.seed = 2;
+  test::check_quant_layers(check);
+}
