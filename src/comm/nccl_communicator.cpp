@@ -128,7 +128,8 @@ class RawNcclWork final : public c10d::Work {
   void synchronize() override {}  // stream-ordered: later work on the stream already follows it
   bool wait(std::chrono::milliseconds timeout) override {
     if (event_ == nullptr) return true;
-    const auto limit = timeout == kNoTimeout ? comm_->timeout : timeout;
+    // kNoTimeout (0) and c10d's kUnsetTimeout (-1) both mean "the communicator's".
+    const auto limit = timeout.count() <= 0 ? comm_->timeout : timeout;
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (true) {
       const cudaError_t st = cudaEventQuery(event_);

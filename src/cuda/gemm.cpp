@@ -233,9 +233,10 @@ at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::
   TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2 && x_q.defined() && x_q.dim() == 2, what,
                     ": x_q and w_q must be 2-D ([M, K] and [N, K])");
   const auto device = w_q.device();
-  for (const auto& [t, name] : {std::pair{&x_q, "x_q"}, {&w_q, "w_q"}, {&x_scale, "x_scale"}, {&w_scale, "w_scale"}}) {
-    check_cuda_operand(*t, what, name, device);
-  }
+  check_cuda_operand(x_q, what, "x_q", device);
+  check_cuda_operand(w_q, what, "w_q", device);
+  check_cuda_operand(x_scale, what, "x_scale", device);
+  check_cuda_operand(w_scale, what, "w_scale", device);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kFloat8_e4m3fn && w_q.scalar_type() == at::kFloat8_e4m3fn, what,
                    ": x_q is ", x_q.scalar_type(), " and w_q is ", w_q.scalar_type(), "; both must be float8_e4m3fn");
   TORCH_CHECK_TYPE(x_scale.scalar_type() == at::kFloat && w_scale.scalar_type() == at::kFloat, what,
@@ -388,9 +389,10 @@ at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at:
   TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2 && x_q.defined() && x_q.dim() == 2, what,
                     ": x_q and w_q must be 2-D ([M, K] and [N, K])");
   const auto device = w_q.device();
-  for (const auto& [t, name] : {std::pair{&x_q, "x_q"}, {&w_q, "w_q"}, {&x_scale, "x_scale"}, {&w_scale, "w_scale"}}) {
-    check_cuda_operand(*t, what, name, device);
-  }
+  check_cuda_operand(x_q, what, "x_q", device);
+  check_cuda_operand(w_q, what, "w_q", device);
+  check_cuda_operand(x_scale, what, "x_scale", device);
+  check_cuda_operand(w_scale, what, "w_scale", device);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kChar && w_q.scalar_type() == at::kChar, what, ": x_q is ",
                    x_q.scalar_type(), " and w_q is ", w_q.scalar_type(), "; both must be int8");
   const int64_t M = x_q.size(0), K = x_q.size(1), N = w_q.size(0);

@@ -69,6 +69,7 @@ TEST_CASE("NCCL communicators (c10d and raw) run every collective at world 1", "
     bo.rootRank = 0;
     wait(group->broadcast(ts, bo));
     CHECK(at::equal(t, expect));
+    wait(group->getDefaultBackend()->barrier(c10d::BarrierOptions()));
     comm.barrier();
     // Through the Communicator, with the strategies named.
     auto u = t.clone();
