@@ -429,7 +429,7 @@ at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at:
     }
   }
   if (!acc.defined()) {
-    if (M > 16 && K % 8 == 0 && N % 8 == 0) {
+    if (M > 16 && K > 0 && K % 8 == 0 && N % 8 == 0) {
       acc = at::_int_mm(xq, wq.t());  // its shape rules: M > 16, K and N multiples of 8
     } else {
       // Exact: int8 products and their fp32 sums stay integers while |sum| < 2^24
