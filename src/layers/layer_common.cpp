@@ -10,7 +10,8 @@ namespace tp::detail {
 SplitPolicy aligned_policy(const std::string& layer, const SplitPolicy& policy, const QuantMethod& method,
                            ShardMode mode) {
   return with_layer_context(layer, [&] {
-    return policy.with_granularity(combine_granularity(policy.granularity, method.tp_alignment(mode)));
+    return policy.with_granularity(combine_granularity(policy.granularity, method.tp_alignment(mode)))
+        .with_partial_tail(policy.partial_tail || method.allows_partial_block(mode));
   });
 }
 

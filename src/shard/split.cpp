@@ -57,7 +57,7 @@ void check_args(int64_t total, int64_t world, const SplitPolicy& policy, const s
       shard_fail("split(", what, "): all ", world, " weights are 0 (at least one rank must own a share)");
     }
   }
-  if (total % policy.granularity != 0) {
+  if (!policy.partial_tail && total % policy.granularity != 0) {
     shard_fail(what, "=", total, " is not a multiple of the granularity ", policy.granularity, "; pad ", what, " to ",
          round_up(total, policy.granularity));
   }
@@ -122,14 +122,15 @@ std::vector<int64_t> weighted_units(int64_t units, const std::vector<double>& we
 
 std::vector<Range> split(int64_t total, int64_t world, const SplitPolicy& policy, const std::string& what) {
   check_args(total, world, policy, what);
-  const int64_t units = total / policy.granularity;
+  // A partial last unit counts as a unit; the ranges are clamped to total below.
+  const int64_t units = total / policy.granularity + (total % policy.granularity != 0 ? 1 : 0);
   const std::vector<int64_t> n = policy.weights.empty() ? even_units(units, world, policy.rotation)
                                                         : weighted_units(units, policy.weights, policy.rotation);
   std::vector<Range> ranges;
   ranges.reserve(n.size());
   int64_t begin = 0;
   for (int64_t count : n) {
-    const int64_t end = begin + count * policy.granularity;
+    const int64_t end = std::min(total, begin + count * policy.granularity);
     ranges.push_back({begin, end});
     begin = end;
   }

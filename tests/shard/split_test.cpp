@@ -255,3 +255,62 @@ TEST_CASE("split property: equal weights give exactly the even split, rotation i
     REQUIRE(tp::split(c.total, c.world, weighted) == tp::split(c.total, c.world, even));
   }
 }
+
+TEST_CASE("split: partial_tail lets the last unit be short", "[shard]") {
+  const SplitPolicy p = SplitPolicy{}.with_granularity(128).with_partial_tail(true);
+  // 1000 = 7 full 128-blocks and one of 104: 8 units, 4 each; the last rank owns the tail.
+  CHECK(tp::split(1000, 2, p, "out_features") == std::vector<Range>{{0, 512}, {512, 1000}});
+  CHECK(tp::split(1000, 1, p) == std::vector<Range>{{0, 1000}});
+  // 8 units over 3 ranks: 3,3,2 units; the short unit is always the last element range.
+  CHECK(tp::split(1000, 3, p) == std::vector<Range>{{0, 384}, {384, 768}, {768, 1000}});
+  // Rotation moves the extra units, not the tail: the tail stays at the end.
+  CHECK(tp::split(1000, 3, p.with_rotation(1)) == std::vector<Range>{{0, 256}, {256, 640}, {640, 1000}});
+  // More ranks than units: the ranks after the tail own nothing, starting at total.
+  CHECK(tp::split(300, 4, p) == std::vector<Range>{{0, 128}, {128, 256}, {256, 300}, {300, 300}});
+  // A total below one unit: one short unit.
+  CHECK(tp::split(100, 2, p) == std::vector<Range>{{0, 100}, {100, 100}});
+  // A multiple of the granularity splits exactly as without the flag.
+  CHECK(tp::split(1280, 4, p) == tp::split(1280, 4, SplitPolicy{}.with_granularity(128)));
+  // Weighted: 8 units at 1:3 -> 2 and 6 units.
+  CHECK(tp::split(1000, 2, p.with_weights({1, 3})) == std::vector<Range>{{0, 256}, {256, 1000}});
+  // Without the flag the same total is still refused.
+  REQUIRE_THROWS_WITH(tp::split(1000, 2, SplitPolicy{}.with_granularity(128), "out_features"),
+                      Catch::Contains("pad out_features to 1024"));
+}
+
+TEST_CASE("split property: partial_tail partitions the dimension, boundaries on the granularity except at total",
+          "[shard]") {
+  std::mt19937_64 rng(kSeed + 7);
+  for (int i = 0; i < 4000; ++i) {
+    Case c = random_case(rng);
+    // Make the total ragged: drop up to granularity-1 elements off a non-zero total.
+    if (c.total > 0) c.total -= std::uniform_int_distribution<int64_t>(0, c.granularity - 1)(rng);
+    const bool weighted = i % 2 == 1;
+    std::vector<double> w;
+    if (weighted) {
+      for (int64_t r = 0; r < c.world; ++r) w.push_back(std::uniform_real_distribution<double>(0.0, 4.0)(rng));
+      w[static_cast<size_t>(i) % w.size()] += 1.0;  // at least one positive weight
+    }
+    INFO("case " << i << " seed " << kSeed + 7 << ": total=" << c.total << " world=" << c.world
+                 << " granularity=" << c.granularity << " rotation=" << c.rotation << " weights=" << str(w));
+    const SplitPolicy p =
+        SplitPolicy{}.with_granularity(c.granularity).with_rotation(c.rotation).with_weights(w).with_partial_tail(true);
+    const auto ranges = tp::split(c.total, c.world, p);
+    REQUIRE(static_cast<int64_t>(ranges.size()) == c.world);
+    int64_t expected_begin = 0;
+    for (const Range& r : ranges) {
+      REQUIRE(r.begin == expected_begin);
+      REQUIRE(r.end >= r.begin);
+      REQUIRE((r.begin % c.granularity == 0 || r.begin == c.total));
+      REQUIRE((r.end % c.granularity == 0 || r.end == c.total));
+      expected_begin = r.end;
+    }
+    REQUIRE(expected_begin == c.total);
+    // Padding the total to whole units gives the same boundaries, clamped to total.
+    const auto padded = tp::split(tp::round_up(c.total, c.granularity), c.world, p.with_partial_tail(false));
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      REQUIRE(ranges[r].begin == std::min(padded[r].begin, c.total));
+      REQUIRE(ranges[r].end == std::min(padded[r].end, c.total));
+    }
+  }
+}

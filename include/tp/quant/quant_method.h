@@ -42,6 +42,11 @@ class QuantMethod {
   /// Every shard boundary of the split dimension must be a multiple of this many
   /// elements (a quant block, a packed element); 1 when anything goes.
   virtual int64_t tp_alignment(ShardMode mode) const = 0;
+  /// Whether the split dimension may end inside a partial last block (a weight of
+  /// 1000 rows in 128-row scale blocks): then the shard policy counts the partial
+  /// block as a unit, owned whole by one rank (SplitPolicy::partial_tail). False
+  /// for formats whose last block must be whole (packed elements).
+  virtual bool allows_partial_block(ShardMode) const { return false; }
   /// Registers the weight tensors on `layer` with local shapes for a logical weight of
   /// [out_local, in_local]. `options` carries the layer's dtype (the activation and
   /// output dtype) and device; quantized tensors are registered as parameters that do

@@ -33,10 +33,17 @@ struct SplitPolicy {
   /// different rotation moves the remainder across ranks instead of always
   /// loading rank 0.
   int64_t rotation = 0;
+  /// Allow a `total` that is not a multiple of `granularity`: the split counts
+  /// ceil(total / granularity) units, the last one short, and clamps every range to
+  /// `total`, so only the rank owning the tail gets a boundary off the granularity
+  /// (at `total` itself). For formats whose last quant block may be partial
+  /// (fp8_block: out_features=1000 is 7 full 128-blocks and one of 104).
+  bool partial_tail = false;
 
   SplitPolicy with_granularity(int64_t g) const { auto p = *this; p.granularity = g; return p; }
   SplitPolicy with_weights(std::vector<double> w) const { auto p = *this; p.weights = std::move(w); return p; }
   SplitPolicy with_rotation(int64_t r) const { auto p = *this; p.rotation = r; return p; }
+  SplitPolicy with_partial_tail(bool t) const { auto p = *this; p.partial_tail = t; return p; }
 };
 
 /// Splits `[0, total)` into `world` contiguous ranges, in rank order.
@@ -45,8 +52,11 @@ struct SplitPolicy {
 /// (10 units over 4 ranks, rotation 0 -> 3,3,2,2). Weighted split: each rank's
 /// share is within one unit of `units * w[r] / sum(w)` (largest remainder, ties
 /// broken in rotation order). `what` names the dimension in error messages.
-/// Throws ShardError when `total` is not a multiple of `granularity` (saying what
-/// padding fixes it) or the arguments are out of range.
+/// With `partial_tail`, units are ceil(total / granularity) and ranges are clamped
+/// to `total` (1000 over 2 ranks at granularity 128 -> [0,512), [512,1000)).
+/// Throws ShardError when `total` is not a multiple of `granularity` and
+/// `partial_tail` is off (saying what padding fixes it) or the arguments are out of
+/// range.
 std::vector<Range> split(int64_t total, int64_t world, const SplitPolicy& policy = {},
                          const std::string& what = "dimension");
 
