@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: on a GPU machine whose python3 has torch (2.11, CUDA 13), nvcc and
 # CMake, but no network and no Debian -dev packages, build tp against that torch,
-# run every test (the [cuda] ones included) and tp-bench on the GPU, and print one
-# short table last. Header-only dependencies come from .deps/ (tools/pack_deps.sh).
+# run every test (the [cuda] ones included), tp-gpu-bench (the GEMM formats against
+# at::linear / at::_scaled_mm and the machine's ceilings) and tp-bench on the GPU,
+# and print one short table last. Header-only dependencies come from .deps/
+# (tools/pack_deps.sh on the development machine; the device tool carries them).
+# Every step has a time limit, so the whole check stays under 8 minutes.
 #
 #   benchmarks/gpu_check.sh LOG_DIR
 set -uo pipefail
@@ -12,12 +15,13 @@ cd "$root"
 build=build-gpu
 start=$(date +%s)
 status=()
-step() {  # step NAME LOG command...: runs, records ok/FAILED and the seconds taken
-  local name=$1 log=$2 t0=$SECONDS rc
-  shift 2
-  "$@" >"$logs/$log" 2>&1
+step() {  # step NAME LOG LIMIT_S command...: runs, records ok/FAILED/TIMEOUT and the seconds taken
+  local name=$1 log=$2 limit=$3 t0=$SECONDS rc verdict
+  shift 3
+  timeout --kill-after=10 "$limit" "$@" >"$logs/$log" 2>&1
   rc=$?
-  status+=("$(printf '%-28s %-7s %5ss  %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" $((SECONDS - t0)) "$log")")
+  verdict=$([ $rc -eq 0 ] && echo ok || { [ $rc -eq 124 ] && echo TIMEOUT || echo FAILED; })
+  status+=("$(printf '%-30s %-7s %5ss  %s' "$name" "$verdict" $((SECONDS - t0)) "$log")")
   return $rc
 }
 
@@ -29,22 +33,28 @@ PY
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$logs/machine.txt" 2>&1
 torch_cmake=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 generator=("-G" "Unix Makefiles"); command -v ninja >/dev/null && generator=("-G" "Ninja")
+jobs=$(nproc)
 
-step "configure (TP_WITH_CUDA=ON)" configure.log \
+# The Python bindings are left out (pybind11 comes from torch, but the GPU machine
+# need not have Python headers); everything else, CUDA included, is built.
+step "configure (TP_WITH_CUDA=ON)" configure.log 120 \
   cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_cmake" \
-        -DTP_DEPS_DIR="$root/.deps" -DTP_WITH_CUDA=ON -DTP_PYTHON="$(command -v python3)" &&
-step "build" build.log cmake --build "$build" --parallel "$(nproc)" &&
+        -DTP_DEPS_DIR="$root/.deps" -DTP_WITH_CUDA=ON -DTP_BUILD_PYTHON=OFF -DTP_PYTHON="$(command -v python3)" &&
+step "build" build.log 300 cmake --build "$build" --parallel "$jobs" &&
 {
-  step "ctest (all, GPU included)" ctest.log \
-    ctest --test-dir "$build" --output-on-failure --timeout 600 -j 8
-  step "tp_tests [cuda]" cuda_tests.log "$build/tests/tp_tests" "[cuda]" --durations yes
-  step "tp-bench cuda bf16" bench_cuda.log \
-    "$build/benchmarks/tp-bench" --device cuda --dtype bfloat16 --tp 1,2 --m 1,16,256,4096 --seconds 0.3
+  step "tp_tests [cuda]" cuda_tests.log 150 "$build/tests/tp_tests" "[cuda]" --durations yes
+  step "tp-gpu-bench" gpu_bench.log 120 "$build/benchmarks/tp-gpu-bench" --seconds 0.15
+  step "ctest (CPU tests)" ctest.log 120 ctest --test-dir "$build" --output-on-failure --timeout 100 -j 8 -LE cuda
+  step "tp-bench cuda bf16" bench_cuda.log 60 \
+    "$build/benchmarks/tp-bench" --device cuda --dtype bfloat16 --tp 1,2 --m 1,16,4096 --seconds 0.2
 }
 
 echo "== machine"; cat "$logs/machine.txt"
-echo "== tests";  grep -hE "tests passed|tests failed|assertions|test cases" "$logs/ctest.log" "$logs/cuda_tests.log" 2>/dev/null | tail -n 4
-echo "== tp-bench (cuda, bf16)"; sed -n '/^== /,$p' "$logs/bench_cuda.log" 2>/dev/null
+echo "== tests"
+grep -hE "^(All tests passed|test cases:)|tests passed|tests failed" "$logs/cuda_tests.log" "$logs/ctest.log" 2>/dev/null | tail -n 4
+echo "== tp-bench (cuda, bf16; TP layers vs at::linear)"; sed -n '/^== /,$p' "$logs/bench_cuda.log" 2>/dev/null | head -n 40
+echo "== tp-gpu-bench (GEMM formats; full log: $logs/gpu_bench.log)"
+grep -E "^ceilings|^shape|^---|^[0-9]+x[0-9]+|^vs ref" "$logs/gpu_bench.log" 2>/dev/null
 echo "== steps ($(( $(date +%s) - start )) s in all; logs in $logs)"
 printf '%s\n' "${status[@]}"
-! printf '%s\n' "${status[@]}" | grep -q FAILED
+! printf '%s\n' "${status[@]}" | grep -qE "FAILED|TIMEOUT"

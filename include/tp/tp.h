@@ -3,6 +3,7 @@
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
+#include "tp/comm/nccl.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"

@@ -54,7 +54,9 @@ void init_comm(py::module_& m) {
       .value("auto", AllReduceStrategy::kAuto)
       .value("process_group", AllReduceStrategy::kProcessGroup)
       .value("shm_one_shot", AllReduceStrategy::kSharedMemoryOneShot)
-      .value("shm_two_shot", AllReduceStrategy::kSharedMemoryTwoShot);
+      .value("shm_two_shot", AllReduceStrategy::kSharedMemoryTwoShot)
+      .value("nccl", AllReduceStrategy::kNccl)
+      .value("nccl_bf16_wire", AllReduceStrategy::kNcclBf16Wire);
   m.def("parse_all_reduce_strategy", &parse_all_reduce_strategy, py::arg("name"),
         "The strategy named `name` ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot'; case-insensitive); ValueError otherwise.");
 

@@ -15,6 +15,8 @@ constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kProcessGroup,
     AllReduceStrategy::kSharedMemoryOneShot,
     AllReduceStrategy::kSharedMemoryTwoShot,
+    AllReduceStrategy::kNccl,
+    AllReduceStrategy::kNcclBf16Wire,
 };
 
 std::string lower(std::string s) {
@@ -35,6 +37,10 @@ const char* to_string(AllReduceStrategy s) {
       return "shm_one_shot";
     case AllReduceStrategy::kSharedMemoryTwoShot:
       return "shm_two_shot";
+    case AllReduceStrategy::kNccl:
+      return "nccl";
+    case AllReduceStrategy::kNcclBf16Wire:
+      return "nccl_bf16_wire";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
 }

@@ -17,6 +17,7 @@
 
 #include "comm/communicator_access.h"
 #include "comm/env.h"
+#include "comm/nccl.h"
 #include "comm/select.h"
 #include "comm/shm_all_reduce.h"
 
@@ -135,8 +136,14 @@ void run_collective(const CommunicatorState& s, const char* op, bool cpu, Start&
     } else {
       work = start();
     }
-    TORCH_CHECK(work->wait(s.options.timeout), "the collective did not complete within ",
-                s.options.timeout.count(), " ms");
+    if (!cpu && detail::current_stream_capturing()) {
+      // Inside CUDA-graph capture the op exists only in the graph: no host wait (it
+      // would query an event that is never recorded); the stream orders it.
+      work->wait();
+    } else {
+      TORCH_CHECK(work->wait(s.options.timeout), "the collective did not complete within ",
+                  s.options.timeout.count(), " ms");
+    }
   } catch (const c10::Error& e) {
     collective_failed(s, op, e.what_without_backtrace());
   } catch (const std::exception& e) {
@@ -321,6 +328,21 @@ void all_reduce_process_group(const CommunicatorState& s, at::Tensor& t, const c
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
+/// float32 sent as bf16: every rank's message gathered, then summed in fp32 in rank
+/// order (comm/nccl.h), so the ranks agree bitwise and the sum keeps fp32 precision;
+/// only each rank's contribution is rounded to bf16.
+void all_reduce_bf16_wire(const CommunicatorState& s, at::Tensor& t, const char* op) {
+  // As bytes, so any backend moves it (not every one has a bf16 allgather).
+  std::vector<at::Tensor> inputs{detail::bf16_wire_message(t).view(at::kByte)};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t r = 0; r < s.world; ++r) outputs[0].push_back(at::empty_like(inputs[0]));
+  c10d::AllgatherOptions opts;
+  opts.timeout = s.options.timeout;
+  run_collective(s, op, t.is_cpu(), [&] { return s.group->allgather(outputs, inputs, opts); });
+  for (auto& piece : outputs[0]) piece = piece.view(at::kBFloat16);
+  detail::sum_bf16_wire(outputs[0], t);
+}
+
 void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root);
 void barrier_impl(const CommunicatorState& s);
 
@@ -333,6 +355,10 @@ bool is_shared_memory(AllReduceStrategy strategy) {
 /// tensor and settings, so all ranks throw alike and none is left waiting).
 void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const at::Tensor& t,
                     const char* op) {
+  if (taken == AllReduceStrategy::kNccl || taken == AllReduceStrategy::kNcclBf16Wire) {
+    detail::check_nccl_strategy(s.group.get(), taken, t, op_name(op));
+    return;
+  }
   if (!is_shared_memory(taken)) return;
   TORCH_CHECK_VALUE(t.is_cpu(), op_name(op), ": strategy ", taken,
                     " reduces CPU tensors only; got a tensor on ", t.device(),
@@ -393,6 +419,13 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
                            [&](int64_t rank, const Fingerprint& theirs) {
                              calls_disagree(s, op, mine, rank, theirs);
                            });
+      return;
+    case AllReduceStrategy::kNccl:
+      // The group's allreduce, which check_possible has established is NCCL's.
+      all_reduce_process_group(s, t, op);
+      return;
+    case AllReduceStrategy::kNcclBf16Wire:
+      all_reduce_bf16_wire(s, t, op);
       return;
     case AllReduceStrategy::kAuto:
       break;

@@ -34,6 +34,10 @@
 #include "quant/formats.h"
 #include "quant/fp8_kernels.h"
 
+#if TP_WITH_CUDA
+#include "cuda/quant_apply.h"
+#endif
+
 namespace tp::detail {
 
 namespace {
@@ -147,7 +151,7 @@ class Fp8Method final : public QuantMethod {
   at::Tensor weight() const override { return weight_; }
 
   void reset_parameters(int64_t global_in_features) override {
-    if (weight_.numel() == 0) return;
+    if (weight_.numel() == 0) return finalize();
     const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
     at::NoGradGuard no_grad;
     const auto w = at::empty(weight_.sizes(), at::kFloat).uniform_(-bound, bound);
@@ -155,6 +159,19 @@ class Fp8Method final : public QuantMethod {
     weight_.copy_(q.at("weight"));
     set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_.format)), weight_.size(0));
     if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));
+    finalize();
+  }
+
+  void finalize() override {
+#if TP_WITH_CUDA
+    // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (src/cuda/quant_apply.h).
+    cuda_.reset();
+    if (weight_.is_cuda()) {
+      cuda_ = cuda::prepare_fp8(config_.format, weight_, scale_,
+                                input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt,
+                                dtype_);
+    }
+#endif
   }
 
   void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
@@ -219,6 +236,9 @@ class Fp8Method final : public QuantMethod {
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
+#if TP_WITH_CUDA
+    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias).to(dtype_);
+#endif
     const at::Tensor x2d = x.reshape({-1, in_local_}).to(at::kFloat).contiguous();
     const at::Tensor xq = fake_quant_activation(config_.format, x2d, input_scale_).contiguous();
     at::Tensor y = fp8_linear_f32(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1));
@@ -285,6 +305,9 @@ class Fp8Method final : public QuantMethod {
   at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
   at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
   at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
+#if TP_WITH_CUDA
+  std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
+#endif
 };
 
 void check_fp8(const QuantConfig& config) {

@@ -28,6 +28,10 @@
 
 #include "quant/formats.h"
 #include "quant/int4_packing.h"
+
+#if TP_WITH_CUDA
+#include "cuda/quant_apply.h"
+#endif
 #include "tp/shard/split.h"
 
 namespace tp::detail {
@@ -153,8 +157,18 @@ class Int4Method final : public QuantMethod {
 
   void finalize() override {
     packed_ = scales_and_zeros_ = dequantized_ = at::Tensor();
+#if TP_WITH_CUDA
+    cuda_.reset();
+#endif
     if (n_ == 0 || k_ == 0) return;
     const auto u = unpack();
+#if TP_WITH_CUDA
+    if (qweight_.is_cuda()) {
+      // The CUDA kernels' layout (src/cuda/quant_apply.h): GEMV for decode, dequantize + cuBLASLt above.
+      cuda_ = cuda::prepare_int4(u.codes, u.scale, u.zero, g_, qweight_.device());
+      return;
+    }
+#endif
     if (qweight_.device().is_cpu() && aten_kernel_dtype(dtype_) && n_ % 16 == 0) {
       // innerKTiles is ignored by the CPU conversion; the layout does not depend on the activation dtype.
       packed_ = at::_convert_weight_to_int4pack_for_cpu(u.codes, /*innerKTiles=*/1);
@@ -167,6 +181,9 @@ class Int4Method final : public QuantMethod {
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
     check_stored();
+#if TP_WITH_CUDA
+    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias);
+#endif
     auto out_shape = x.sizes().vec();
     out_shape.back() = n_;
     const auto x2 = x.reshape({-1, k_}).contiguous();
@@ -234,6 +251,9 @@ class Int4Method final : public QuantMethod {
   at::Tensor packed_;            // u8 [N, K/2]: _convert_weight_to_int4pack_for_cpu(q [N, K])
   at::Tensor scales_and_zeros_;  // [K/g, N, 2] bf16 (f16 for float16 layers): scale, (8 - zero) * scale
   at::Tensor dequantized_;       // [N, K] in dtype_, when the ATen kernel does not apply
+#if TP_WITH_CUDA
+  std::optional<cuda::Int4Prepared> cuda_;  // built by finalize() when qweight is on CUDA
+#endif
 };
 
 }  // namespace

@@ -35,6 +35,10 @@
 
 #include "quant/formats.h"
 
+#if TP_WITH_CUDA
+#include "cuda/quant_apply.h"
+#endif
+
 namespace tp::detail {
 
 namespace {
@@ -120,10 +124,18 @@ class Int8Method final : public QuantMethod {
     // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
     scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
     weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
+#if TP_WITH_CUDA
+    // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (src/cuda/quant_apply.h).
+    cuda_.reset();
+    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar) cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
+#endif
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
     check_stored();
+#if TP_WITH_CUDA
+    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias);
+#endif
     auto out_shape = x.sizes().vec();
     out_shape.back() = n_;
     const auto x2 = x.reshape({-1, k_}).contiguous();
@@ -167,6 +179,9 @@ class Int8Method final : public QuantMethod {
 
   QuantConfig config_;
   bool w8a8_;
+#if TP_WITH_CUDA
+  std::optional<cuda::Int8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
+#endif
   at::ScalarType dtype_ = at::kFloat;  // the layer's activation and output dtype
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"

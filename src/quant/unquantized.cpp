@@ -6,6 +6,10 @@
 
 #include <cmath>
 
+#if TP_WITH_CUDA
+#include "cuda/gemm.h"
+#endif
+
 namespace tp {
 
 void UnquantizedMethod::create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
@@ -43,6 +47,14 @@ void UnquantizedMethod::load(const Checkpoint& checkpoint, const std::vector<Wei
 }
 
 at::Tensor UnquantizedMethod::apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+#if TP_WITH_CUDA
+  // cuBLASLt with the bias epilogue and our heuristic cache; float64 (and anything
+  // else cuBLASLt does not take) stays on at::linear.
+  const auto t = weight_.scalar_type();
+  if (x.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16)) {
+    return cuda::linear(x, weight_, bias);
+  }
+#endif
   return at::linear(x, weight_, bias);
 }
 

@@ -122,28 +122,28 @@ void check_quant_layers(const QuantCheck& check) {
     run_ranks_in_threads(world, [&](Communicator& comm) {
       const auto r = comm.rank();
       ColumnParallelLinear column(ColumnParallelLinearOptions(s.in, s.out)
-                                      .bias(check.bias).gather_output(true).dtype(check.dtype).quant(check.config),
+                                      .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
                                   comm);
       column->load_weights(ckpt, "col");
-      col[r] = column->forward(x_in);
+      col[r] = column->forward(x_in.to(check.device)).cpu();
 
       RowParallelLinear rowl(RowParallelLinearOptions(s.in, s.out)
-                                 .bias(check.bias).input_is_parallel(false).dtype(check.dtype).quant(check.config),
+                                 .bias(check.bias).input_is_parallel(false).dtype(check.dtype).device(check.device).quant(check.config),
                              comm);
       rowl->load_weights(ckpt, "row");
-      row[r] = rowl->forward(x_in);
+      row[r] = rowl->forward(x_in.to(check.device)).cpu();
 
       QKVParallelLinear q(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
-                              .bias(check.bias).gather_output(true).dtype(check.dtype).quant(check.config),
+                              .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
                           comm);
       q->load_weights(ckpt, "attn");
-      qkv[r] = q->forward(x_hidden);
+      qkv[r] = q->forward(x_hidden.to(check.device)).cpu();
 
       GateUpParallelLinear g(GateUpParallelLinearOptions(s.hidden, s.intermediate)
-                                 .bias(check.bias).gather_output(true).dtype(check.dtype).quant(check.config),
+                                 .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
                              comm);
       g->load_weights(ckpt, "mlp");
-      gate_up[r] = g->forward(x_hidden);
+      gate_up[r] = g->forward(x_hidden.to(check.device)).cpu();
     }, test_comm_options());
     expect_close("ColumnParallelLinear world " + std::to_string(world), col, ref_col, check);
     expect_close("RowParallelLinear world " + std::to_string(world), row, ref_row, check);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "tp/quant/quant_config.h"
 
@@ -37,6 +38,9 @@ struct QuantCheck {
   bool bias = true;
   bool from_file = false;        // write the checkpoint as safetensors and load it through open_checkpoint
   uint64_t seed = 1;
+  /// Where the layers (weights and activations) live: CUDA runs the formats' GPU paths;
+  /// outputs come back to the CPU for the comparison.
+  at::Device device = at::kCPU;
 };
 
 /// Runs every layer type at every world size; fails (Catch2 REQUIRE/CHECK) on an

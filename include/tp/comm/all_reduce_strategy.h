@@ -15,9 +15,12 @@ enum class AllReduceStrategy {
   kProcessGroup,         ///< the c10d process group's own allreduce (Gloo ring on CPU)
   kSharedMemoryOneShot,  ///< CPU, ranks on one host: each rank sums every rank's buffer
   kSharedMemoryTwoShot,  ///< CPU, ranks on one host: reduce-scatter of slices, then all-gather
+  kNccl,                 ///< CUDA tensors on an NCCL group (c10d's or tp's raw NCCL): NCCL's allreduce
+  kNcclBf16Wire,         ///< float32 CUDA tensors: sent as bf16 (half the bytes) through the group's
+                         ///< allgather, summed in fp32 in rank order; lossy, never chosen by kAuto
 };
 
-/// "auto", "process_group", "shm_one_shot", "shm_two_shot".
+/// "auto", "process_group", "shm_one_shot", "shm_two_shot", "nccl", "nccl_bf16_wire".
 const char* to_string(AllReduceStrategy s);
 
 /// Writes to_string(s), so strategies print in error messages and test output.
