@@ -1,0 +1,189 @@
+// tp-quant-bench: one layer's GEMM in each quantized format against at::linear in
+// float32 and bfloat16 on the same machine (issue 4's table): time per call, the
+// ratio to both, the bytes of weight each call reads, and the error against the
+// float64 product with the ORIGINAL float weight (what quantization costs) and
+// against the format's own float64 model (dequantize_weight / quantize_activation:
+// what the kernel adds).
+//
+//   tp-quant-bench                                   # 4096 x 11008, M = 1, 16, 256, every format
+//   tp-quant-bench --k 4096 --n 11008 --m 1 --formats int8_weight_only,int4_gptq:g128 --seconds 1
+//
+// Each format runs as a ColumnParallelLinear at TP = 1 loaded from a checkpoint made
+// by quantize_weight, so the timed call is exactly what a layer's forward costs.
+// Sides alternate in rounds and the median over all calls is reported.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "tp/layers/column_parallel_linear.h"
+#include "tp/quant/quantize.h"
+
+using namespace tp;
+using tp::bench::format;
+
+namespace {
+
+struct Args {
+  int64_t k = 4096, n = 11008;
+  std::vector<int64_t> m = {1, 16, 256};
+  std::vector<std::string> formats = {"fp8_tensor", "fp8_channel",  "fp8_block",      "int8_w8a8",
+                                      "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
+  std::vector<std::string> dtypes = {"float32", "bfloat16"};
+  double seconds = 0.5;  // measuring per side and M
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+[[noreturn]] void usage(const std::string& error) {
+  std::fprintf(stderr,
+               "tp-quant-bench: %s\n"
+               "usage: tp-quant-bench [--k IN] [--n OUT] [--m 1,16,256] [--formats f1,f2,...]\n"
+               "                      [--dtypes float32,bfloat16] [--seconds S]\n",
+               error.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("per-format GEMM time against at::linear");
+    if (i + 1 >= argc) usage("missing value after " + flag);
+    const std::string v = argv[++i];
+    try {
+      if (flag == "--k") a.k = std::stoll(v);
+      else if (flag == "--n") a.n = std::stoll(v);
+      else if (flag == "--m") { a.m.clear(); for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s)); }
+      else if (flag == "--formats") a.formats = split_list(v);
+      else if (flag == "--dtypes") a.dtypes = split_list(v);
+      else if (flag == "--seconds") a.seconds = std::stod(v);
+      else usage("unknown flag " + flag);
+    } catch (const std::logic_error&) {
+      usage("bad value '" + v + "' for " + flag);
+    }
+  }
+  if (a.k <= 0 || a.n <= 0 || a.m.empty() || a.seconds <= 0) usage("sizes, M and seconds must be positive");
+  return a;
+}
+
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  usage("unknown dtype '" + name + "' (float32, bfloat16, float16)");
+}
+
+// Medians of several callables measured in alternating rounds, so a change in the
+// machine's load hits every side alike.
+std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, double seconds) {
+  for (const auto& f : sides) for (int i = 0; i < 2; ++i) f();  // warm-up
+  std::vector<std::vector<double>> samples(sides.size());
+  const auto start = std::chrono::steady_clock::now();
+  const double budget = seconds * static_cast<double>(sides.size());
+  for (int round = 0; round < 200; ++round) {
+    for (size_t s = 0; s < sides.size(); ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      sides[s]();
+      samples[s].push_back(bench::seconds_since(t0) * 1e3);
+    }
+    if (round >= 4 && bench::seconds_since(start) > budget) break;
+  }
+  std::vector<double> out;
+  for (auto& s : samples) out.push_back(bench::median(s));
+  return out;
+}
+
+// Bytes of weight a call reads: every stored tensor of the format.
+int64_t stored_bytes(const QuantizedTensors& tensors) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : tensors) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
+
+double rel_error(const at::Tensor& y, const at::Tensor& ref) {
+  const auto d = (y.to(at::kDouble) - ref).abs().max().item<double>();
+  return d / std::max(1e-30, ref.abs().max().item<double>());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  std::printf("tp-quant-bench: one %lld x %lld layer (in x out), TP = 1, %s, torch threads %d, load %s\n",
+              static_cast<long long>(args.k), static_cast<long long>(args.n), bench::machine_description().c_str(),
+              at::get_num_threads(), bench::load_average().c_str());
+  std::printf("time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
+              "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
+              "the original float weight; err model: the same against the format's own float64 model.\n\n",
+              args.seconds);
+
+  const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));
+  const auto w32 = w.to(at::kFloat), w16 = w.to(at::kBFloat16);
+  // A gross-error guard, not a tolerance (the tests hold each format to its own):
+  // a kernel off by more than this against its own model is broken, and the run fails.
+  constexpr double kModelErrorBound = 0.1;
+  int wrong = 0;
+  bench::Table table({"format", "dtype", "M", "ms", "x fp32", "x bf16", "weight MB", "GB/s", "err float", "err model"});
+  for (const auto& fmt : args.formats) {
+    const QuantConfig config = parse_quant_config(fmt);
+    const auto stored = quantize_weight(w32, config);
+    const auto w_model = dequantize_weight(stored, config).to(at::kDouble);
+    Checkpoint ckpt;
+    add_to_checkpoint(ckpt, "fc", stored);
+    for (const auto& dtype_name : args.dtypes) {
+      const auto dtype = dtype_of(dtype_name);
+      ColumnParallelLinear layer(ColumnParallelLinearOptions(args.k, args.n).bias(false).dtype(dtype).quant(config));
+      layer->load_weights(ckpt, "fc");
+      for (int64_t m : args.m) {
+        std::fprintf(stderr, "[tp-quant-bench] %s %s M=%lld\n", fmt.c_str(), dtype_name.c_str(),
+                     static_cast<long long>(m));
+        const auto x64 = at::randn({m, args.k}, at::kDouble);
+        const auto x = x64.to(dtype), x32 = x64.to(at::kFloat), x16 = x64.to(at::kBFloat16);
+        at::Tensor y;
+        const auto ms = median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); },
+                                   [&] { y = layer->forward(x); }},
+                                  args.seconds);
+        const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
+        const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
+        const double mb = static_cast<double>(stored_bytes(stored)) / 1e6;
+        const double err_model = rel_error(y, ref_model);
+        if (!(err_model <= kModelErrorBound)) {
+          std::fprintf(stderr, "tp-quant-bench: %s %s M=%lld: error %.3g against the format's model exceeds %.2g\n",
+                       fmt.c_str(), dtype_name.c_str(), static_cast<long long>(m), err_model, kModelErrorBound);
+          ++wrong;
+        }
+        table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]),
+                   format("%.2f", ms[0] / ms[2]), format("%.2f", ms[1] / ms[2]), format("%.1f", mb),
+                   format("%.1f", mb / ms[2]), format("%.1e", rel_error(y, ref_float)),
+                   format("%.1e", err_model)});
+        if (fmt == args.formats.front() && dtype_name == args.dtypes.front()) {
+          // The baselines once per M, for reference.
+          table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "1.00",
+                     format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
+                     format("%.1f", 4e-6 * args.n * args.k / ms[0]), "", ""});
+          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]),
+                     format("%.2f", ms[0] / ms[1]), "1.00", format("%.1f", 2e-6 * args.n * args.k),
+                     format("%.1f", 2e-6 * args.n * args.k / ms[1]), "", ""});
+        }
+      }
+    }
+  }
+  std::printf("%s", table.str().c_str());
+  return wrong == 0 ? 0 : 1;
+}
