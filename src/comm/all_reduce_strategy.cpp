@@ -9,13 +9,17 @@
 namespace tp {
 namespace {
 
-// Every strategy, in enum order; to_string and parse both read this table.
+// Every strategy, in enum order; parse reads this table.
 constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kAuto,
     AllReduceStrategy::kProcessGroup,
     AllReduceStrategy::kSharedMemoryOneShot,
     AllReduceStrategy::kSharedMemoryTwoShot,
+    AllReduceStrategy::kRecursiveDoubling,
 };
+
+constexpr WirePrecision kAllWires[] = {WirePrecision::kDefault, WirePrecision::kNative,
+                                       WirePrecision::kBFloat16};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -35,6 +39,8 @@ const char* to_string(AllReduceStrategy s) {
       return "shm_one_shot";
     case AllReduceStrategy::kSharedMemoryTwoShot:
       return "shm_two_shot";
+    case AllReduceStrategy::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
 }
@@ -51,6 +57,33 @@ AllReduceStrategy parse_all_reduce_strategy(const std::string& name) {
   }
   TORCH_CHECK_VALUE(false, "tp::parse_all_reduce_strategy: unknown all-reduce strategy '", name,
                     "'; valid names (case-insensitive): ", valid);
+}
+
+const char* to_string(WirePrecision w) {
+  switch (w) {
+    case WirePrecision::kDefault:
+      return "default";
+    case WirePrecision::kNative:
+      return "native";
+    case WirePrecision::kBFloat16:
+      return "bf16";
+  }
+  TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown WirePrecision value ", static_cast<int>(w));
+}
+
+std::ostream& operator<<(std::ostream& out, WirePrecision w) { return out << to_string(w); }
+
+WirePrecision parse_wire_precision(const std::string& name) {
+  const std::string wanted = lower(name);
+  if (wanted == "bfloat16") return WirePrecision::kBFloat16;
+  std::string valid;
+  for (WirePrecision w : kAllWires) {
+    if (wanted == to_string(w)) return w;
+    valid += valid.empty() ? "" : ", ";
+    valid += to_string(w);
+  }
+  TORCH_CHECK_VALUE(false, "tp::parse_wire_precision: unknown wire precision '", name,
+                    "'; valid names (case-insensitive): ", valid, " (bfloat16 = bf16)");
 }
 
 }  // namespace tp
