@@ -29,38 +29,46 @@ constexpr int kFoldInTag = 1;
 constexpr int kFirstRoundTag = 2;  // round k uses kFirstRoundTag + k
 constexpr int kFoldOutTag = 64;
 
-/// Sends `send` to `send_to` and/or receives into `recv` from `recv_from` (either may
-/// be absent), both in flight together; waits at most the timeout for each.
-void transfer(const CommunicatorState& s, const char* op, const at::Tensor* send, int64_t send_to,
-              const at::Tensor* recv, int64_t recv_from, int tag, const char* phase) {
-  std::string step;
+/// One posted send or receive, kept until it is waited for.
+struct Transfer {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> tensors;  // the group's API takes a list; keeps the buffer alive
+  int64_t peer = -1;
+  std::string what;  // "receiving from rank 1 (round 0)", for errors
+};
+
+[[noreturn]] void transfer_failed(const CommunicatorState& s, const char* op, const std::string& what,
+                                  const std::string& why) {
+  collective_failed(s, op, "recursive_doubling, " + what + ": " + why);
+}
+
+/// Posts a send (`send` true) or a receive of `t` with `peer`; returns at once.
+/// The caller holds cpu_start_mutex (see there).
+Transfer post(const CommunicatorState& s, const char* op, bool send, const at::Tensor& t, int64_t peer, int tag,
+              const std::string& phase) {
+  Transfer x;
+  x.tensors.push_back(t);
+  x.peer = peer;
+  x.what = std::string(send ? "sending to rank " : "receiving from rank ") + std::to_string(peer) + " (" + phase + ")";
   try {
-    c10::intrusive_ptr<c10d::Work> sent, received;
-    std::vector<at::Tensor> send_list, recv_list;
-    {
-      std::lock_guard<std::mutex> lock(cpu_start_mutex());
-      if (recv != nullptr) {
-        recv_list.push_back(*recv);
-        received = s.group->recv(recv_list, static_cast<int>(recv_from), tag);
-      }
-      if (send != nullptr) {
-        send_list.push_back(*send);
-        sent = s.group->send(send_list, static_cast<int>(send_to), tag);
-      }
-    }
-    if (received) {
-      step = "receiving from rank " + std::to_string(recv_from);
-      TORCH_CHECK(received->wait(s.options.timeout), "did not complete within ", s.options.timeout.count(), " ms");
-    }
-    if (sent) {
-      step = "sending to rank " + std::to_string(send_to);
-      TORCH_CHECK(sent->wait(s.options.timeout), "did not complete within ", s.options.timeout.count(), " ms");
-    }
+    x.work = send ? s.group->send(x.tensors, static_cast<int>(peer), tag)
+                  : s.group->recv(x.tensors, static_cast<int>(peer), tag);
   } catch (const c10::Error& e) {
-    collective_failed(s, op, std::string("recursive_doubling, ") + phase + ", " + step + ": " +
-                                 e.what_without_backtrace());
+    transfer_failed(s, op, x.what, e.what_without_backtrace());
   } catch (const std::exception& e) {
-    collective_failed(s, op, std::string("recursive_doubling, ") + phase + ", " + step + ": " + e.what());
+    transfer_failed(s, op, x.what, e.what());
+  }
+  return x;
+}
+
+/// Waits for a posted transfer, at most the timeout.
+void wait(const CommunicatorState& s, const char* op, Transfer& x) {
+  try {
+    TORCH_CHECK(x.work->wait(s.options.timeout), "did not complete within ", s.options.timeout.count(), " ms");
+  } catch (const c10::Error& e) {
+    transfer_failed(s, op, x.what, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    transfer_failed(s, op, x.what, e.what());
   }
 }
 
@@ -77,54 +85,77 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   const int64_t rank = s.rank;
   const at::ScalarType acc = accumulate_type(t.scalar_type());
   const bool lossy = bf16_wire && t.scalar_type() == at::kFloat;
+  const at::ScalarType wire_type = lossy ? at::kBFloat16 : acc;
   // buf: this rank's running sum, [numel], CPU (send/recv move host memory).
   at::Tensor buf = t.to(at::kCPU, acc, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous).view({-1});
-  at::Tensor incoming = at::empty(buf.sizes(), buf.options().dtype(lossy ? at::kBFloat16 : acc));
 
   int64_t p = 1;
-  while (p * 2 <= world) p *= 2;
+  int rounds = 0;
+  while (p * 2 <= world) {
+    p *= 2;
+    ++rounds;
+  }
   const int64_t rem = world - p;
+  const bool folded = rank < 2 * rem;  // one of a pair that folds into a single butterfly rank
+  const bool sits_out = folded && rank % 2 == 0;
+  const int64_t vrank = sits_out ? -1 : folded ? rank / 2 : rank - rem;  // rank in the butterfly
+  auto real_rank = [&](int64_t v) { return v < rem ? v * 2 + 1 : v + rem; };
 
-  // Fold in: of each pair (2i, 2i+1) below 2*rem, the even rank sits out the butterfly.
-  int64_t vrank = rank - rem;  // rank in the power-of-two butterfly; -1: folded out
-  if (rank < 2 * rem) {
-    if (rank % 2 == 0) {
-      const at::Tensor wire = lossy ? buf.to(at::kBFloat16) : buf;
-      transfer(s, op, &wire, rank + 1, nullptr, -1, kFoldInTag, "folding in");
-      vrank = -1;
-    } else {
-      transfer(s, op, nullptr, -1, &incoming, rank - 1, kFoldInTag, "folding in");
-      buf = at::add(incoming.to(acc), buf);  // the lower rank's data first
-      vrank = rank / 2;
+  // Every receive is posted up front, into its own buffer: a peer's send then finds
+  // its receive already waiting (Gloo's rendezvous costs no extra round trip), and no
+  // round waits on anything but its data. Sends are waited for only at the end.
+  std::vector<Transfer> recvs;  // in the order they are consumed
+  std::vector<Transfer> sends;
+  {
+    std::lock_guard<std::mutex> lock(cpu_start_mutex());
+    if (folded && !sits_out) {
+      recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)), rank - 1,
+                           kFoldInTag, "folding in"));
+    }
+    if (!sits_out) {
+      for (int r = 0; r < rounds; ++r) {
+        recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)),
+                             real_rank(vrank ^ (int64_t{1} << r)), kFirstRoundTag + r,
+                             "round " + std::to_string(r)));
+      }
+    }
+    if (sits_out) {
+      // Receives the result straight into buf, unrounded, after handing in its input.
+      const at::Tensor wire = lossy ? buf.to(at::kBFloat16) : buf.clone();
+      sends.push_back(post(s, op, true, wire, rank + 1, kFoldInTag, "folding in"));
+      recvs.push_back(post(s, op, false, buf, rank + 1, kFoldOutTag, "folding out"));
     }
   }
-
-  if (vrank >= 0) {
-    int round = 0;
-    for (int64_t mask = 1; mask < p; mask <<= 1, ++round) {
-      const int64_t vpeer = vrank ^ mask;
-      const int64_t peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+  size_t next = 0;
+  if (folded && !sits_out) {
+    wait(s, op, recvs[next]);
+    buf = at::add(recvs[next++].tensors[0].to(acc), buf);  // the lower rank's data first
+  }
+  if (!sits_out) {
+    for (int r = 0; r < rounds; ++r) {
+      const int64_t peer = real_rank(vrank ^ (int64_t{1} << r));
       at::Tensor wire = buf;
       if (lossy) {
         // Both partners add the values as they travel: this rank's own rounded too.
         wire = buf.to(at::kBFloat16);
         buf = wire.to(at::kFloat);
       }
-      const std::string phase = "round " + std::to_string(round);
-      transfer(s, op, &wire, peer, &incoming, peer, kFirstRoundTag + round, phase.c_str());
-      const at::Tensor theirs = lossy ? incoming.to(at::kFloat) : incoming;
+      {
+        std::lock_guard<std::mutex> lock(cpu_start_mutex());
+        sends.push_back(post(s, op, true, wire, peer, kFirstRoundTag + r, "round " + std::to_string(r)));
+      }
+      wait(s, op, recvs[next]);
+      const at::Tensor theirs = recvs[next++].tensors[0].to(acc);
       buf = peer < rank ? at::add(theirs, buf) : at::add(buf, theirs);
     }
-  }
-
-  // Fold out: the odd rank of each pair hands the result back, unrounded.
-  if (rank < 2 * rem) {
-    if (rank % 2 == 1) {
-      transfer(s, op, &buf, rank - 1, nullptr, -1, kFoldOutTag, "folding out");
-    } else {
-      transfer(s, op, nullptr, -1, &buf, rank + 1, kFoldOutTag, "folding out");
+    if (folded) {
+      std::lock_guard<std::mutex> lock(cpu_start_mutex());
+      sends.push_back(post(s, op, true, buf, rank - 1, kFoldOutTag, "folding out"));
     }
+  } else {
+    wait(s, op, recvs[next++]);  // the result, into buf
   }
+  for (Transfer& x : sends) wait(s, op, x);
   t.copy_(buf.view(t.sizes()));
 }
 
