@@ -184,7 +184,7 @@ TEST_CASE("an impossible forced shared-memory all_reduce is an error saying why"
     outside_on_one_host[comm.rank()] = outside.ranks_on_one_host();
     at::Tensor t = at::ones({16});
     not_one_host[comm.rank()] = error_of([&] { outside.all_reduce(t, kOneShot); });
-    outside.all_reduce(t);  // auto takes no shared memory: recursive doubling for 64 bytes
+    outside.all_reduce(t);  // auto takes no shared memory: the process group (built-in table, world 2)
     outside_counts[comm.rank()] = outside.all_reduce_counts();
     at::Tensor ints = at::ones({16}, at::kLong);
     wrong_dtype[comm.rank()] = error_of([&] { comm.all_reduce(ints, kTwoShot); });
@@ -193,7 +193,7 @@ TEST_CASE("an impossible forced shared-memory all_reduce is an error saying why"
     INFO("rank " << rank);
     CHECK_FALSE(outside_on_one_host[rank]);
     CHECK_THAT(not_one_host[rank], Contains("shm_one_shot needs every rank on this host"));
-    CHECK(outside_counts[rank] == std::map<AllReduceStrategy, int64_t>{{AllReduceStrategy::kRecursiveDoubling, 1}});
+    CHECK(outside_counts[rank] == std::map<AllReduceStrategy, int64_t>{{AllReduceStrategy::kProcessGroup, 1}});
     CHECK_THAT(wrong_dtype[rank], Contains("shm_two_shot supports float32, float64, bfloat16 and float16; got Long"));
   }
   SECTION("TP_ALLREDUCE forces it for every call") {
