@@ -101,6 +101,7 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
   const auto dtype = t.scalar_type();
   TORCH_CHECK_TYPE(dtype != at::kBool && !at::isComplexType(dtype), op_name(op), ": dtype ", dtype,
                    " cannot be summed; expected a floating-point or integer tensor");
+  ensure_host_ids(s, op);
   const AllReduceStrategy taken = resolve_strategy(s, requested, t);
   check_possible(s, taken, t, op);
   const WirePrecision wire = resolve_wire(s, wire_req, taken, t);
@@ -148,6 +149,7 @@ at::Tensor& Communicator::all_reduce(at::Tensor& t, AllReduceStrategy strategy, 
 
 AllReduceStrategy Communicator::resolve_all_reduce(const at::Tensor& t, AllReduceStrategy strategy) const {
   TORCH_CHECK_VALUE(t.defined(), "tp::Communicator::resolve_all_reduce: the tensor is undefined");
+  detail::ensure_host_ids(*state_, "resolve_all_reduce");
   return detail::resolve_strategy(*state_, strategy, t);
 }
 

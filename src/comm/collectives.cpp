@@ -40,6 +40,7 @@ void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root) {
   TORCH_CHECK_VALUE(root >= 0 && root < s.world, op_name(op), ": invalid root ", root, " (root should be in the 0..",
                     s.world - 1, " range)");
   if (s.world == 1 || t.numel() == 0) return;
+  ensure_host_ids(s, op);
   verify_call(s, op, fingerprint(CallKind::kBroadcast, &t, -1, root, std::nullopt, nullptr), t.device());
   at::Tensor buf = t.contiguous();
   std::vector<at::Tensor> bufs{as_bytes(buf)};
@@ -53,6 +54,7 @@ void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root) {
 
 void barrier_impl(const CommunicatorState& s) {
   if (s.world == 1) return;
+  ensure_host_ids(s, "barrier");
   // The fingerprint travels on CPU when the group has a CPU backend (Gloo), else on
   // the group's device (an NCCL-only group handed in from Python).
   const auto devices = s.group->getDeviceTypes();
@@ -109,6 +111,7 @@ at::Tensor Communicator::all_gather(const at::Tensor& t, int64_t dim, const std:
                     " but this rank's tensor has extent ", t.size(d), " along dim ", d, " (shape ", t.sizes(),
                     "); sizes[r] must be rank r's extent");
   if (s.world == 1) return t;
+  ensure_host_ids(s, op);
   verify_call(s, op, fingerprint(CallKind::kAllGather, &t, d, d, std::nullopt, &sizes), t.device());
 
   // Every rank pads its piece to the largest extent so the group's allgather sees
@@ -160,6 +163,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim, const 
     all_reduce_impl(s, alias, AllReduceStrategy::kAuto, WirePrecision::kDefault, op, /*verify=*/false);
     return t;
   }
+  ensure_host_ids(s, op);
   const AllReduceStrategy strategy = resolve_strategy(s, AllReduceStrategy::kAuto, t);
   verify_call(s, op,
               fingerprint(CallKind::kReduceScatter, &t, -1, d, strategy, &sizes,

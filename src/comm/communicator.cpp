@@ -99,7 +99,10 @@ std::string CommunicatorOptions::default_all_reduce_table() {
 
 std::string CommunicatorOptions::default_host_id() { return detail::env_value("TP_COMM_HOST_ID").value_or(""); }
 
-Communicator::Communicator() : state_(std::make_shared<CommunicatorState>()) { init_settings(*state_); }
+Communicator::Communicator() : state_(std::make_shared<CommunicatorState>()) {
+  init_settings(*state_);
+  state_->hosts_known = true;  // world 1: trivially on one host
+}
 
 Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, CommunicatorOptions options)
     : state_(std::make_shared<CommunicatorState>()) {
@@ -114,10 +117,7 @@ Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
   TORCH_CHECK_VALUE(s.world >= 1 && s.rank >= 0 && s.rank < s.world, "tp::Communicator: the process group reports rank ",
                     s.rank, " of world_size ", s.world, "; expected 0 <= rank < world_size");
   s.options = std::move(options);
-  // Settings first: a bad TP_ALLREDUCE or table is the same error on every rank, before
-  // any rank starts the collective below.
   init_settings(s);
-  detail::exchange_host_ids(s);
 }
 
 int64_t Communicator::rank() const { return state_->rank; }
@@ -128,7 +128,10 @@ const CommunicatorOptions& Communicator::options() const { return state_->option
 
 c10::intrusive_ptr<c10d::ProcessGroup> Communicator::process_group() const { return state_->group; }
 
-bool Communicator::ranks_on_one_host() const { return state_->ranks_on_one_host; }
+bool Communicator::ranks_on_one_host() const {
+  detail::ensure_host_ids(*state_, "ranks_on_one_host");
+  return state_->ranks_on_one_host;
+}
 
 const AllReduceTable& Communicator::all_reduce_table() const { return *state_->table; }
 

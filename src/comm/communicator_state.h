@@ -33,10 +33,13 @@ struct CommunicatorState {
   std::optional<WirePrecision> env_wire;
   /// The tuning table kAuto reads (options.all_reduce_table, else the built-in one).
   std::shared_ptr<const AllReduceTable> table;
-  /// Every rank runs on this host: the ranks' host ids, exchanged at construction, agree.
-  bool ranks_on_one_host = true;
+  /// Every rank runs on this host: the ranks' host ids agree. Exchanged by the first
+  /// collective (ensure_host_ids), so constructing a Communicator stays local.
+  mutable bool ranks_on_one_host = true;
   /// Each rank's host id (for error messages); empty for world 1.
-  std::vector<std::string> host_ids;
+  mutable std::vector<std::string> host_ids;
+  mutable bool hosts_known = false;  // guarded by hosts_mutex
+  mutable std::mutex hosts_mutex;
   /// TP_COMM_DEBUG=1: one line on stderr per all_reduce, naming the strategy taken.
   bool debug = false;
   /// The shared-memory workspace, created by the first shared-memory all_reduce.
@@ -109,9 +112,11 @@ void barrier_impl(const CommunicatorState& s);
 /// followed by the kernel's boot id (so two machines that share a hostname differ).
 std::string local_host_id(const CommunicatorOptions& options);
 
-/// Exchanges every rank's host id over the group (a collective: all ranks call it at
-/// construction) and fills s.host_ids and s.ranks_on_one_host, the same on every rank.
-void exchange_host_ids(CommunicatorState& s);
+/// On the first call: exchanges every rank's host id over the group (a collective:
+/// every rank's first collective gets here) and fills s.host_ids and
+/// s.ranks_on_one_host, the same on every rank. Later calls return at once. `op`
+/// names the collective in errors.
+void ensure_host_ids(const CommunicatorState& s, const char* op);
 
 }  // namespace tp::detail
 

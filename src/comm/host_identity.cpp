@@ -1,6 +1,6 @@
 // Which host each rank runs on, so that shared memory is used only when every rank
 // can map the same segment. Agreed by all ranks: each publishes its host id through
-// the process group's allgather at construction and all compare the same list.
+// the process group's allgather at its first collective and all compare the same list.
 
 #include <unistd.h>
 
@@ -48,10 +48,13 @@ std::string local_host_id(const CommunicatorOptions& options) {
   return id;
 }
 
-void exchange_host_ids(CommunicatorState& s) {
+void ensure_host_ids(const CommunicatorState& s, const char* op) {
+  std::lock_guard<std::mutex> lock(s.hosts_mutex);
+  if (s.hosts_known) return;
   s.host_ids.clear();
   if (s.world == 1) {
     s.ranks_on_one_host = true;
+    s.hosts_known = true;
     return;
   }
   const std::string mine = fit(local_host_id(s.options));
@@ -69,7 +72,7 @@ void exchange_host_ids(CommunicatorState& s) {
   for (int64_t r = 0; r < s.world; ++r) outputs[0].push_back(at::empty_like(local));
   c10d::AllgatherOptions opts;
   opts.timeout = s.options.timeout;
-  run_collective(s, "Communicator (exchanging host ids)", device.is_cpu(),
+  run_collective(s, op, device.is_cpu(),
                  [&] { return s.group->allgather(outputs, inputs, opts); });
   for (int64_t r = 0; r < s.world; ++r) {
     const at::Tensor theirs = outputs[0][r].cpu();
@@ -78,6 +81,7 @@ void exchange_host_ids(CommunicatorState& s) {
   }
   s.ranks_on_one_host = std::all_of(s.host_ids.begin(), s.host_ids.end(),
                                     [&](const std::string& id) { return id == s.host_ids.front(); });
+  s.hosts_known = true;
 }
 
 }  // namespace tp::detail

@@ -77,7 +77,7 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     group->setBackend(device, c10d::ProcessGroup::BackendType::GLOO, c10::intrusive_ptr<c10d::Backend>(backend));
   }
-  // Collective: the ranks exchange host ids (ranks_on_one_host) here.
+  // Its closing barrier below is the ranks' first collective: they exchange host ids there.
   Communicator comm(group, options);
   // Gloo's constructor can return on one rank while a peer is still finishing its
   // side of the handshake; if this rank then closed its group early (a short-lived

@@ -149,7 +149,7 @@ def test_safetensors_round_trip_through_open_checkpoint(tmp_path):
         down.load_weights(ckpt, "missing")
 
 
-def test_all_reduce_strategies_wire_precision_and_tables(tmp_path):
+def test_all_reduce_strategies_wire_precision_and_tables(tmp_path, monkeypatch):
     """The comm settings cross to Python: every strategy, the wire precision (options,
     layer and call), the tuning table (a bad one names the file), and the counters."""
     assert tp.AllReduceStrategy.recursive_doubling == tp._C.parse_all_reduce_strategy("Recursive_Doubling")
@@ -168,7 +168,9 @@ def test_all_reduce_strategies_wire_precision_and_tables(tmp_path):
     assert comm.ranks_on_one_host
     table = tmp_path / "table.json"
     table.write_text('{"format": "tp-allreduce-table", "entries": []}')
+    monkeypatch.setenv("TP_ALLREDUCE_TABLE", str(table))  # world 1 reads the environment too
     with pytest.raises(ValueError, match="all-reduce table .*table.json: no entries"):
-        tp.communicator(all_reduce_table=str(table))
+        tp.communicator()
+    monkeypatch.delenv("TP_ALLREDUCE_TABLE")
     with pytest.raises(ValueError, match="unknown wire precision 'fp8'"):
         tp.communicator(wire="fp8")

@@ -73,10 +73,9 @@ class Communicator {
   /// World size 1: collectives are no-ops.
   Communicator();
   /// Wraps a process group built elsewhere (e.g. by torch.distributed, or a launcher).
-  /// Collective: every rank constructs it at the same point (the ranks exchange their
-  /// host ids over the group, so all agree on ranks_on_one_host()). Loads the tuning
-  /// table named by options.all_reduce_table, and reads TP_ALLREDUCE,
-  /// TP_ALLREDUCE_WIRE and TP_COMM_DEBUG, once.
+  /// Loads the tuning table named by options.all_reduce_table, and reads
+  /// TP_ALLREDUCE, TP_ALLREDUCE_WIRE and TP_COMM_DEBUG, once. Local: the ranks
+  /// exchange their host ids (for ranks_on_one_host()) in their first collective.
   explicit Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                         CommunicatorOptions options = {});
 
@@ -86,8 +85,10 @@ class Communicator {
   /// The wrapped group; null for world size 1.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const;
   /// Whether every rank runs on this host: their host ids (CommunicatorOptions::host_id,
-  /// by default hostname and boot id), exchanged at construction, are all equal. The
-  /// same answer on every rank. Only then can all_reduce use shared memory.
+  /// by default hostname and boot id) are all equal. The same answer on every rank.
+  /// Only then can all_reduce use shared memory. The first call of this, of
+  /// resolve_all_reduce or of any collective exchanges the ids: every rank must make
+  /// it (launchers do, with their closing barrier).
   bool ranks_on_one_host() const;
   /// The table kAuto reads (the built-in one unless options.all_reduce_table names a file).
   const AllReduceTable& all_reduce_table() const;
@@ -104,7 +105,7 @@ class Communicator {
                          WirePrecision wire = WirePrecision::kDefault) const;
 
   /// The strategy all_reduce(t, strategy) would take here (never kAuto), without
-  /// communicating: a pure function of the settings, world size, t's device, size and
+  /// communicating once the host ids are known (see ranks_on_one_host): a pure function of the settings, world size, t's device, size and
   /// dtype, ranks_on_one_host() and the table, so every rank gets the same answer.
   AllReduceStrategy resolve_all_reduce(const at::Tensor& t,
                                        AllReduceStrategy strategy = AllReduceStrategy::kAuto) const;
