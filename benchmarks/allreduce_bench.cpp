@@ -1,28 +1,37 @@
-// tp-allreduce-bench: all_reduce latency per strategy vs message size, ranks as
-// threads of this process (all on one host), against the process group (Gloo).
+// tp-allreduce-bench: all_reduce latency per strategy vs message size, against the
+// process group (Gloo), and the calibration that writes a tuning table for kAuto.
 //
-//   tp-allreduce-bench                            # world 2 and 4, 1 KiB .. 64 MiB float32
+//   tp-allreduce-bench                            # ranks as threads, world 2 and 4, 1 KiB .. 64 MiB float32
 //   tp-allreduce-bench --world 2 --max-kib 1024 --verify 1
-//   # ranks as processes: one per process, torchrun's variables, a loopback address
+//   # ranks as processes: one per process, torchrun's variables
 //   for r in 0 1; do RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 tp-allreduce-bench --from-env 1 & done
+//   # calibration: time every strategy on this group and write (or update) a table
+//   for r in 0 1; do RANK=$r ... tp-allreduce-bench --from-env 1 --tune allreduce.json & done
+//   TP_ALLREDUCE_TABLE=allreduce.json my_program     # kAuto now reads it
 //
-// Latency is rank 0's median time per call after warm-up; ratio = Gloo / strategy
-// (above 1: faster than Gloo). verify_calls is off by default so the table shows the
-// algorithms themselves; --verify 1 adds the per-call fingerprint exchange (a Gloo
-// allgather) that a communicator does by default.
+// Latency: each rank's median time per call after warm-up, then the maximum over
+// ranks (a collective is as slow as its slowest rank; every rank gets the same
+// numbers, so with --tune all ranks would pick the same strategies). ratio x = Gloo
+// time / strategy time (above 1: faster than Gloo). verify_calls is off by default so
+// the table shows the algorithms themselves; --verify 1 adds the per-call fingerprint
+// exchange a communicator does by default.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
+#include "tp/comm/all_reduce_table.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
 
@@ -33,11 +42,17 @@ namespace {
 
 const char* kUsage = R"(usage: tp-allreduce-bench [options]
   --world LIST     ranks (threads of this process)              (default 2,4)
-  --min-kib N      smallest message, KiB; sizes go up by 4x      (default 1)
+  --min-kib N      smallest message, KiB                         (default 1)
   --max-kib N      largest message, KiB                          (default 65536)
+  --step N         each size is N times the previous one         (default 4)
+  --wire W         native or bf16 (float32 data travels as bf16) (default native)
   --verify 0|1     exchange call fingerprints before each call   (default 0)
   --from-env 0|1   this process is one rank (RANK, WORLD_SIZE, MASTER_ADDR,
                    MASTER_PORT), instead of --world ranks as threads (default 0)
+  --tune FILE      calibrate: write the fastest strategy per size for this group
+                   into FILE (a tuning table; an existing FILE keeps its entries for
+                   other world sizes / topologies). Load it with TP_ALLREDUCE_TABLE=FILE
+                   or CommunicatorOptions::all_reduce_table.
   --help
 )";
 
@@ -45,19 +60,30 @@ struct Config {
   std::vector<int64_t> worlds = {2, 4};
   int64_t min_kib = 1;
   int64_t max_kib = 64 * 1024;
+  int64_t step = 4;
+  tp::WirePrecision wire = tp::WirePrecision::kNative;
   bool verify = false;
   bool from_env = false;
-};
-
-/// Rank 0's median seconds per call, per message size and strategy, and what auto took.
-struct Measured {
-  std::map<int64_t, std::map<AllReduceStrategy, double>> median_s;
-  std::map<int64_t, std::string> auto_took;
+  std::string tune;
 };
 
 const std::vector<AllReduceStrategy> kStrategies = {
-    AllReduceStrategy::kProcessGroup, AllReduceStrategy::kSharedMemoryOneShot,
+    AllReduceStrategy::kProcessGroup, AllReduceStrategy::kRecursiveDoubling, AllReduceStrategy::kSharedMemoryOneShot,
     AllReduceStrategy::kSharedMemoryTwoShot, AllReduceStrategy::kAuto};
+
+bool is_shm(AllReduceStrategy s) {
+  return s == AllReduceStrategy::kSharedMemoryOneShot || s == AllReduceStrategy::kSharedMemoryTwoShot;
+}
+
+/// Seconds per call (max over ranks of each rank's median) per message size and
+/// strategy; NaN where the strategy cannot run (shared memory across hosts). And what
+/// auto took.
+struct Measured {
+  int64_t world = 0;
+  bool same_host = false;
+  std::map<int64_t, std::map<AllReduceStrategy, double>> seconds;
+  std::map<int64_t, std::string> auto_took;
+};
 
 std::vector<int64_t> parse_list(const std::string& text) {
   std::vector<int64_t> out;
@@ -80,11 +106,16 @@ Config parse_args(int argc, char** argv) {
     if (flag == "--world") c.worlds = parse_list(value);
     else if (flag == "--min-kib") c.min_kib = std::stoll(value);
     else if (flag == "--max-kib") c.max_kib = std::stoll(value);
+    else if (flag == "--step") c.step = std::stoll(value);
+    else if (flag == "--wire") c.wire = tp::parse_wire_precision(value);
     else if (flag == "--verify") c.verify = value == "1";
     else if (flag == "--from-env") c.from_env = value == "1";
+    else if (flag == "--tune") c.tune = value;
     else TORCH_CHECK_VALUE(false, "tp-allreduce-bench: unknown option ", flag, "\n", kUsage);
   }
   TORCH_CHECK_VALUE(c.min_kib >= 1 && c.max_kib >= c.min_kib, "tp-allreduce-bench: need 1 <= --min-kib <= --max-kib");
+  TORCH_CHECK_VALUE(c.step >= 2, "tp-allreduce-bench: --step ", c.step, " must be at least 2");
+  TORCH_CHECK_VALUE(c.wire != tp::WirePrecision::kDefault, "tp-allreduce-bench: --wire must be native or bf16");
   return c;
 }
 
@@ -93,26 +124,34 @@ std::string human(int64_t bytes) {
   return std::to_string(bytes >> 10) + " KiB";
 }
 
-std::string micros(double seconds) { return format("%.1f", seconds * 1e6); }
+std::string micros(double seconds) { return std::isnan(seconds) ? "-" : format("%.1f", seconds * 1e6); }
+std::string ratio(double a, double b) { return std::isnan(a) || std::isnan(b) ? "-" : format("%.1f", a / b); }
 
-/// Every rank makes the same calls; rank 0 records.
-void measure(tp::Communicator& comm, const std::vector<int64_t>& sizes, Measured& out) {
+/// Every rank makes the same calls; all ranks end with the same Measured.
+Measured measure(tp::Communicator& comm, const std::vector<int64_t>& sizes, tp::WirePrecision wire) {
+  Measured out;
+  out.world = comm.world_size();
+  out.same_host = comm.ranks_on_one_host();
+  std::vector<double> mine;  // [size][strategy], this rank's medians
   for (int64_t bytes : sizes) {
     at::Tensor t = at::ones({bytes / 4}, at::kFloat);
     // The same count on every rank (they must make the same calls): fewer for big messages.
-    const int64_t iters = std::max<int64_t>(5, std::min<int64_t>(300, (int64_t{64} << 20) / bytes));
+    const int64_t iters = std::max<int64_t>(5, std::min<int64_t>(200, (int64_t{32} << 20) / bytes));
     for (auto strategy : kStrategies) {
+      if (is_shm(strategy) && !out.same_host) {
+        mine.push_back(std::numeric_limits<double>::quiet_NaN());
+        continue;
+      }
       const auto before = comm.all_reduce_counts();
-      for (int w = 0; w < 3; ++w) comm.all_reduce(t, strategy);
+      for (int w = 0; w < 3; ++w) comm.all_reduce(t, strategy, wire);
       std::vector<double> times;
       for (int64_t i = 0; i < iters; ++i) {
         const auto t0 = std::chrono::steady_clock::now();
-        comm.all_reduce(t, strategy);
+        comm.all_reduce(t, strategy, wire);
         times.push_back(seconds_since(t0));
       }
       t.fill_(1);  // keep the values small: every call multiplies them by world
-      if (comm.rank() != 0) continue;
-      out.median_s[bytes][strategy] = median(times);
+      mine.push_back(median(times));
       if (strategy != AllReduceStrategy::kAuto) continue;
       for (const auto& [s, n] : comm.all_reduce_counts()) {
         const auto it = before.find(s);
@@ -120,21 +159,90 @@ void measure(tp::Communicator& comm, const std::vector<int64_t>& sizes, Measured
       }
     }
   }
+  // The slowest rank's median, agreed by all ranks.
+  const at::Tensor local = at::tensor(mine, at::kDouble).view({1, -1});
+  const at::Tensor all = comm.all_gather(local, 0, std::vector<int64_t>(comm.world_size(), 1));
+  const at::Tensor worst = std::get<0>(all.max(0));
+  size_t i = 0;
+  for (int64_t bytes : sizes) {
+    for (auto strategy : kStrategies) out.seconds[bytes][strategy] = worst[static_cast<int64_t>(i++)].item<double>();
+  }
+  return out;
 }
 
-std::string table(int64_t world, const std::vector<int64_t>& sizes, Measured& r) {
-  Table table({"world", "bytes", "process_group us", "shm_one_shot us", "shm_two_shot us", "auto us", "auto took",
-               "one_shot x", "two_shot x", "auto x"});
+std::string table(const std::vector<int64_t>& sizes, Measured& r) {
+  Table table({"world", "bytes", "process_group us", "recursive_doubling us", "shm_one_shot us", "shm_two_shot us",
+               "auto us", "auto took", "rd x", "one_shot x", "two_shot x", "auto x"});
   for (int64_t bytes : sizes) {
-    auto& m = r.median_s[bytes];
+    auto& m = r.seconds[bytes];
     const double pg = m[AllReduceStrategy::kProcessGroup];
-    table.add({std::to_string(world), human(bytes), micros(pg), micros(m[AllReduceStrategy::kSharedMemoryOneShot]),
-               micros(m[AllReduceStrategy::kSharedMemoryTwoShot]), micros(m[AllReduceStrategy::kAuto]),
-               r.auto_took[bytes], format("%.1f", pg / m[AllReduceStrategy::kSharedMemoryOneShot]),
-               format("%.1f", pg / m[AllReduceStrategy::kSharedMemoryTwoShot]),
-               format("%.1f", pg / m[AllReduceStrategy::kAuto])});
+    table.add({std::to_string(r.world), human(bytes), micros(pg), micros(m[AllReduceStrategy::kRecursiveDoubling]),
+               micros(m[AllReduceStrategy::kSharedMemoryOneShot]), micros(m[AllReduceStrategy::kSharedMemoryTwoShot]),
+               micros(m[AllReduceStrategy::kAuto]), r.auto_took[bytes],
+               ratio(pg, m[AllReduceStrategy::kRecursiveDoubling]),
+               ratio(pg, m[AllReduceStrategy::kSharedMemoryOneShot]),
+               ratio(pg, m[AllReduceStrategy::kSharedMemoryTwoShot]), ratio(pg, m[AllReduceStrategy::kAuto])});
   }
   return table.str();
+}
+
+/// The tuning-table entry for the measured group: per size the fastest strategy
+/// (auto excluded); a rule ends halfway (geometrically) to the next size where
+/// another strategy wins. Every rank computes the same entry from the same numbers.
+tp::AllReduceTableEntry tuned_entry(const std::vector<int64_t>& sizes, const Measured& r) {
+  tp::AllReduceTableEntry e;
+  e.world_size = r.world;
+  e.same_host = r.same_host;
+  std::vector<AllReduceStrategy> best;
+  for (int64_t bytes : sizes) {
+    AllReduceStrategy winner = AllReduceStrategy::kProcessGroup;
+    double fastest = std::numeric_limits<double>::infinity();
+    for (auto strategy : kStrategies) {
+      if (strategy == AllReduceStrategy::kAuto) continue;
+      const double s = r.seconds.at(bytes).at(strategy);
+      if (!std::isnan(s) && s < fastest) {
+        fastest = s;
+        winner = strategy;
+      }
+    }
+    best.push_back(winner);
+    std::map<std::string, double> us;
+    for (auto strategy : kStrategies) {
+      const double s = r.seconds.at(bytes).at(strategy);
+      if (!std::isnan(s) && strategy != AllReduceStrategy::kAuto) us[tp::to_string(strategy)] = s * 1e6;
+    }
+    e.measured_us[bytes] = us;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i + 1 < sizes.size() && best[i + 1] == best[i]) continue;
+    const int64_t limit = i + 1 < sizes.size()
+                              ? static_cast<int64_t>(std::sqrt(static_cast<double>(sizes[i]) * sizes[i + 1]))
+                              : -1;
+    e.rules.push_back({limit, best[i]});
+  }
+  return e;
+}
+
+/// Adds (or replaces) `entry` in the table at `path` (created if absent) and writes it.
+void write_tuned(const std::string& path, const tp::AllReduceTableEntry& entry) {
+  tp::AllReduceTable table;
+  table.entries.clear();
+  if (std::ifstream(path).good()) table = tp::AllReduceTable::load(path);
+  table.source = path;
+  bool replaced = false;
+  for (auto& e : table.entries) {
+    if (e.device == entry.device && e.world_size == entry.world_size && e.same_host == entry.same_host) {
+      e = entry;
+      replaced = true;
+    }
+  }
+  if (!replaced) table.entries.push_back(entry);
+  table.validate();
+  std::ofstream out(path);
+  out << table.to_json("written by tp-allreduce-bench --tune");
+  TORCH_CHECK(out.good(), "tp-allreduce-bench: could not write the table to ", path);
+  std::cout << "tp-allreduce-bench: wrote the entry for world_size " << entry.world_size << ", same_host "
+            << (entry.same_host ? "true" : "false") << " to " << path << "\n";
 }
 
 }  // namespace
@@ -143,28 +251,33 @@ int main(int argc, char** argv) {
   try {
     const Config config = parse_args(argc, argv);
     std::vector<int64_t> sizes;
-    for (int64_t kib = config.min_kib; kib <= config.max_kib; kib *= 4) sizes.push_back(kib << 10);
+    for (int64_t kib = config.min_kib; kib <= config.max_kib; kib *= config.step) sizes.push_back(kib << 10);
     tp::CommunicatorOptions options;
     options.verify_calls = config.verify;
+    const std::string what = std::string("float32 all_reduce, wire ") + tp::to_string(config.wire) +
+                             ", verify_calls=" + (config.verify ? "1" : "0") +
+                             "; us per call = max over ranks of each rank's median";
     if (config.from_env) {
       tp::Communicator comm = tp::communicator_from_env(options);
-      Measured measured;
-      measure(comm, sizes, measured);
+      Measured measured = measure(comm, sizes, config.wire);
       comm.barrier();
       if (comm.rank() == 0) {
-        std::cout << "tp-allreduce-bench: float32 all_reduce, ranks as processes (ranks_on_one_host="
-                  << comm.ranks_on_one_host() << "); median us per call on rank 0; verify_calls=" << config.verify
-                  << "\n\n" << table(comm.world_size(), sizes, measured) << std::flush;
+        std::cout << "tp-allreduce-bench: " << what << "; ranks as processes (ranks_on_one_host="
+                  << comm.ranks_on_one_host() << ")\n\n" << table(sizes, measured) << std::flush;
+        if (!config.tune.empty()) write_tuned(config.tune, tuned_entry(sizes, measured));
       }
+      comm.barrier();
       return 0;
     }
-    std::cout << "tp-allreduce-bench: float32 all_reduce, ranks as threads over Gloo + shared memory; "
-              << "median us per call on rank 0; verify_calls=" << config.verify << "\n"
-              << std::flush;
+    std::cout << "tp-allreduce-bench: " << what << "; ranks as threads\n" << std::flush;
     for (int64_t world : config.worlds) {
       Measured measured;
-      tp::run_ranks_in_threads(world, [&](tp::Communicator& comm) { measure(comm, sizes, measured); }, options);
-      std::cout << "\n" << table(world, sizes, measured) << std::flush;
+      tp::run_ranks_in_threads(world, [&](tp::Communicator& comm) {
+        Measured m = measure(comm, sizes, config.wire);
+        if (comm.rank() == 0) measured = std::move(m);
+      }, options);
+      std::cout << "\n" << table(sizes, measured) << std::flush;
+      if (!config.tune.empty()) write_tuned(config.tune, tuned_entry(sizes, measured));
     }
     return 0;
   } catch (const c10::Error& e) {

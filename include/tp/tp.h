@@ -1,6 +1,7 @@
 #pragma once
 // tp: Megatron-style tensor-parallel linear layers on LibTorch. The umbrella header.
 #include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/all_reduce_table.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
 #include "tp/comm/nccl.h"

@@ -56,12 +56,24 @@ void init_comm(py::module_& m) {
       .value("shm_one_shot", AllReduceStrategy::kSharedMemoryOneShot)
       .value("shm_two_shot", AllReduceStrategy::kSharedMemoryTwoShot)
       .value("nccl", AllReduceStrategy::kNccl)
-      .value("nccl_bf16_wire", AllReduceStrategy::kNcclBf16Wire);
+      .value("nccl_bf16_wire", AllReduceStrategy::kNcclBf16Wire)
+      .value("recursive_doubling", AllReduceStrategy::kRecursiveDoubling);
   m.def("parse_all_reduce_strategy", &parse_all_reduce_strategy, py::arg("name"),
-        "The strategy named `name` ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot'; case-insensitive); ValueError otherwise.");
+        "The strategy named `name` ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot', "
+        "'recursive_doubling'; case-insensitive); ValueError otherwise.");
+  py::enum_<WirePrecision>(m, "WirePrecision",
+                           "Precision an all_reduce's data travels in (default: the communicator's; "
+                           "bf16 halves float32 bytes, relative error <= 2^-8 per rounding).")
+      .value("default", WirePrecision::kDefault)
+      .value("native", WirePrecision::kNative)
+      .value("bf16", WirePrecision::kBFloat16);
+  m.def("parse_wire_precision", &parse_wire_precision, py::arg("name"),
+        "The wire precision named `name` ('default', 'native', 'bf16'; case-insensitive); ValueError otherwise.");
 
   py::class_<CommunicatorOptions>(m, "CommunicatorOptions", "Settings shared by every collective of a communicator.")
-      .def(py::init([](std::optional<double> timeout_s, AllReduceStrategy all_reduce, std::optional<bool> verify_calls) {
+      .def(py::init([](std::optional<double> timeout_s, AllReduceStrategy all_reduce, std::optional<bool> verify_calls,
+                       WirePrecision wire, std::optional<std::string> all_reduce_table,
+                       std::optional<std::string> host_id) {
              CommunicatorOptions o;
              if (timeout_s) {
                TORCH_CHECK_VALUE(*timeout_s > 0, "tp.CommunicatorOptions: timeout_s=", *timeout_s,
@@ -70,16 +82,26 @@ void init_comm(py::module_& m) {
              }
              o.all_reduce = all_reduce;
              if (verify_calls) o.verify_calls = *verify_calls;
+             TORCH_CHECK_VALUE(wire != WirePrecision::kDefault, "tp.CommunicatorOptions: wire must be native or bf16");
+             o.wire = wire;
+             if (all_reduce_table) o.all_reduce_table = *all_reduce_table;
+             if (host_id) o.host_id = *host_id;
              return o;
            }),
            py::arg("timeout_s") = py::none(), py::arg("all_reduce") = AllReduceStrategy::kAuto,
-           py::arg("verify_calls") = py::none(),
+           py::arg("verify_calls") = py::none(), py::arg("wire") = WirePrecision::kNative,
+           py::arg("all_reduce_table") = py::none(), py::arg("host_id") = py::none(),
            "timeout_s: a collective not done by then raises RuntimeError (default TP_COMM_TIMEOUT_MS or 300 s); "
            "all_reduce: the default strategy; verify_calls: ranks check that they agree on each collective "
-           "(default TP_COMM_VERIFY or on).")
+           "(default TP_COMM_VERIFY or on); wire: native or bf16 (TP_ALLREDUCE_WIRE overrides); "
+           "all_reduce_table: a tuning table written by tp-allreduce-bench --tune (default TP_ALLREDUCE_TABLE, "
+           "else built-in); host_id: this rank's host identity (default TP_COMM_HOST_ID, else hostname+boot id).")
       .def_property_readonly("timeout_s", [](const CommunicatorOptions& o) { return o.timeout.count() / 1000.0; })
       .def_readonly("all_reduce", &CommunicatorOptions::all_reduce)
-      .def_readonly("verify_calls", &CommunicatorOptions::verify_calls);
+      .def_readonly("verify_calls", &CommunicatorOptions::verify_calls)
+      .def_readonly("wire", &CommunicatorOptions::wire)
+      .def_readonly("all_reduce_table", &CommunicatorOptions::all_reduce_table)
+      .def_readonly("host_id", &CommunicatorOptions::host_id);
 
   // Held by a shared_ptr that releases the GIL on destruction (see release_gil_on_delete).
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator",
@@ -94,8 +116,11 @@ void init_comm(py::module_& m) {
       .def_property_readonly("options", &Communicator::options)
       .def(
           "all_reduce",
-          [](const Communicator& c, at::Tensor t, AllReduceStrategy strategy) { return c.all_reduce(t, strategy); },
-          py::arg("tensor"), py::arg("strategy") = AllReduceStrategy::kAuto, Release(),
+          [](const Communicator& c, at::Tensor t, AllReduceStrategy strategy, WirePrecision wire) {
+            return c.all_reduce(t, strategy, wire);
+          },
+          py::arg("tensor"), py::arg("strategy") = AllReduceStrategy::kAuto, py::arg("wire") = WirePrecision::kDefault,
+          Release(),
           "Sums `tensor` over all ranks in place (accumulating in at least fp32) and returns it.")
       .def("all_gather", &Communicator::all_gather, py::arg("tensor"), py::arg("dim"), py::arg("sizes"), Release(),
            "Concatenates every rank's tensor along `dim`; sizes[r] is rank r's extent.")
@@ -107,6 +132,17 @@ void init_comm(py::module_& m) {
       .def("barrier", &Communicator::barrier, Release(), "Returns once every rank has called it.")
       .def("all_reduce_counts", &counts_by_name,
            "How many all_reduce calls took each strategy (after resolving auto), by name.")
+      .def("resolve_all_reduce", &Communicator::resolve_all_reduce, py::arg("tensor"),
+           py::arg("strategy") = AllReduceStrategy::kAuto,
+           "The strategy all_reduce(tensor, strategy) would take (never auto), without communicating.")
+      .def_property_readonly("ranks_on_one_host", &Communicator::ranks_on_one_host)
+      .def("all_reduce_wire_counts",
+           [](const Communicator& c) {
+             std::map<std::string, int64_t> out;
+             for (const auto& [w, n] : c.all_reduce_wire_counts()) out[to_string(w)] = n;
+             return out;
+           },
+           "How many all_reduce calls used each wire precision ('native', 'bf16').")
       .def("__repr__", [](const Communicator& c) {
         return "tp.Communicator(rank=" + std::to_string(c.rank()) + ", world_size=" + std::to_string(c.world_size()) +
                ")";

@@ -114,6 +114,7 @@ void bind_row(py::module_& m) {
   TP_OPTION(opts, RowParallelLinearOptions, input_is_parallel);
   TP_OPTION(opts, RowParallelLinearOptions, reduce_output);
   TP_OPTION(opts, RowParallelLinearOptions, all_reduce);
+  TP_OPTION(opts, RowParallelLinearOptions, wire);
 
   bind_layer<RowParallelLinearImpl, RowParallelLinearOptions>(
       m, "RowParallelLinear", "y = x W^T + b with W's columns sharded; partial sums reduced over ranks.")

@@ -21,6 +21,8 @@ def communicator(
     timeout_s: Optional[float] = None,
     all_reduce: Union[str, "_C.AllReduceStrategy"] = "auto",
     verify_calls: Optional[bool] = None,
+    wire: Union[str, "_C.WirePrecision"] = "native",
+    all_reduce_table: Optional[str] = None,
 ) -> "_C.Communicator":
     """A tp.Communicator over ``group``.
 
@@ -31,9 +33,13 @@ def communicator(
     timeout_s: a collective not complete by then raises RuntimeError (default
     TP_COMM_TIMEOUT_MS or 300 s). all_reduce: the default AllReduce strategy.
     verify_calls: ranks check that they agree on every collective (default on).
+    wire: 'native' or 'bf16' (float32 all_reduce data travels as bfloat16; TP_ALLREDUCE_WIRE
+    overrides). all_reduce_table: a tuning table written by ``tp-allreduce-bench --tune``
+    (default TP_ALLREDUCE_TABLE, else the built-in one).
     """
     options = _C.CommunicatorOptions(
-        timeout_s=timeout_s, all_reduce=all_reduce_strategy(all_reduce), verify_calls=verify_calls
+        timeout_s=timeout_s, all_reduce=all_reduce_strategy(all_reduce), verify_calls=verify_calls,
+        wire=wire_precision(wire), all_reduce_table=all_reduce_table,
     )
     if group is None:
         if not (dist.is_available() and dist.is_initialized()):
@@ -52,9 +58,19 @@ def communicator(
 
 
 def all_reduce_strategy(value: Union[str, "_C.AllReduceStrategy"]) -> "_C.AllReduceStrategy":
-    """``value`` as an AllReduceStrategy; a name ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot') is parsed."""
+    """``value`` as an AllReduceStrategy; a name ('auto', 'process_group', 'shm_one_shot', 'shm_two_shot',
+    'recursive_doubling') is parsed."""
     if isinstance(value, _C.AllReduceStrategy):
         return value
     if isinstance(value, str):
         return _C.parse_all_reduce_strategy(value)
     raise TypeError(f"expected an AllReduceStrategy or its name, got {type(value).__name__}")
+
+
+def wire_precision(value: Union[str, "_C.WirePrecision"]) -> "_C.WirePrecision":
+    """``value`` as a WirePrecision; a name ('default', 'native', 'bf16') is parsed."""
+    if isinstance(value, _C.WirePrecision):
+        return value
+    if isinstance(value, str):
+        return _C.parse_wire_precision(value)
+    raise TypeError(f"expected a WirePrecision or its name, got {type(value).__name__}")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _C
-from .distributed import all_reduce_strategy, communicator as make_communicator
+from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
 
 __all__ = [
     "ColumnParallelLinear",
@@ -206,6 +206,7 @@ class RowParallelLinear(_ParallelLinear):
         input_is_parallel: bool = True,
         reduce_output: bool = True,
         all_reduce: Union[str, "_C.AllReduceStrategy"] = "auto",
+        wire: Union[str, "_C.WirePrecision"] = "default",
         quant: QuantLike = None,
         split: Optional["_C.SplitPolicy"] = None,
         dtype: Optional[torch.dtype] = None,
@@ -217,7 +218,7 @@ class RowParallelLinear(_ParallelLinear):
             _C.RowParallelLinearOptions(in_features, out_features),
             bias=bias, quant=quant, split=split, dtype=dtype, device=device,
             input_is_parallel=input_is_parallel, reduce_output=reduce_output,
-            all_reduce=all_reduce_strategy(all_reduce),
+            all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire),
         )
         super().__init__(_C.RowParallelLinear(options, _resolve_communicator(group, communicator)))
 

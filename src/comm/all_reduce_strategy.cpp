@@ -9,7 +9,7 @@
 namespace tp {
 namespace {
 
-// Every strategy, in enum order; to_string and parse both read this table.
+// Every strategy, in enum order; parse reads this table.
 constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kAuto,
     AllReduceStrategy::kProcessGroup,
@@ -17,7 +17,11 @@ constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kSharedMemoryTwoShot,
     AllReduceStrategy::kNccl,
     AllReduceStrategy::kNcclBf16Wire,
+    AllReduceStrategy::kRecursiveDoubling,
 };
+
+constexpr WirePrecision kAllWires[] = {WirePrecision::kDefault, WirePrecision::kNative,
+                                       WirePrecision::kBFloat16};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
@@ -41,6 +45,8 @@ const char* to_string(AllReduceStrategy s) {
       return "nccl";
     case AllReduceStrategy::kNcclBf16Wire:
       return "nccl_bf16_wire";
+    case AllReduceStrategy::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
 }
@@ -57,6 +63,33 @@ AllReduceStrategy parse_all_reduce_strategy(const std::string& name) {
   }
   TORCH_CHECK_VALUE(false, "tp::parse_all_reduce_strategy: unknown all-reduce strategy '", name,
                     "'; valid names (case-insensitive): ", valid);
+}
+
+const char* to_string(WirePrecision w) {
+  switch (w) {
+    case WirePrecision::kDefault:
+      return "default";
+    case WirePrecision::kNative:
+      return "native";
+    case WirePrecision::kBFloat16:
+      return "bf16";
+  }
+  TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown WirePrecision value ", static_cast<int>(w));
+}
+
+std::ostream& operator<<(std::ostream& out, WirePrecision w) { return out << to_string(w); }
+
+WirePrecision parse_wire_precision(const std::string& name) {
+  const std::string wanted = lower(name);
+  if (wanted == "bfloat16") return WirePrecision::kBFloat16;
+  std::string valid;
+  for (WirePrecision w : kAllWires) {
+    if (wanted == to_string(w)) return w;
+    valid += valid.empty() ? "" : ", ";
+    valid += to_string(w);
+  }
+  TORCH_CHECK_VALUE(false, "tp::parse_wire_precision: unknown wire precision '", name,
+                    "'; valid names (case-insensitive): ", valid, " (bfloat16 = bf16)");
 }
 
 }  // namespace tp

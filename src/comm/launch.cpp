@@ -17,7 +17,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/communicator_access.h"
 #include "comm/env.h"
 
 namespace tp {
@@ -53,8 +52,7 @@ void ignore_sigpipe_unless_handled() {
 }
 
 Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
-                       const CommunicatorOptions& options, const GlooDevice& device,
-                       bool on_one_host) {
+                       const CommunicatorOptions& options, const GlooDevice& device) {
   ignore_sigpipe_unless_handled();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices = {device};
@@ -79,8 +77,8 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
   for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
     group->setBackend(device, c10d::ProcessGroup::BackendType::GLOO, c10::intrusive_ptr<c10d::Backend>(backend));
   }
+  // Its closing barrier below is the ranks' first collective: they exchange host ids there.
   Communicator comm(group, options);
-  detail::CommunicatorAccess::set_ranks_on_one_host(comm, on_one_host);
   // Gloo's constructor can return on one rank while a peer is still finishing its
   // side of the handshake; if this rank then closed its group early (a short-lived
   // communicator), that peer would wait for a connection that never completes.
@@ -137,9 +135,7 @@ Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store
   check_rank_world(fn, rank, world);
   check_timeout(fn, options);
   // Bound to 127.0.0.1, the ranks can only reach each other on this host.
-  return make_gloo(store, rank, world, options,
-                   c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"),
-                   /*on_one_host=*/true);
+  return make_gloo(store, rank, world, options, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
 }
 
 void run_ranks_in_threads(int64_t world, const std::function<void(Communicator&)>& fn,
@@ -224,8 +220,7 @@ Communicator connect_tcp(const std::string& master_addr, int port, int64_t rank,
   GlooDevice device = is_loopback(master_addr)
                           ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                           : c10d::ProcessGroupGloo::createDefaultDevice();
-  // A loopback rendezvous address means every rank runs on this host.
-  return make_gloo(store, rank, world, options, device, is_loopback(master_addr));
+  return make_gloo(store, rank, world, options, device);
 }
 
 Communicator communicator_from_env(CommunicatorOptions options) {

@@ -19,7 +19,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "comm/communicator_access.h"
+#include "comm/communicator_state.h"
 #include "comm/nccl.h"
 
 #if TP_WITH_CUDA

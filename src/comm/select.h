@@ -2,26 +2,19 @@
 // The all-reduce selector: what kAuto resolves to.
 //
 // A pure function of what every rank knows identically (device kind, world size,
-// message size, dtype, whether all ranks share this host), so all ranks pick the
-// same algorithm without talking. A per-machine tuning table (written by a
-// calibration run) is future work; the thresholds below were measured with
-// tp-allreduce-bench on a 2-core x86 VM (benchmarks/RESULTS.md).
+// message size, dtype, whether all ranks share one host, the tuning table), so all
+// ranks pick the same algorithm without talking. The crossover sizes live in the
+// table (AllReduceTable::builtin(), measured on the development VM, or one written
+// by `tp-allreduce-bench --tune`).
 
 #include <cstdint>
 
 #include <c10/core/ScalarType.h>
 
 #include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/all_reduce_table.h"
 
 namespace tp::detail {
-
-/// One-shot while bytes * world (the bytes each rank reads) stays below this, two-shot
-/// above. One-shot has one synchronisation round but every rank reads all world
-/// inputs; two-shot reads 1/world of them, then copies the result, and wins once
-/// bandwidth, not latency, dominates: measured (float32, ranks as threads) at world
-/// 2 one-shot led up to 64 KiB and two-shot from 256 KiB; at world 3 and 4 two-shot
-/// already leads at 64-256 KiB.
-inline constexpr int64_t kShmTwoShotMinWorldBytes = int64_t{512} << 10;
 
 /// The dtypes the shared-memory strategies reduce (accumulating in fp32, or fp64
 /// for float64).
@@ -30,17 +23,28 @@ inline bool shm_supports_dtype(c10::ScalarType dtype) {
          dtype == c10::kHalf;
 }
 
+inline bool is_shared_memory(AllReduceStrategy s) {
+  return s == AllReduceStrategy::kSharedMemoryOneShot || s == AllReduceStrategy::kSharedMemoryTwoShot;
+}
+
 /// Never returns kAuto. `bytes` is the size of the tensor as handed in (before any
-/// widening for the reduction). World 1 gets kProcessGroup (nothing to reduce).
+/// widening for the reduction). World 1 gets kProcessGroup (nothing to reduce); device
+/// tensors get kProcessGroup (NCCL or Gloo's own) until the CUDA strategies land.
+/// `table` is looked up first, then the built-in table (for a kind of group the
+/// given table does not cover). A shared-memory choice for a dtype shared memory does
+/// not reduce falls back to the process group.
 inline AllReduceStrategy select_all_reduce(bool is_cuda, int64_t world, int64_t bytes,
-                                           c10::ScalarType dtype, bool same_host) {
-  if (is_cuda || world <= 1 || !same_host || !shm_supports_dtype(dtype)) {
+                                           c10::ScalarType dtype, bool same_host,
+                                           const AllReduceTable& table) {
+  if (is_cuda || world <= 1) return AllReduceStrategy::kProcessGroup;
+  const AllReduceTableEntry* entry = table.find(world, same_host);
+  if (entry == nullptr) entry = AllReduceTable::builtin().find(world, same_host);
+  if (entry == nullptr) return AllReduceStrategy::kProcessGroup;
+  const AllReduceStrategy s = entry->strategy_for(bytes);
+  if (is_shared_memory(s) && (!same_host || !shm_supports_dtype(dtype))) {
     return AllReduceStrategy::kProcessGroup;
   }
-  // Shared memory at every size: chunked through its buffers, it stays ahead of
-  // Gloo's loopback TCP ring even for large messages.
-  return bytes * world < kShmTwoShotMinWorldBytes ? AllReduceStrategy::kSharedMemoryOneShot
-                                                   : AllReduceStrategy::kSharedMemoryTwoShot;
+  return s;
 }
 
 }  // namespace tp::detail

@@ -147,7 +147,7 @@ void ShmAllReduce::check_usable(const char* op) const {
 void ShmAllReduce::exchange(const Fingerprint& fp, const char* op, const OnMismatch& on_mismatch) {
   what_ = "shared-memory call check";
   check_usable(op);
-  step<float, float>(nullptr, 0, /*two_shot=*/false, op, &fp, on_mismatch);
+  step<float, float, float>(nullptr, 0, /*two_shot=*/false, op, &fp, on_mismatch);
 }
 
 ShmAllReduce::~ShmAllReduce() {
@@ -223,7 +223,7 @@ void ShmAllReduce::wait_peers(Slot slot, uint64_t target, const char* waiting_fo
   }
 }
 
-template <typename T, typename Acc>
+template <typename T, typename P, typename Acc>
 void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
                         const Fingerprint* fp, const OnMismatch& on_mismatch) {
   const uint64_t s = ++seq_;
@@ -231,8 +231,12 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
   // Buffer `parity` (and result `parity`) were last used at step s-2: peers must have
   // finished reading them before this rank overwrites them.
   if (s > 2) wait_peers(kDone, s - 2, "finish reading step s-2's buffers", op);
-  Acc* mine = static_cast<Acc*>(data(rank_, parity));
-  for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<Acc>(values[i]);
+  P* mine = static_cast<P*>(data(rank_, parity));
+  if constexpr (std::is_same_v<T, P>) {
+    if (n > 0) std::memcpy(mine, values, static_cast<size_t>(n) * sizeof(P));
+  } else {
+    for (int64_t i = 0; i < n; ++i) mine[i] = static_cast<P>(values[i]);
+  }
   // Double-buffered like the data: a peer may still compare step s-1's fingerprint.
   if (fp != nullptr) *fingerprint(rank_, parity) = *fp;
   flag(rank_, kArrived).store(s, std::memory_order_release);
@@ -249,19 +253,19 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
     }
   }
 
-  std::vector<const Acc*> in(world_);
-  for (int64_t r = 0; r < world_; ++r) in[r] = static_cast<const Acc*>(data(r, parity));
+  std::vector<const P*> in(world_);
+  for (int64_t r = 0; r < world_; ++r) in[r] = static_cast<const P*>(data(r, parity));
   // Sums [lo, hi) over ranks 0..world-1, in that order, into out (same order on
   // every rank and every element: the results are bitwise identical).
   auto sum_into = [&](int64_t lo, int64_t hi, auto* out) {
     Acc acc[kBlock];
     for (int64_t b = lo; b < hi; b += kBlock) {
       const int64_t m = std::min(kBlock, hi - b);
-      const Acc* __restrict first = in[0] + b;
-      for (int64_t i = 0; i < m; ++i) acc[i] = first[i];
+      const P* __restrict first = in[0] + b;
+      for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<Acc>(first[i]);
       for (int64_t r = 1; r < world_; ++r) {
-        const Acc* __restrict src = in[r] + b;
-        for (int64_t i = 0; i < m; ++i) acc[i] += src[i];
+        const P* __restrict src = in[r] + b;
+        for (int64_t i = 0; i < m; ++i) acc[i] += static_cast<Acc>(src[i]);
       }
       for (int64_t i = 0; i < m; ++i) out[b + i] = static_cast<std::remove_pointer_t<decltype(out)>>(acc[i]);
     }
@@ -270,49 +274,60 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
     sum_into(0, n, values);
   } else {
     // Slices are whole 64-byte lines so two owners never write one cache line.
-    constexpr int64_t kAlign = 64 / sizeof(Acc);
+    constexpr int64_t kAlign = 64 / sizeof(P);
     const int64_t per = (n + world_ - 1) / world_;
     const int64_t slice = (per + kAlign - 1) / kAlign * kAlign;
     const int64_t lo = std::min(n, rank_ * slice);
     const int64_t hi = std::min(n, lo + slice);
-    Acc* res = static_cast<Acc*>(result(parity));
+    P* res = static_cast<P*>(result(parity));
     sum_into(lo, hi, res);
     flag(rank_, kReduced).store(s, std::memory_order_release);
     wait_peers(kReduced, s, "publish its reduced slice", op);
-    for (int64_t i = 0; i < n; ++i) values[i] = static_cast<T>(res[i]);
+    if constexpr (std::is_same_v<T, P>) {
+      if (n > 0) std::memcpy(values, res, static_cast<size_t>(n) * sizeof(P));
+    } else {
+      for (int64_t i = 0; i < n; ++i) values[i] = static_cast<T>(res[i]);
+    }
   }
   flag(rank_, kDone).store(s, std::memory_order_release);
 }
 
-template <typename T, typename Acc>
+template <typename T, typename P, typename Acc>
 void ShmAllReduce::run_typed(T* values, int64_t n, bool two_shot, const char* op,
                              const Fingerprint* fp, const OnMismatch& on_mismatch) {
-  const int64_t capacity = kBufferBytes / static_cast<int64_t>(sizeof(Acc));
+  const int64_t capacity = kBufferBytes / static_cast<int64_t>(sizeof(P));
   for (int64_t offset = 0; offset < n; offset += capacity) {
     // Only the first chunk compares: the ranks agree on the call, hence on the chunks.
-    step<T, Acc>(values + offset, std::min(capacity, n - offset), two_shot, op,
+    step<T, P, Acc>(values + offset, std::min(capacity, n - offset), two_shot, op,
                  offset == 0 ? fp : nullptr, on_mismatch);
   }
 }
 
-void ShmAllReduce::run(at::Tensor& t, bool two_shot, const char* op, const Fingerprint* fp,
+void ShmAllReduce::run(at::Tensor& t, bool two_shot, bool bf16_wire, const char* op, const Fingerprint* fp,
                        const OnMismatch& on_mismatch) {
   what_ = two_shot ? "shm_two_shot" : "shm_one_shot";
   check_usable(op);
   at::Tensor c = t.contiguous();
   const int64_t n = c.numel();
+  // bfloat16 and float16 inputs travel as they are (exact: they widen to fp32 only
+  // when summed), and so do their two-shot slices (the fp32 sum rounded to the dtype,
+  // which is what the result would be rounded to anyway).
   switch (c.scalar_type()) {
     case at::kFloat:
-      run_typed<float, float>(c.data_ptr<float>(), n, two_shot, op, fp, on_mismatch);
+      if (bf16_wire) {
+        run_typed<float, c10::BFloat16, float>(c.data_ptr<float>(), n, two_shot, op, fp, on_mismatch);
+      } else {
+        run_typed<float, float, float>(c.data_ptr<float>(), n, two_shot, op, fp, on_mismatch);
+      }
       break;
     case at::kDouble:
-      run_typed<double, double>(c.data_ptr<double>(), n, two_shot, op, fp, on_mismatch);
+      run_typed<double, double, double>(c.data_ptr<double>(), n, two_shot, op, fp, on_mismatch);
       break;
     case at::kBFloat16:
-      run_typed<c10::BFloat16, float>(c.data_ptr<c10::BFloat16>(), n, two_shot, op, fp, on_mismatch);
+      run_typed<c10::BFloat16, c10::BFloat16, float>(c.data_ptr<c10::BFloat16>(), n, two_shot, op, fp, on_mismatch);
       break;
     case at::kHalf:
-      run_typed<c10::Half, float>(c.data_ptr<c10::Half>(), n, two_shot, op, fp, on_mismatch);
+      run_typed<c10::Half, c10::Half, float>(c.data_ptr<c10::Half>(), n, two_shot, op, fp, on_mismatch);
       break;
     default:
       TORCH_INTERNAL_ASSERT(false, "ShmAllReduce::run: unsupported dtype ", c.scalar_type());

@@ -44,11 +44,14 @@ class ShmAllReduce {
 
   /// Sums `t` (CPU; float32, float64, bfloat16 or float16) over all ranks in place.
   /// Every rank sums the ranks in order 0..world-1 in fp32 (fp64 for float64), so all
-  /// end bitwise identical. `op` names the caller's collective in errors. With a
+  /// end bitwise identical. Ranks publish their inputs in the tensor's own dtype
+  /// (bfloat16 and float16 widen exactly when summed), or, with `bf16_wire` for a
+  /// float32 tensor, rounded to bfloat16; the two-shot result slices travel the same
+  /// way. `op` names the caller's collective in errors. With a
   /// `fingerprint`, the ranks compare it through the segment before reducing (instead
   /// of a process-group exchange, which would cost more than the reduction itself);
   /// on a mismatch every rank calls `on_mismatch`, and the workspace stays usable.
-  void run(at::Tensor& t, bool two_shot, const char* op, const Fingerprint* fingerprint = nullptr,
+  void run(at::Tensor& t, bool two_shot, bool bf16_wire, const char* op, const Fingerprint* fingerprint = nullptr,
            const OnMismatch& on_mismatch = {});
 
   /// Only compares `fingerprint` across the ranks (one step of the protocol, no data),
@@ -73,10 +76,11 @@ class ShmAllReduce {
   /// after the timeout, naming the peers that did not get there, or as soon as one of
   /// them is gone (its workspace destroyed, or its process exited).
   void wait_peers(Slot slot, uint64_t target, const char* waiting_for, const char* op);
-  template <typename T, typename Acc>
+  // T: the tensor's element type; P: what travels through the segment; Acc: the sum's.
+  template <typename T, typename P, typename Acc>
   void step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
             const OnMismatch& on_mismatch);
-  template <typename T, typename Acc>
+  template <typename T, typename P, typename Acc>
   void run_typed(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
                  const OnMismatch& on_mismatch);
 

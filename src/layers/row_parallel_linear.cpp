@@ -48,6 +48,7 @@ void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
   if (!options.input_is_parallel()) stream << ", input_is_parallel=false";
   if (!options.reduce_output()) stream << ", reduce_output=false";
   if (options.all_reduce() != AllReduceStrategy::kAuto) stream << ", all_reduce=" << to_string(options.all_reduce());
+  if (options.wire() != WirePrecision::kDefault) stream << ", wire=" << to_string(options.wire());
   if (method_->name() != "none") stream << ", quant=" << method_->name();
   stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
@@ -72,7 +73,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   } else {
     y = method_->apply(x, add_bias ? std::optional<at::Tensor>(bias) : std::nullopt);
   }
-  if (options.reduce_output()) comm.all_reduce(y, options.all_reduce());
+  if (options.reduce_output()) comm.all_reduce(y, options.all_reduce(), options.wire());
   return y;
 }
 

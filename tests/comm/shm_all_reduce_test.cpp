@@ -31,12 +31,21 @@ namespace {
 
 constexpr auto kOneShot = AllReduceStrategy::kSharedMemoryOneShot;
 constexpr auto kTwoShot = AllReduceStrategy::kSharedMemoryTwoShot;
-// The library's private constants (tests see only the public headers): the selector's
-// one-shot/two-shot threshold at world 2 (512 KiB / world, src/comm/select.h) and one data buffer
-// (src/comm/shm_all_reduce.h). Should they change, the sizes below still run, but
-// sit at different places relative to the boundaries.
-constexpr int64_t kTwoShotMinBytes = int64_t{256} << 10;
+// One data buffer, a library-private constant (src/comm/shm_all_reduce.h; tests see
+// only the public headers). Should it change, the sizes below still run, but sit at
+// different places relative to the boundaries.
 constexpr int64_t kBufferBytes = int64_t{2} << 20;
+
+/// The largest message (bytes) the built-in table sends through one-shot at world 2
+/// on one host; two-shot above.
+int64_t one_shot_max_bytes() {
+  const tp::AllReduceTableEntry* e = tp::AllReduceTable::builtin().find(2, /*same_host=*/true);
+  REQUIRE(e != nullptr);
+  REQUIRE(e->rules.size() >= 2);
+  REQUIRE(e->rules[0].strategy == kOneShot);
+  REQUIRE(e->rules[1].strategy == kTwoShot);
+  return e->rules[0].max_bytes;
+}
 
 /// Entries of /dev/shm whose name starts with `prefix`.
 std::vector<std::string> shm_entries(const std::string& prefix) {
@@ -54,12 +63,12 @@ std::vector<std::string> shm_entries(const std::string& prefix) {
 std::vector<std::string> own_segments() { return shm_entries("tp-" + std::to_string(::getpid()) + "-"); }
 
 /// Element counts around every boundary: empty, one, odd, the selector's threshold,
-/// 1 MiB, and more than one buffer (chunked).
+/// 1 MiB, and more than one buffer (chunked; every dtype travels through the buffers
+/// in its own width).
 std::vector<int64_t> sizes_for(at::ScalarType dtype) {
   const int64_t item = c10::elementSize(dtype);
-  const int64_t threshold = kTwoShotMinBytes / item;
-  const int64_t acc_item = dtype == at::kDouble ? 8 : 4;
-  const int64_t buffer = kBufferBytes / acc_item;
+  const int64_t threshold = one_shot_max_bytes() / item;
+  const int64_t buffer = kBufferBytes / item;
   return {0, 1, 15, threshold - 1, threshold, threshold + 1, (int64_t{1} << 20) / item, buffer + 7};
 }
 
@@ -135,13 +144,14 @@ TEST_CASE("1000 back-to-back shared-memory all_reduces of varying sizes wrap fla
 TEST_CASE("auto takes shared memory on one host, one-shot below the threshold, two-shot above", "[comm]") {
   EnvGuard unset("TP_ALLREDUCE", std::nullopt);
   using Counts = std::map<AllReduceStrategy, int64_t>;
-  const int64_t below = kTwoShotMinBytes / 4 - 1;
+  EnvGuard no_table("TP_ALLREDUCE_TABLE", std::nullopt);
+  const int64_t at_threshold = one_shot_max_bytes() / 4;  // float32 elements
   std::vector<Counts> counts(2);
-  std::vector<bool> on_one_host(2);
+  std::vector<int> on_one_host(2, 0);  // int, not bool: threads write their own slot
   tp::run_ranks_in_threads(2, [&](Communicator& comm) {
     on_one_host[comm.rank()] = comm.ranks_on_one_host();
-    at::Tensor small = at::ones({below});
-    at::Tensor large = at::ones({below + 1});
+    at::Tensor small = at::ones({at_threshold});
+    at::Tensor large = at::ones({at_threshold + 1});
     at::Tensor ints = at::ones({8}, at::kInt);
     comm.all_reduce(small);
     comm.all_reduce(large);
@@ -162,16 +172,19 @@ TEST_CASE("auto takes shared memory on one host, one-shot below the threshold, t
 
 TEST_CASE("an impossible forced shared-memory all_reduce is an error saying why", "[comm]") {
   EnvGuard unset("TP_ALLREDUCE", std::nullopt);
+  EnvGuard no_table("TP_ALLREDUCE_TABLE", std::nullopt);
   std::vector<std::string> not_one_host(2), wrong_dtype(2);
-  std::vector<bool> outside_on_one_host(2, true);
+  std::vector<int> outside_on_one_host(2, 1);  // int: threads write their own slot
   std::vector<std::map<AllReduceStrategy, int64_t>> outside_counts(2);
   tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-    // A group handed in from outside: whether its ranks share this host is unknown.
-    Communicator outside(comm.process_group(), comm.options());
+    // The same group, wrapped again with a host id per rank: as if on two hosts.
+    CommunicatorOptions apart = comm.options();
+    apart.host_id = "host-" + std::to_string(comm.rank());
+    Communicator outside(comm.process_group(), apart);
     outside_on_one_host[comm.rank()] = outside.ranks_on_one_host();
     at::Tensor t = at::ones({16});
     not_one_host[comm.rank()] = error_of([&] { outside.all_reduce(t, kOneShot); });
-    outside.all_reduce(t);  // auto falls back to the process group
+    outside.all_reduce(t);  // auto takes no shared memory: the process group (built-in table, world 2)
     outside_counts[comm.rank()] = outside.all_reduce_counts();
     at::Tensor ints = at::ones({16}, at::kLong);
     wrong_dtype[comm.rank()] = error_of([&] { comm.all_reduce(ints, kTwoShot); });
@@ -241,8 +254,8 @@ TEST_CASE("a peer that fails makes the others' shared-memory all_reduce fail at 
   CHECK(seconds < 5.0);  // not the 20 s timeout
 }
 
-TEST_CASE("ranks as separate processes all_reduce through shared memory", "[comm][process]") {
-  for (int world : {2, 3}) tp::test::check_worker_ranks("shm", world);
+TEST_CASE("ranks as separate processes all_reduce through shared memory and recursive doubling", "[comm][process]") {
+  for (int world : {2, 3, 4}) tp::test::check_worker_ranks("shm", world);
 }
 
 TEST_CASE("a peer process that exits makes the shared-memory all_reduce fail at once", "[comm][process]") {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -35,6 +36,17 @@ namespace {
 at::Tensor random_tensor(uint64_t seed, at::IntArrayRef shape, at::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble)).to(dtype);
+}
+
+/// FNV-1a over a contiguous tensor's bytes.
+int64_t bytes_hash(const at::Tensor& t) {
+  const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+  uint64_t h = 14695981039346656037ull;
+  for (int64_t i = 0; i < t.numel() * static_cast<int64_t>(t.element_size()); ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return static_cast<int64_t>(h);
 }
 
 /// all_reduce, an uneven all_gather and a barrier over a TCP-store Gloo group.
@@ -68,8 +80,10 @@ int run_comm() {
   return 0;
 }
 
-/// Both shared-memory strategies across processes (float32 and bfloat16, a chunked
-/// size included) vs the float64 sum, and rank 0's segment already unlinked.
+/// The shared-memory strategies and recursive doubling across processes (float32 and
+/// bfloat16, a chunked size included) vs the float64 sum, bf16 wire precision within
+/// its bound, bitwise agreement across ranks, auto on one host, and rank 0's segment
+/// already unlinked.
 int run_shm() {
   tp::Communicator comm = tp::communicator_from_env();
   const int64_t rank = comm.rank();
@@ -78,25 +92,56 @@ int run_shm() {
   constexpr uint64_t kSeed = 4242;
   const int64_t chunked = (int64_t{2} << 20) / 4 + 5;  // past one 2 MiB buffer
   int64_t calls = 0;
-  for (auto strategy : {tp::AllReduceStrategy::kSharedMemoryOneShot, tp::AllReduceStrategy::kSharedMemoryTwoShot}) {
-    for (auto dtype : {at::kFloat, at::kBFloat16}) {
-      for (int64_t n : {int64_t{1}, int64_t{1000}, chunked}) {
-        at::Tensor t = random_tensor(kSeed + n + rank, {n}, dtype);
-        comm.all_reduce(t, strategy);
-        ++calls;
-        at::Tensor expected = at::zeros({n}, at::kDouble);
-        for (int64_t r = 0; r < world; ++r) expected += random_tensor(kSeed + n + r, {n}, dtype).to(at::kDouble);
-        const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
-        TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, tol, tol), "shm: ", strategy, " ", dtype, " numel ",
-                    n, " differs from the float64 reference by up to ",
-                    (t.to(at::kDouble) - expected).abs().max().item<double>());
+  const std::vector<tp::AllReduceStrategy> strategies = {tp::AllReduceStrategy::kSharedMemoryOneShot,
+                                                         tp::AllReduceStrategy::kSharedMemoryTwoShot,
+                                                         tp::AllReduceStrategy::kRecursiveDoubling};
+  for (auto strategy : strategies) {
+    for (auto wire : {tp::WirePrecision::kNative, tp::WirePrecision::kBFloat16}) {
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (int64_t n : {int64_t{1}, int64_t{1000}, chunked}) {
+          at::Tensor t = random_tensor(kSeed + n + rank, {n}, dtype);
+          comm.all_reduce(t, strategy, wire);
+          ++calls;
+          at::Tensor expected = at::zeros({n}, at::kDouble);
+          at::Tensor magnitude = at::zeros({n}, at::kDouble);
+          for (int64_t r = 0; r < world; ++r) {
+            const at::Tensor x = random_tensor(kSeed + n + r, {n}, dtype).to(at::kDouble);
+            expected += x;
+            magnitude += x.abs();
+          }
+          const at::Tensor err = (t.to(at::kDouble) - expected).abs();
+          if (wire == tp::WirePrecision::kBFloat16 && dtype == at::kFloat) {
+            // The bound documented at tp::WirePrecision, with L = 2 (covers one-shot's
+            // 1 and, up to world 4, recursive doubling's ceil(log2 world)).
+            const at::Tensor bound = magnitude * (2 * std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -6)) +
+                                                  world * std::ldexp(1.0, -24));
+            TORCH_CHECK(at::all(err <= bound).item<bool>(), "shm: ", strategy, " bf16 wire numel ", n,
+                        " exceeds the documented bound: max err/S ", (err / magnitude).max().item<double>());
+          } else {
+            const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
+            TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, tol, tol), "shm: ", strategy, " ", dtype,
+                        " numel ", n, " differs from the float64 reference by up to ", err.max().item<double>());
+          }
+          // Bitwise identical across ranks: every rank's hash of its bytes equals rank 0's.
+          const at::Tensor hash = at::tensor({bytes_hash(t)}, at::kLong);
+          const at::Tensor all = comm.all_gather(hash, 0, std::vector<int64_t>(world, 1));
+          TORCH_CHECK(at::equal(all, hash.expand({world})), "shm: ", strategy, " ", wire, " ", dtype, " numel ", n,
+                      ": the ranks' results differ");
+        }
       }
     }
   }
   const auto counts = comm.all_reduce_counts();
-  TORCH_CHECK(counts.at(tp::AllReduceStrategy::kSharedMemoryOneShot) == calls / 2 &&
-                  counts.at(tp::AllReduceStrategy::kSharedMemoryTwoShot) == calls / 2,
-              "shm: unexpected strategy counts");
+  for (auto strategy : strategies) {
+    TORCH_CHECK(counts.at(strategy) == calls / 3, "shm: ", strategy, " counted ", counts.at(strategy), " times, not ",
+                calls / 3);
+  }
+  // Auto on one host takes shared memory.
+  at::Tensor small = at::ones({256});
+  const auto chosen = comm.resolve_all_reduce(small);
+  TORCH_CHECK(chosen == tp::AllReduceStrategy::kSharedMemoryOneShot ||
+                  chosen == tp::AllReduceStrategy::kSharedMemoryTwoShot,
+              "shm: auto took ", chosen, " for 1 KiB on one host");
   if (rank == 0) {
     const std::string prefix = "tp-" + std::to_string(::getpid()) + "-";
     DIR* dir = ::opendir("/dev/shm");

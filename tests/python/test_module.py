@@ -147,3 +147,30 @@ def test_safetensors_round_trip_through_open_checkpoint(tmp_path):
     torch.testing.assert_close(down(F.silu(gate) * up), ref)
     with pytest.raises(ValueError, match="no tensor 'missing.weight'"):
         down.load_weights(ckpt, "missing")
+
+
+def test_all_reduce_strategies_wire_precision_and_tables(tmp_path, monkeypatch):
+    """The comm settings cross to Python: every strategy, the wire precision (options,
+    layer and call), the tuning table (a bad one names the file), and the counters."""
+    assert tp.AllReduceStrategy.recursive_doubling == tp._C.parse_all_reduce_strategy("Recursive_Doubling")
+    assert tp.WirePrecision.bf16 == tp._C.parse_wire_precision("bfloat16")
+    options = tp.CommunicatorOptions(wire=tp.WirePrecision.bf16, host_id="node-a")
+    assert options.wire == tp.WirePrecision.bf16 and options.host_id == "node-a"
+    row = tp.RowParallelLinear(8, 4, all_reduce="recursive_doubling", wire="bf16")
+    assert row.options.wire == tp.WirePrecision.bf16
+    assert "all_reduce=recursive_doubling, wire=bf16" in repr(row)
+    comm = tp.communicator(wire="bf16")
+    t = torch.ones(3)
+    comm.all_reduce(t, tp.AllReduceStrategy.recursive_doubling, tp.WirePrecision.native)
+    assert comm.all_reduce_counts() == {"recursive_doubling": 1}
+    assert comm.all_reduce_wire_counts() == {"native": 1}
+    assert comm.resolve_all_reduce(t) == tp.AllReduceStrategy.process_group  # world 1
+    assert comm.ranks_on_one_host
+    table = tmp_path / "table.json"
+    table.write_text('{"format": "tp-allreduce-table", "entries": []}')
+    monkeypatch.setenv("TP_ALLREDUCE_TABLE", str(table))  # world 1 reads the environment too
+    with pytest.raises(ValueError, match="all-reduce table .*table.json: no entries"):
+        tp.communicator()
+    monkeypatch.delenv("TP_ALLREDUCE_TABLE")
+    with pytest.raises(ValueError, match="unknown wire precision 'fp8'"):
+        tp.communicator(wire="fp8")

@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include "tp/comm/all_reduce_strategy.h"
+#include "tp/comm/all_reduce_table.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -24,7 +26,6 @@ namespace tp {
 
 namespace detail {
 struct CommunicatorState;
-struct CommunicatorAccess;
 }
 
 /// Settings shared by every collective of one communicator.
@@ -35,6 +36,18 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout = default_timeout();
   /// Strategy used when a call passes kAuto and TP_ALLREDUCE is unset.
   AllReduceStrategy all_reduce = AllReduceStrategy::kAuto;
+  /// Wire precision used when a call passes WirePrecision::kDefault and
+  /// TP_ALLREDUCE_WIRE is unset (see WirePrecision for what bf16 costs in accuracy).
+  WirePrecision wire = WirePrecision::kNative;
+  /// A tuning table for kAuto, written by `tp-allreduce-bench --tune FILE`; empty: the
+  /// built-in table. Loaded and validated at construction (errors name the file).
+  /// Default: TP_ALLREDUCE_TABLE from the environment, else empty.
+  std::string all_reduce_table = default_all_reduce_table();
+  /// This rank's host identity, compared across ranks at construction to decide
+  /// whether shared memory can be used. Empty: the hostname plus the kernel's boot id.
+  /// Set it to tell apart ranks of one machine that cannot share memory (containers
+  /// with private /dev/shm). Default: TP_COMM_HOST_ID from the environment, else empty.
+  std::string host_id = default_host_id();
   /// Before each collective the ranks exchange a small fingerprint of the call
   /// (operation, dtype, shape, sizes, root or dim, strategy) and all refuse, naming
   /// both sides, if they disagree. Costs one small allgather per collective. Without
@@ -45,6 +58,8 @@ struct CommunicatorOptions {
 
   static std::chrono::milliseconds default_timeout();
   static bool default_verify_calls();
+  static std::string default_all_reduce_table();
+  static std::string default_host_id();
 };
 
 /// A rank's view of its tensor-parallel group.
@@ -58,6 +73,9 @@ class Communicator {
   /// World size 1: collectives are no-ops.
   Communicator();
   /// Wraps a process group built elsewhere (e.g. by torch.distributed, or a launcher).
+  /// Loads the tuning table named by options.all_reduce_table, and reads
+  /// TP_ALLREDUCE, TP_ALLREDUCE_WIRE and TP_COMM_DEBUG, once. Local: the ranks
+  /// exchange their host ids (for ranks_on_one_host()) in their first collective.
   explicit Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                         CommunicatorOptions options = {});
 
@@ -66,15 +84,31 @@ class Communicator {
   const CommunicatorOptions& options() const;
   /// The wrapped group; null for world size 1.
   c10::intrusive_ptr<c10d::ProcessGroup> process_group() const;
-  /// Whether every rank is known to run on this host (world 1, the thread launcher,
-  /// connect_tcp over loopback). Only then can all_reduce use shared memory; a group
-  /// handed in from outside counts as not on one host.
+  /// Whether every rank runs on this host: their host ids (CommunicatorOptions::host_id,
+  /// by default hostname and boot id) are all equal. The same answer on every rank.
+  /// Only then can all_reduce use shared memory. The first call of this, of
+  /// resolve_all_reduce or of any collective exchanges the ids: every rank must make
+  /// it (launchers do, with their closing barrier).
   bool ranks_on_one_host() const;
+  /// The table kAuto reads (the built-in one unless options.all_reduce_table names a file).
+  const AllReduceTable& all_reduce_table() const;
 
   /// Sums `t` over all ranks, in place, and returns it. Accumulates in at least fp32
   /// (half and bfloat16 are widened for the reduction) and leaves every rank with
-  /// bitwise-identical values. `t` must have the same shape and dtype on every rank.
-  at::Tensor& all_reduce(at::Tensor& t, AllReduceStrategy strategy = AllReduceStrategy::kAuto) const;
+  /// bitwise-identical values. `t` must have the same shape and dtype on every rank,
+  /// and every rank must resolve the same strategy and wire precision.
+  /// `strategy` kAuto: TP_ALLREDUCE, else options().all_reduce, else the selector
+  /// (resolve_all_reduce). `wire` kDefault: TP_ALLREDUCE_WIRE, else options().wire.
+  /// A forced strategy that cannot run (shared memory across hosts, or for a dtype it
+  /// does not reduce) is an error. With TP_COMM_DEBUG=1 each call logs its choice on stderr.
+  at::Tensor& all_reduce(at::Tensor& t, AllReduceStrategy strategy = AllReduceStrategy::kAuto,
+                         WirePrecision wire = WirePrecision::kDefault) const;
+
+  /// The strategy all_reduce(t, strategy) would take here (never kAuto), without
+  /// communicating once the host ids are known (see ranks_on_one_host): a pure function of the settings, world size, t's device, size and
+  /// dtype, ranks_on_one_host() and the table, so every rank gets the same answer.
+  AllReduceStrategy resolve_all_reduce(const at::Tensor& t,
+                                       AllReduceStrategy strategy = AllReduceStrategy::kAuto) const;
 
   /// Concatenates every rank's `t` along `dim`. `sizes[r]` is rank r's extent of
   /// `dim` (uneven and zero allowed); all other dimensions must agree.
@@ -93,9 +127,11 @@ class Communicator {
   /// How many all_reduce calls took each strategy (the one actually taken,
   /// after resolving kAuto), so the choice is observable.
   std::map<AllReduceStrategy, int64_t> all_reduce_counts() const;
+  /// How many all_reduce calls used each wire precision (kNative or kBFloat16, after
+  /// resolving kDefault and the tensor's dtype).
+  std::map<WirePrecision, int64_t> all_reduce_wire_counts() const;
 
  private:
-  friend struct detail::CommunicatorAccess;  // lets the launchers record ranks_on_one_host
   std::shared_ptr<detail::CommunicatorState> state_;
 };
 

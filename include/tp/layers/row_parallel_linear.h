@@ -38,6 +38,9 @@ struct RowParallelLinearOptions {
   TORCH_ARG(bool, reduce_output) = true;
   /// The AllReduce algorithm (kAuto: chosen per call).
   TORCH_ARG(AllReduceStrategy, all_reduce) = AllReduceStrategy::kAuto;
+  /// The AllReduce's wire precision (kDefault: the communicator's; kBFloat16 halves
+  /// the bytes of a float32 reduction, within the bound documented at WirePrecision).
+  TORCH_ARG(WirePrecision, wire) = WirePrecision::kDefault;
   TORCH_ARG(QuantConfig, quant) = {};
   /// How in_features is split; combined with the quant format's alignment.
   TORCH_ARG(SplitPolicy, split) = {};
