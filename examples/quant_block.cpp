@@ -71,6 +71,13 @@ int main(int argc, char** argv) {
       std::cout << tp::to_string(quant) << ": quantization error ||quantized - float|| / ||float|| = "
                 << ((want - float_block).norm() / float_block.norm()).item<double>() << "\n";
 
+      // The weight-only INT formats run ATen's bfloat16 kernel on the CPU even for a
+      // float32 block (the only vectorized one; src/quant/int4.cpp), so activations are
+      // rounded to bf16 (2^-9) before each projection: ~4e-3 through the block. FP8
+      // computes in float32 against its float64 model.
+      const bool bf16_kernel = quant.format == tp::QuantFormat::kInt4Gptq || quant.format == tp::QuantFormat::kInt4Awq ||
+                               quant.format == tp::QuantFormat::kInt8WeightOnly;
+      const double bound = bf16_kernel ? 1e-2 : 1e-5;
       for (const int64_t world : {1, 2, 4}) {
         std::mutex mutex;
         double worst = 0.0;
@@ -84,10 +91,10 @@ int main(int argc, char** argv) {
           worst = std::max(worst, rel);
           if (comm.rank() == 0 && world == 4) std::cout << "  " << *block.gate_up << "\n";
         });
-        const bool pass = worst < 1e-5;
+        const bool pass = worst < bound;
         ok = ok && pass;
         std::cout << "  TP=" << world << ": ||block - one device|| / ||one device|| = " << worst
-                  << (pass ? "  ok" : "  FAILED (bound 1e-5)") << "\n";
+                  << (pass ? "  ok" : "  FAILED (bound " + std::to_string(bound) + ")") << "\n";
       }
       std::remove(path.c_str());
     }
