@@ -30,6 +30,10 @@ std::shared_ptr<QuantMethod> make_int4_method(const QuantConfig& config);
 QuantizedTensors quantize_int4(const at::Tensor& weight, const QuantConfig& config);
 at::Tensor dequantize_int4(const QuantizedTensors& tensors, const QuantConfig& config);
 
+/// A float32 [out, in] weight drawn as torch::nn::Linear draws one, U(-1/sqrt(fan_in),
+/// 1/sqrt(fan_in)) with the GLOBAL fan-in, for a method's reset_parameters to quantize.
+at::Tensor random_linear_weight(int64_t out, int64_t in, int64_t global_in_features);
+
 /// The format family of `format`.
 enum class FormatFamily { kNone, kFp8, kInt8, kInt4 };
 FormatFamily family_of(QuantFormat format);

@@ -152,10 +152,8 @@ class Fp8Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (weight_.numel() == 0) return finalize();
-    const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
     at::NoGradGuard no_grad;
-    const auto w = at::empty(weight_.sizes(), at::kFloat).uniform_(-bound, bound);
-    const auto q = quantize_fp8(w, config_);
+    const auto q = quantize_fp8(random_linear_weight(weight_.size(0), weight_.size(1), global_in_features), config_);
     weight_.copy_(q.at("weight"));
     set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_.format)), weight_.size(0));
     if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));

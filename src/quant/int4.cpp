@@ -85,9 +85,7 @@ class Int4Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (n_ == 0 || k_ == 0) return;
-    const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
-    const auto w = at::empty({n_, k_}, at::kFloat).uniform_(-bound, bound);
-    const auto q = quantize_int4(w, config_);
+    const auto q = quantize_int4(random_linear_weight(n_, k_, global_in_features), config_);
     at::NoGradGuard no_grad;
     qweight_.copy_(q.at("qweight"));
     qzeros_.copy_(q.at("qzeros"));

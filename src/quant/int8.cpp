@@ -79,8 +79,7 @@ class Int8Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (n_ > 0 && k_ > 0) {
-      const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
-      const auto q = quantize_int8(at::empty({n_, k_}, at::kFloat).uniform_(-bound, bound), config_);
+      const auto q = quantize_int8(random_linear_weight(n_, k_, global_in_features), config_);
       at::NoGradGuard no_grad;
       weight_.copy_(q.at("weight"));
       weight_scale_.copy_(q.at("weight_scale"));

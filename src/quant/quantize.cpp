@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
+
 #include "quant/formats.h"
 
 namespace tp {
@@ -45,6 +47,15 @@ at::Tensor quantize_activation(const at::Tensor& x, const QuantizedTensors& tens
   }
   TORCH_CHECK_VALUE(false, "quantize_activation: unknown format");
 }
+
+namespace detail {
+
+at::Tensor random_linear_weight(int64_t out, int64_t in, int64_t global_in_features) {
+  const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
+  return at::empty({out, in}, at::kFloat).uniform_(-bound, bound);
+}
+
+}  // namespace detail
 
 void add_to_checkpoint(Checkpoint& checkpoint, const std::string& prefix, const QuantizedTensors& tensors) {
   for (const auto& [suffix, tensor] : tensors) checkpoint.add(prefix + "." + suffix, tensor);
