@@ -1,5 +1,7 @@
 #include "layer_bench.h"
 
+#include "bench_checkpoint.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -10,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -54,126 +55,6 @@ const char* block_description() {
 }
 
 namespace {
-
-// ---- names, formats, checkpoints ---------------------------------------------------------
-
-const char* const kAttn = "model.layers.0.self_attn";
-const char* const kMlp = "model.layers.0.mlp";
-const std::string kQ = std::string(kAttn) + ".q_proj", kK = std::string(kAttn) + ".k_proj",
-                  kV = std::string(kAttn) + ".v_proj", kO = std::string(kAttn) + ".o_proj";
-const std::string kGate = std::string(kMlp) + ".gate_proj", kUp = std::string(kMlp) + ".up_proj",
-                  kDown = std::string(kMlp) + ".down_proj";
-
-// The format's config from its name ("int4_gptq:g64", "fp8_block"); errors list the names.
-QuantConfig quant_config(const std::string& format) { return parse_quant_config(format); }
-
-// The checkpoint tensors of one linear layer's weight [out, in] in `format`, by full
-// name: the weight itself in the dtype under test (format none), or what
-// quantize_weight makes of it.
-std::map<std::string, at::Tensor> layer_tensors(const std::string& prefix, const at::Tensor& weight,
-                                                const std::string& format, c10::ScalarType dtype) {
-  const auto config = quant_config(format);
-  if (config.format == QuantFormat::kNone) return {{prefix + ".weight", weight.to(dtype)}};
-  std::map<std::string, at::Tensor> out;
-  for (const auto& [suffix, t] : quantize_weight(weight, config)) out.emplace(prefix + "." + suffix, t);
-  return out;
-}
-
-// One layer's stored tensors by suffix, read back from the checkpoint.
-QuantizedTensors read_layer(const Checkpoint& ckpt, const std::string& prefix) {
-  QuantizedTensors out;
-  for (const auto& n : ckpt.names())
-    if (n.rfind(prefix + ".", 0) == 0) out.emplace(n.substr(prefix.size() + 1), ckpt.get(n).read_all());
-  return out;
-}
-
-std::string dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat: return "float32";
-    case c10::kDouble: return "float64";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kHalf: return "float16";
-    default: return c10::toString(dtype);
-  }
-}
-
-std::string shape_tag(const BlockShape& s) {
-  return format("h%lld-i%lld-q%lld-kv%lld-d%lld", (long long)s.hidden, (long long)s.intermediate, (long long)s.heads,
-                (long long)s.kv_heads, (long long)s.head_dim);
-}
-
-struct CheckpointFile {
-  std::string path;
-  bool written = false;
-  double write_s = 0.0;
-};
-
-// Writes the block's weights once: random N(0, 1/in) in float32, stored in `dtype`
-// (format none) or quantized from float32 by quantize_weight. A cached file is reused when its metadata says it
-// holds the same shape, seed, format and dtype.
-CheckpointFile ensure_checkpoint(const BenchConfig& config, const std::string& format, c10::ScalarType dtype) {
-  namespace fs = std::filesystem;
-  std::string dir = config.ckpt_dir;
-  if (dir.empty()) {
-    const char* home = std::getenv("HOME");
-    dir = std::string(home && *home ? home : "/tmp") + "/.cache/tp/bench";
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  TORCH_CHECK(!ec, "tp-bench: cannot create the checkpoint folder ", dir, ": ", ec.message());
-  const auto& s = config.shape;
-  const std::string name = s.name == "custom" ? "custom-" + shape_tag(s) : s.name;
-  CheckpointFile file;
-  std::string format_tag = format;
-  std::replace(format_tag.begin(), format_tag.end(), ':', '-');
-  file.path = dir + "/" + name + "-" + format_tag + "-" + dtype_name(dtype) + ".safetensors";
-  const std::string signature =
-      shape_tag(s) + " seed " + std::to_string(config.seed) + " " + format + " " + dtype_name(dtype) + " v1";
-  if (fs::exists(file.path)) {
-    try {
-      const auto existing = SafetensorsFile::open(file.path);
-      const auto it = existing.metadata().find("tp_bench");
-      if (it != existing.metadata().end() && it->second == signature) return file;
-    } catch (const c10::Error&) {
-      // Unreadable or stale: written again below.
-    }
-  }
-  std::cerr << "  writing the checkpoint " << file.path << " (once; later runs reuse it)\n" << std::flush;
-  const auto t0 = std::chrono::steady_clock::now();
-  std::map<std::string, at::Tensor> tensors;
-  uint64_t seed = config.seed;
-  auto add = [&](const std::string& prefix, int64_t out, int64_t in) {
-    auto gen = at::detail::createCPUGenerator(seed++);
-    const auto w = at::randn({out, in}, gen, at::kFloat) / std::sqrt(static_cast<double>(in));
-    for (auto& [n, t] : layer_tensors(prefix, w, format, dtype)) tensors.emplace(n, t);
-  };
-  const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  add(kQ, q, s.hidden);
-  add(kK, kv, s.hidden);
-  add(kV, kv, s.hidden);
-  add(kO, s.hidden, q);
-  add(kGate, s.intermediate, s.hidden);
-  add(kUp, s.intermediate, s.hidden);
-  add(kDown, s.hidden, s.intermediate);
-  save_safetensors(file.path, tensors, {{"format", "pt"}, {"tp_bench", signature}});
-  file.written = true;
-  file.write_s = seconds_since(t0);
-  return file;
-}
-
-int64_t source_bytes(const TensorSource& src) {
-  int64_t n = 1;
-  for (const auto d : src.shape()) n *= d;
-  return n * static_cast<int64_t>(c10::elementSize(src.dtype()));
-}
-
-// Bytes of every checkpoint tensor under `prefix` (the weight as stored, scales included).
-int64_t stored_bytes(const Checkpoint& ckpt, const std::string& prefix) {
-  int64_t total = 0;
-  for (const auto& n : ckpt.names())
-    if (n.rfind(prefix + ".", 0) == 0) total += source_bytes(ckpt.get(n));
-  return total;
-}
 
 // ---- the block's layers on one rank ---------------------------------------------------------
 
@@ -361,7 +242,7 @@ struct Reference {
 Reference make_reference(const BenchConfig& config, const std::string& format, c10::ScalarType dtype,
                          const Checkpoint& ckpt) {
   Reference ref;
-  ref.quant = quant_config(format);
+  ref.quant = parse_quant_config(format);
   ref.quantized = ref.quant.format != QuantFormat::kNone;
   if (ref.quantized) {
     ref.layers = std::make_unique<Layers>(config.shape, ref.quant, dtype, config.device, Communicator{}, ckpt);
@@ -422,7 +303,7 @@ Shapes row_shapes(const std::string& row, const BlockShape& s, int64_t m, int64_
 double error_bound(c10::ScalarType dtype, const std::string& format) {
   // Quantized: vs the float64 model of the same kernel; what remains is the GEMM's own
   // rounding and, on row layers, activations quantized per rank slice.
-  if (quant_config(format).format != QuantFormat::kNone) return 5e-2;
+  if (parse_quant_config(format).format != QuantFormat::kNone) return 5e-2;
   if (dtype == c10::kDouble) return 1e-10;
   if (dtype == c10::kFloat) return 1e-4;
   return 3e-2;
@@ -482,7 +363,7 @@ void TpRun::rank_body(Communicator& comm) const {
   comm.barrier();
   const auto t_load = std::chrono::steady_clock::now();
   const auto ckpt = open_checkpoint(ckpt_path);
-  Layers layers(config.shape, quant_config(quant_format), dtype, config.device, comm, ckpt);
+  Layers layers(config.shape, parse_quant_config(quant_format), dtype, config.device, comm, ckpt);
   sync();
   const double load_s = seconds_since(t_load);
   comm.barrier();
@@ -654,7 +535,7 @@ BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher) 
     TORCH_CHECK_VALUE(std::find(all_rows().begin(), all_rows().end(), row) != all_rows().end(),
                       "tp-bench: unknown row '", row, "' (rows: qkv, o, gate_up, down, block)");
   }
-  for (const auto& f : config.formats) (void)quant_config(f);  // refuse unknown formats before any work
+  for (const auto& f : config.formats) (void)parse_quant_config(f);  // refuse unknown formats before any work
   Progress progress(total);
   CommunicatorOptions comm_options;
   comm_options.verify_calls = config.verify_calls;
