@@ -22,12 +22,7 @@
 int main(int argc, char** argv) {
   using namespace example;
   try {
-    std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      TORCH_CHECK_VALUE(flag == "--dir" && i + 1 < argc, "usage: llama_block_example [--dir DIR]; got '", flag, "'");
-      dir = argv[++i];
-    }
+    const std::string dir = checkpoint_dir_from_args(argc, argv, "llama_block_example");
     const Config c;
     const auto weights = make_weights(c);
     const std::string path = dir + "/tp_llama_block_example_" + std::to_string(::getpid()) + ".safetensors";

@@ -12,6 +12,7 @@
 #include <tp/tp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -153,6 +154,17 @@ inline void run_tp(int64_t world, const std::function<void(tp::Communicator&)>& 
   } else {
     tp::run_ranks_in_threads(world, rank);
   }
+}
+
+/// The folder an example writes its checkpoint to: `--dir DIR`, else $TMPDIR or /tmp.
+inline std::string checkpoint_dir_from_args(int argc, char** argv, const char* program) {
+  std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    TORCH_CHECK_VALUE(flag == "--dir" && i + 1 < argc, "usage: ", program, " [--dir DIR]; got '", flag, "'");
+    dir = argv[++i];
+  }
+  return dir;
 }
 
 }  // namespace example

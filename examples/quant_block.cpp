@@ -26,12 +26,7 @@
 int main(int argc, char** argv) {
   using namespace example;
   try {
-    std::string dir = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp";
-    for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      TORCH_CHECK_VALUE(flag == "--dir" && i + 1 < argc, "usage: quant_block_example [--dir DIR]; got '", flag, "'");
-      dir = argv[++i];
-    }
+    const std::string dir = checkpoint_dir_from_args(argc, argv, "quant_block_example");
     // head_dim 128: FP8 blocks are 128 wide, so a rank's heads must be whole blocks.
     // With 2 KV heads, TP 4 replicates each KV head on two ranks.
     Config c;

@@ -58,6 +58,20 @@ void check_cuda_operand(const at::Tensor& t, const char* what, const char* name,
                     " but the GEMM runs on ", device, "; move it there first");
 }
 
+// The quantized GEMMs' operands: x_q [M, K] and w_q [N, K] 2-D, everything on w_q's
+// CUDA device. Returns that device.
+at::Device check_quantized_operands(const char* what, const at::Tensor& x_q, const at::Tensor& x_scale,
+                                    const at::Tensor& w_q, const at::Tensor& w_scale) {
+  TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2 && x_q.defined() && x_q.dim() == 2, what,
+                    ": x_q and w_q must be 2-D ([M, K] and [N, K])");
+  const auto device = w_q.device();
+  check_cuda_operand(x_q, what, "x_q", device);
+  check_cuda_operand(w_q, what, "w_q", device);
+  check_cuda_operand(x_scale, what, "x_scale", device);
+  check_cuda_operand(w_scale, what, "w_scale", device);
+  return device;
+}
+
 /// bias as a contiguous [n] tensor of `dtype`, validated.
 at::Tensor bias_vector(const std::optional<at::Tensor>& bias, int64_t n, at::ScalarType dtype, const char* what,
                        const at::Device& device) {
@@ -230,13 +244,7 @@ at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::
                     const at::Tensor& w_scale, Fp8Scaling scaling, const std::optional<at::Tensor>& bias,
                     at::ScalarType out_dtype) {
   constexpr const char* what = "tp::cuda::fp8_gemm";
-  TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2 && x_q.defined() && x_q.dim() == 2, what,
-                    ": x_q and w_q must be 2-D ([M, K] and [N, K])");
-  const auto device = w_q.device();
-  check_cuda_operand(x_q, what, "x_q", device);
-  check_cuda_operand(w_q, what, "w_q", device);
-  check_cuda_operand(x_scale, what, "x_scale", device);
-  check_cuda_operand(w_scale, what, "w_scale", device);
+  const auto device = check_quantized_operands(what, x_q, x_scale, w_q, w_scale);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kFloat8_e4m3fn && w_q.scalar_type() == at::kFloat8_e4m3fn, what,
                    ": x_q is ", x_q.scalar_type(), " and w_q is ", w_q.scalar_type(), "; both must be float8_e4m3fn");
   TORCH_CHECK_TYPE(x_scale.scalar_type() == at::kFloat && w_scale.scalar_type() == at::kFloat, what,
@@ -386,13 +394,7 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tens
 at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q,
                      const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
   constexpr const char* what = "tp::cuda::int8_gemm";
-  TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2 && x_q.defined() && x_q.dim() == 2, what,
-                    ": x_q and w_q must be 2-D ([M, K] and [N, K])");
-  const auto device = w_q.device();
-  check_cuda_operand(x_q, what, "x_q", device);
-  check_cuda_operand(w_q, what, "w_q", device);
-  check_cuda_operand(x_scale, what, "x_scale", device);
-  check_cuda_operand(w_scale, what, "w_scale", device);
+  const auto device = check_quantized_operands(what, x_q, x_scale, w_q, w_scale);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kChar && w_q.scalar_type() == at::kChar, what, ": x_q is ",
                    x_q.scalar_type(), " and w_q is ", w_q.scalar_type(), "; both must be int8");
   const int64_t M = x_q.size(0), K = x_q.size(1), N = w_q.size(0);
