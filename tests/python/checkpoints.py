@@ -766,7 +766,9 @@ def save_hf_fp8(folder, arch: str = "llama", *, weight_block_size=(128, 128), wr
     float8_e4m3fn [N, K] + weight_scale_inv float32 [ceil(N/bm), ceil(K/bn)] for every
     decoder linear (or `modules`); lm_head, embeddings, norms and biases in the model
     dtype. writer: "transformers" (FineGrainedFP8Config.to_dict) or "deepseek" (the four
-    keys DeepSeek-V3's config.json has)."""
+    keys DeepSeek-V3's config.json has). Every quantized N and K must be a multiple of the
+    block (the default llama and qwen3 specs are; qwen2's k/v N = 6 * 32 is not: pass
+    num_key_value_heads=4)."""
     from transformers import FineGrainedFP8Config
     from transformers.integrations.finegrained_fp8 import Fp8Quantize
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
