@@ -9,13 +9,14 @@
 #
 # Options: --preset NAME (default llama3-8b) or --hidden/--intermediate/--heads/--kv-heads/--head-dim N,
 # --tp LIST, --m LIST, --rows LIST, --seconds S (per case; default 0.5, as tp-bench's), --avx2,
-# --out DIR (where the JSON files and logs go; default a new folder under /tmp).
+# --vllm-first (run vLLM's side first: with a run in each order, drift of the machine shows),
+# --out DIR (where the JSON files go; default a new folder under /tmp).
 # tp-bench: $TP_BENCH, else ${TP_BUILD_DIR:-build}/benchmarks/tp-bench (build it with tools/setup.sh).
 # The vLLM venv: benchmarks/peers/setup_vllm_cpu.sh (run here when missing; TP_VLLM_VENV).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-preset=llama3-8b tp=1,2 m=1,16,256 seconds=0.5 rows=qkv,o,gate_up,down,block out="" avx2=0
+preset=llama3-8b tp=1,2 m=1,16,256 seconds=0.5 rows=qkv,o,gate_up,down,block out="" avx2=0 vllm_first=0
 shape=()
 while (($#)); do
   case "$1" in
@@ -27,7 +28,8 @@ while (($#)); do
     --seconds) seconds=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --avx2) avx2=1; shift ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --vllm-first) vllm_first=1; shift ;;
+    -h|--help) sed -n "2,15p" "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "peer_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,14 +53,19 @@ echo "   tp-bench: $tp_bench; vLLM venv: $venv; results in $out"
 echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 
-echo "################ tp-bench"
-"$tp_bench" --preset "$preset" --dtype float32 "${common[@]}" --json "$out/tp-bench.json"
-echo "   load average after tp-bench: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo
-echo "################ vLLM-CPU (benchmarks/peers/vllm_cpu_bench.py)"
-"$venv/bin/python" "$root/benchmarks/peers/vllm_cpu_bench.py" --preset "$preset" "${common[@]}" \
-  --json "$out/vllm-cpu.json"
-echo "   load average after vLLM: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo
+run_tp() {
+  echo "################ tp-bench"
+  "$tp_bench" --preset "$preset" --dtype float32 "${common[@]}" --json "$out/tp-bench.json"
+  echo "   load average after tp-bench: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+}
+run_vllm() {
+  echo "################ vLLM-CPU (benchmarks/peers/vllm_cpu_bench.py)"
+  "$venv/bin/python" "$root/benchmarks/peers/vllm_cpu_bench.py" --preset "$preset" "${common[@]}" \
+    --json "$out/vllm-cpu.json"
+  echo "   load average after vLLM: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+}
+if ((vllm_first)); then run_vllm; run_tp; else run_tp; run_vllm; fi
 "$venv/bin/python" "$root/benchmarks/peers/peer_compare.py" "$out/tp-bench.json" "$out/vllm-cpu.json" |
   tee "$out/compare.txt"
