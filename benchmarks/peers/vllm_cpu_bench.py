@@ -21,7 +21,9 @@ prepacked), and times each row's forward:
 Times: the median over the measured iterations after warm-up; every iteration starts at a
 barrier and counts the slowest rank. Each of N ranks gets 1/N of the machine's threads.
 Correctness: every row's output (this rank's part) against a float64 reference computed in one
-process from the same global weights; the worst rank's max abs error and relative error.
+process from the same global weights (the block's chain, rounded to float32 between the layers;
+the rows' inputs are that chain's intermediates); the worst rank's max abs error and relative
+error, and exit status 1 when one exceeds the float32 bound (1e-4 relative, as tp-bench's).
 """
 
 from __future__ import annotations
@@ -97,65 +99,55 @@ def make_weight(torch, s: Shape, name: str, seed: int):
     return torch.randn(out, inp, generator=g, dtype=torch.float32) / math.sqrt(inp)
 
 
-def make_inputs(torch, s: Shape, m: int, seed: int) -> dict:
+def make_hidden(torch, s: Shape, m: int, seed: int):
     g = torch.Generator().manual_seed(seed * 1000 + 500 + m)
-    return {
-        "hidden": torch.randn(m, s.hidden, generator=g, dtype=torch.float32),
-        "attn": torch.randn(m, s.q, generator=g, dtype=torch.float32),
-        "inter": torch.randn(m, s.intermediate, generator=g, dtype=torch.float32),
-    }
+    return torch.randn(m, s.hidden, generator=g, dtype=torch.float32)
 
 
 # ---- the float64 reference (one process, all threads, torch only) ------------------------------
 
 
-def compute_reference(s: Shape, tokens: list[int], rows: list[str], seed: int) -> dict:
-    """Expected global outputs in float64 by (row, M): qkv = [Q|K|V], gate_up = [gate|up]."""
+def compute_reference(s: Shape, tokens: list[int], seed: int) -> dict:
+    """The block's chain per M in float64 from the same global weights, rounded to float32 between
+    the layers (as the layers' own outputs are). The rows' inputs are the chain's intermediates:
+    qkv reads x, o reads Q, gate_up reads o's output, down reads SiLU(gate)*up; so every row's
+    expected output is one step of the chain and the block's is its end, for the cost of one chain.
+    Returns {"inputs": {M: {hidden, attn, h, inter}} (float32), "expected": {(row, M): float64}},
+    qkv = [Q|K|V] over all heads, gate_up = [gate|up] over the whole intermediate dim."""
     import torch
 
     torch.set_grad_enabled(False)
-    inputs = {m: {k: v.double() for k, v in make_inputs(torch, s, m, seed).items()} for m in tokens}
-    need = set()
-    for r in rows:
-        need |= {"qkv": {"q", "k", "v"}, "o": {"o"}, "gate_up": {"gate", "up"}, "down": {"down"}}.get(r, set())
-        if r == "block":
-            need |= {"q", "o", "gate", "up", "down"}
-    out: dict = {}
     F = torch.nn.functional
-    # One weight at a time in float64 (Llama-3-8B's gate is 470 MB in float64).
+    inputs = {m: {"hidden": make_hidden(torch, s, m, seed)} for m in tokens}
     acts: dict = {m: {} for m in tokens}
+    # One weight at a time in float64 (Llama-3-8B's gate is 470 MB in float64), in chain order.
     for name in WEIGHTS:
-        if name not in need:
-            continue
         w = make_weight(torch, s, name, seed).double()
         for m in tokens:
-            x = inputs[m]
-            a = acts[m]
+            x, a = inputs[m], acts[m]
             if name in ("q", "k", "v"):
-                a[name] = F.linear(x["hidden"], w)
+                a[name] = F.linear(x["hidden"].double(), w)
+                if name == "q":
+                    x["attn"] = a["q"].float()  # o's input: Q, the attention stand-in
             elif name == "o":
-                a["o"] = F.linear(x["attn"], w)
-                if "block" in rows:
-                    a["block_h"] = F.linear(a["q"], w)  # the block: Q (the attention stand-in) -> o
+                a["o"] = F.linear(x["attn"].double(), w)
+                x["h"] = a["o"].float()  # gate_up's input in the block
             elif name in ("gate", "up"):
-                a[name] = F.linear(x["hidden"], w)
-                if "block" in rows:
-                    a["block_" + name] = F.linear(a["block_h"], w)
-            elif name == "down":
-                a["down"] = F.linear(x["inter"], w)
-                if "block" in rows:
-                    a["block"] = F.linear(F.silu(a["block_gate"]) * a["block_up"], w)
+                a[name] = F.linear(x["h"].double(), w)
+                if name == "up":
+                    x["inter"] = (F.silu(a["gate"]) * a["up"]).float()  # down's input
+            else:
+                a["down"] = F.linear(x["inter"].double(), w)
         del w
+    expected = {}
     for m in tokens:
         a = acts[m]
-        for r in rows:
-            if r == "qkv":
-                out[(r, m)] = torch.cat([a["q"], a["k"], a["v"]], -1)
-            elif r == "gate_up":
-                out[(r, m)] = torch.cat([a["gate"], a["up"]], -1)
-            else:
-                out[(r, m)] = a[r]
-    return out
+        expected[("qkv", m)] = torch.cat([a["q"], a["k"], a["v"]], -1)
+        expected[("o", m)] = a["o"]
+        expected[("gate_up", m)] = torch.cat([a["gate"], a["up"]], -1)
+        expected[("down", m)] = a["down"]
+        expected[("block", m)] = a["down"]
+    return {"inputs": inputs, "expected": expected}
 
 
 # ---- the machine --------------------------------------------------------------------------------
@@ -325,7 +317,7 @@ def worker_main(spec_path: str) -> int:
             if row == "o":
                 return o(x["attn"])
             if row == "gate_up":
-                return gate_up(x["hidden"])
+                return gate_up(x["h"])
             if row == "down":
                 return down(x["inter"])
             q = qkv(x["hidden"]).split([q_local, kv_local, kv_local], dim=-1)[0]
@@ -346,15 +338,17 @@ def worker_main(spec_path: str) -> int:
                                  -1)
             return y
 
-        expected = torch.load(spec["reference"])
+        reference = torch.load(spec["reference"])
+        expected = reference["expected"]
         world_group = dist.group.WORLD
         results = []
         with torch.inference_mode():
             for m in spec["tokens"]:
-                g = make_inputs(torch, s, m, spec["seed"])
-                x = {"hidden": g["hidden"],
-                     "attn": g["attn"][:, rank * q_local:(rank + 1) * q_local].contiguous(),
-                     "inter": g["inter"][:, rank * inter_local:(rank + 1) * inter_local].contiguous()}
+                g = reference["inputs"][m]
+                x = {"hidden": g["hidden"],  # qkv and the block
+                     "h": g["h"],  # gate_up
+                     "attn": g["attn"][:, rank * q_local:(rank + 1) * q_local].contiguous(),  # o: this rank's heads
+                     "inter": g["inter"][:, rank * inter_local:(rank + 1) * inter_local].contiguous()}  # down
                 for row in spec["rows"]:
                     if rank == 0:
                         print(f"[vllm-cpu-bench] TP={world} M={m} {row}", file=sys.stderr, flush=True)
@@ -554,7 +548,7 @@ def main() -> int:
     results, infos = [], {}
     with tempfile.TemporaryDirectory(prefix="vllm-cpu-bench-") as workdir:
         t0 = time.time()
-        ref = compute_reference(shape, args.m, args.rows, args.seed)
+        ref = compute_reference(shape, args.m, args.seed)
         ref_path = os.path.join(workdir, "reference.pt")
         torch.save(ref, ref_path)
         del ref
