@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 PRESETS = {
@@ -432,6 +432,17 @@ def run_tp(args, shape: Shape, tp: int, ref_path: str, workdir: str) -> dict:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
                               env=worker_env(spec, rank, tp, port)) for rank in range(tp)]
+    # A rank that fails leaves the others waiting in a collective: end them too.
+    while True:
+        codes = [p.poll() for p in procs]  # every one, so each returncode is current
+        if all(c is not None for c in codes):
+            break
+        if any(c not in (None, 0) for c in codes):
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            break
+        time.sleep(0.2)
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"vllm_cpu_bench: a TP={tp} worker failed (exit codes {codes})")
