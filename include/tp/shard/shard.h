@@ -5,3 +5,4 @@
 #include "tp/shard/segments.h"
 #include "tp/shard/shard_mode.h"
 #include "tp/shard/split.h"
+#include "tp/shard/vocab.h"

@@ -1,0 +1,94 @@
+#pragma once
+// CausalLM: a whole Llama / Qwen2 / Qwen3 decoder from a Hugging Face folder, tensor-
+// parallel over a Communicator: VocabParallelEmbedding, the DecoderLayers, the final
+// RMSNorm and a ParallelLMHead (tied to the embedding when the config says so).
+//
+// Split states: token ids and hidden states are mirrored; logits are split over the
+// vocabulary (ParallelLMHead's local slice, padding columns -inf); greedy decoding and
+// the loss work on those slices (vocab_parallel_argmax / _cross_entropy).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/layers/parallel_lm_head.h"
+#include "tp/layers/vocab_parallel_embedding.h"
+#include "tp/loader/checkpoint.h"
+#include "tp/models/decoder_config.h"
+#include "tp/models/decoder_layer.h"
+#include "tp/models/kv_cache.h"
+#include "tp/models/rms_norm.h"
+#include "tp/models/rotary_embedding.h"
+
+namespace tp {
+
+/// How a CausalLM is built from its config.
+/// Example: tp::CausalLMOptions().dtype(at::kDouble).pad_vocab_to_multiple_of(64)
+struct CausalLMOptions {
+  /// The compute dtype; Undefined: the config's (config.json's "dtype").
+  TORCH_ARG(at::ScalarType, dtype) = at::ScalarType::Undefined;
+  TORCH_ARG(at::Device, device) = at::kCPU;
+  /// VocabParallelEmbedding / ParallelLMHead padding (1: none).
+  TORCH_ARG(int64_t, pad_vocab_to_multiple_of) = 1;
+  /// Use only the first N decoder layers (0: all), e.g. for a benchmark of a few layers.
+  TORCH_ARG(int64_t, num_layers) = 0;
+};
+
+/// The module behind the CausalLM holder.
+class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
+ public:
+  CausalLMImpl(DecoderConfig config, CausalLMOptions options = {}, Communicator comm = {});
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// ids: int64 [batch, seq], the same on every rank -> local logits
+  /// [batch, seq', local vocab rows] with seq' = seq, or the last `logits_to_keep`
+  /// positions (0: all). With a cache, the tokens continue the cached sequence (their
+  /// positions start at cache->length, which this advances); without, they start at 0.
+  at::Tensor forward(const at::Tensor& ids, KVCache* cache = nullptr, int64_t logits_to_keep = 0);
+
+  /// Local logits -> all of them, [..., vocab_size] (an all-gather; padding left out).
+  at::Tensor gather_logits(const at::Tensor& local_logits) const;
+
+  /// An empty cache for `batch` sequences of up to `capacity` positions.
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
+
+  /// Greedy decoding: `new_tokens` tokens after `prompt` (int64 [batch, seq]), each the
+  /// argmax over the whole vocabulary (ties: lowest id), with a KV cache: one forward of
+  /// the prompt, then one token at a time. Returns int64 [batch, new_tokens], the same on
+  /// every rank.
+  at::Tensor generate_greedy(const at::Tensor& prompt, int64_t new_tokens);
+
+  /// Loads every tensor of the model from `checkpoint` (Hugging Face names), this rank's
+  /// shards only.
+  void load_weights(const Checkpoint& checkpoint);
+
+  /// config.json, then the safetensors of `folder` (sharded or not), through
+  /// DecoderConfig and open_checkpoint.
+  /// Example: auto model = tp::CausalLMImpl::from_pretrained("/models/Qwen3-0.6B", {}, comm);
+  static std::shared_ptr<CausalLMImpl> from_pretrained(const std::string& folder, CausalLMOptions options = {},
+                                                       Communicator comm = {});
+
+  DecoderConfig config;
+  CausalLMOptions options;
+  Communicator comm;
+  at::ScalarType dtype = at::kFloat;  // resolved compute dtype
+  VocabParallelEmbedding embed_tokens{nullptr};
+  std::vector<DecoderLayer> layers;  // registered as "layers.{i}"
+  RMSNorm norm{nullptr};
+  ParallelLMHead lm_head{nullptr};
+  RotaryEmbedding rotary;
+};
+
+/// A ModuleHolder for CausalLMImpl.
+TORCH_MODULE(CausalLM);
+
+}  // namespace tp

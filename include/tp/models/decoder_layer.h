@@ -1,0 +1,67 @@
+#pragma once
+// DecoderLayer: one Llama / Qwen2 / Qwen3 block over the tp layers.
+//
+//   h   = x + O(attention(RoPE(norm_q(Q)), RoPE(norm_k(K)), V))   Q, K, V = QKV(RMSNorm(x))
+//   out = h + down(SiLU(gate) * up)                              gate, up = gate_up(RMSNorm(h))
+//
+// Split states: x, h and out are mirrored; Q/K/V by whole heads (QKVParallelLinear's
+// plan, GQA and KV replication included), gate/up by intermediate columns; O and down
+// give partial sums, all-reduced. norm_q / norm_k (Qwen3) are per-head RMSNorms whose
+// weight every rank applies to its own heads, so their gradient is summed over ranks.
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/pimpl.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/qkv_parallel_linear.h"
+#include "tp/layers/row_parallel_linear.h"
+#include "tp/loader/checkpoint.h"
+#include "tp/models/decoder_config.h"
+#include "tp/models/kv_cache.h"
+#include "tp/models/rms_norm.h"
+
+namespace tp {
+
+/// The module of layer `index` of a decoder. Sizes come from `config`; every layer's
+/// format from config.quant_for(its name); weights are created in `dtype` on `device`.
+class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
+ public:
+  DecoderLayerImpl(DecoderConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm);
+
+  void reset() override;
+  void pretty_print(std::ostream& stream) const override;
+
+  /// x: [batch, seq, hidden] (mirrored); cos, sin: [batch, seq, head_dim] for the
+  /// tokens' positions. With a cache, the new keys and values are appended at
+  /// cache->length (not advanced here) and attention reads every cached position;
+  /// without one the sequence attends causally to itself.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache = nullptr);
+
+  /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only.
+  void load_weights(const Checkpoint& checkpoint);
+
+  /// "model.layers.{index}"
+  std::string prefix() const;
+
+  DecoderConfig config;
+  int64_t index;
+  at::ScalarType dtype;
+  at::Device device;
+  Communicator comm;
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  QKVParallelLinear qkv{nullptr};
+  RowParallelLinear o_proj{nullptr};
+  GateUpParallelLinear gate_up{nullptr};
+  RowParallelLinear down_proj{nullptr};
+};
+
+/// A ModuleHolder for DecoderLayerImpl.
+TORCH_MODULE(DecoderLayer);
+
+}  // namespace tp

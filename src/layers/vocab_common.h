@@ -1,0 +1,30 @@
+#pragma once
+// What VocabParallelEmbedding and ParallelLMHead share: checking token ids, loading a
+// [vocab, hidden] table's rows, zeroing padding rows.
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "tp/loader/checkpoint.h"
+#include "tp/shard/range.h"
+
+namespace tp::detail {
+
+/// ids: an int64 / int32 tensor on `device` with every element in [0, vocab_size);
+/// otherwise an error naming `layer`, the first offending id and where it is. The ids
+/// are mirrored, so every rank raises the same error without communicating.
+void check_token_ids(const char* layer, const at::Tensor& ids, int64_t vocab_size, const at::Device& device);
+
+/// Loads rows `real` of `name` ([vocab_size, hidden], a floating dtype other than FP8)
+/// into `weight` ([rows.size(), hidden], rows of the padded table) and zeroes the
+/// padding rows. Shape and dtype are checked; errors name the layer, the tensor and the
+/// numbers.
+void load_vocab_rows(const char* layer, const Checkpoint& checkpoint, const std::string& name, int64_t vocab_size,
+                     int64_t hidden, Range rows, Range real, at::Tensor& weight);
+
+/// Zeroes the rows of `weight` (local rows `rows` of the padded table) outside `real`.
+void zero_padding_rows(at::Tensor& weight, Range rows, Range real);
+
+}  // namespace tp::detail

@@ -1,0 +1,83 @@
+#include "tp/layers/vocab_parallel_embedding.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "layers/layer_common.h"
+#include "layers/parallel_autograd.h"
+#include "layers/vocab_common.h"
+#include "tp/loader/load_shard.h"
+#include "tp/shard/split.h"
+
+namespace tp {
+
+namespace {
+constexpr const char* kLayer = "VocabParallelEmbedding";
+}
+
+VocabParallelEmbeddingOptions::VocabParallelEmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+    : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(VocabParallelEmbeddingOptions options_, Communicator comm_)
+    : options(std::move(options_)), comm(std::move(comm_)) {
+  reset();
+}
+
+void VocabParallelEmbeddingImpl::reset() {
+  detail::check_options(kLayer,
+                        {{"num_embeddings", options.num_embeddings()},
+                         {"embedding_dim", options.embedding_dim()},
+                         {"pad_to_multiple_of", options.pad_to_multiple_of()}},
+                        options.dtype());
+  partition_ = detail::with_layer_context(kLayer, [&] {
+    return partition_vocab(options.num_embeddings(), comm.world_size(), options.pad_to_multiple_of());
+  });
+  const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
+  weight = register_parameter("weight", at::empty({local_range().size(), options.embedding_dim()}, tensor_options));
+  reset_parameters();
+}
+
+void VocabParallelEmbeddingImpl::reset_parameters() {
+  at::NoGradGuard no_grad;
+  weight.normal_(0.0, 1.0);
+  detail::zero_padding_rows(weight, local_range(), vocab_range());
+}
+
+void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
+  stream << "tp::VocabParallelEmbedding(num_embeddings=" << options.num_embeddings()
+         << ", embedding_dim=" << options.embedding_dim() << ", local_vocab=" << vocab_range();
+  if (partition_.padded_size != partition_.vocab_size)
+    stream << ", padded=" << partition_.padded_size << ", local_rows=" << local_range();
+  if (options.sequence_parallel()) stream << ", sequence_parallel=true";
+  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+}
+
+std::vector<int64_t> VocabParallelEmbeddingImpl::sequence_sizes(int64_t tokens) const {
+  std::vector<int64_t> sizes;
+  for (const auto& r : split(tokens, comm.world_size(), {}, "tokens")) sizes.push_back(r.size());
+  return sizes;
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  detail::check_token_ids(kLayer, ids, options.num_embeddings(), weight.device());
+  TORCH_CHECK_VALUE(!options.sequence_parallel() || ids.dim() >= 1, kLayer,
+                    ": sequence_parallel splits dim 0 of the ids, but they are a 0-d tensor");
+  const Range rows = local_range(), real = vocab_range();
+  // The ids this rank owns, as local rows; the others look up row 0 and are zeroed
+  // after, so no gradient reaches a row through a token another rank owns. A rank with
+  // no rows looks up a zero row appended to its (empty) table, which keeps its output
+  // in the graph: every rank takes part in the backward collectives.
+  const at::Tensor mine = ids.ge(real.begin).logical_and(ids.lt(real.end));
+  const at::Tensor local = (ids - rows.begin).masked_fill(mine.logical_not(), 0);
+  const at::Tensor table = rows.size() == 0 ? at::constant_pad_nd(weight, {0, 0, 0, 1}) : weight;
+  const at::Tensor partial = at::embedding(table, local).masked_fill(mine.logical_not().unsqueeze(-1), 0);
+  if (options.sequence_parallel()) return detail::reduce_scatter_dim0(partial, comm, sequence_sizes(ids.size(0)));
+  return detail::reduce_from_parallel(partial, comm);
+}
+
+void VocabParallelEmbeddingImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
+  detail::load_vocab_rows(kLayer, checkpoint, prefix + ".weight", options.num_embeddings(), options.embedding_dim(),
+                          local_range(), vocab_range(), weight);
+}
+
+}  // namespace tp

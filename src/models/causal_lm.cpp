@@ -1,0 +1,120 @@
+#include "tp/models/causal_lm.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "models/model_common.h"
+#include "tp/loader/checkpoint.h"
+
+namespace tp {
+
+CausalLMImpl::CausalLMImpl(DecoderConfig config_, CausalLMOptions options_, Communicator comm_)
+    : config(std::move(config_)), options(std::move(options_)), comm(std::move(comm_)) {
+  reset();
+}
+
+void CausalLMImpl::reset() {
+  const auto& c = config;
+  dtype = options.dtype() == at::ScalarType::Undefined ? c.dtype : options.dtype();
+  const int64_t n_layers = options.num_layers() > 0 ? options.num_layers() : c.num_hidden_layers;
+  TORCH_CHECK_VALUE(n_layers <= c.num_hidden_layers, "CausalLM: num_layers=", n_layers, " but the config has ",
+                    c.num_hidden_layers);
+  TORCH_CHECK_VALUE(c.quant_for("lm_head").format == QuantFormat::kNone, "CausalLM: a quantized lm_head is not supported");
+  embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size,
+                                                                                                     c.hidden_size)
+                                                                            .pad_to_multiple_of(
+                                                                                options.pad_vocab_to_multiple_of())
+                                                                            .dtype(dtype)
+                                                                            .device(options.device()),
+                                                                        comm));
+  layers.clear();
+  for (int64_t i = 0; i < n_layers; ++i)
+    layers.push_back(
+        register_module("layers." + std::to_string(i), DecoderLayer(c, i, dtype, options.device(), comm)));
+  norm = register_module("norm", RMSNorm(RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps).dtype(dtype).device(
+                                     options.device())));
+  if (c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", ParallelLMHead(embed_tokens));  // holds no parameter of its own
+  } else {
+    lm_head = register_module(
+        "lm_head", ParallelLMHead(ParallelLMHeadOptions(c.hidden_size, c.vocab_size)
+                                      .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
+                                      .dtype(dtype)
+                                      .device(options.device()),
+                                  comm));
+  }
+  rotary = RotaryEmbedding(c.head_dim, c.rope);
+}
+
+void CausalLMImpl::pretty_print(std::ostream& stream) const {
+  stream << "tp::CausalLM(" << config.model_type << ", layers=" << layers.size() << ", hidden=" << config.hidden_size
+         << ", heads=" << config.num_attention_heads << "/" << config.num_key_value_heads
+         << ", vocab=" << config.vocab_size << (config.tie_word_embeddings ? ", tied" : "")
+         << ", quant=" << to_string(config.quant) << ", dtype=" << dtype << ", rank=" << comm.rank() << "/"
+         << comm.world_size() << ")";
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {
+  TORCH_CHECK_VALUE(ids.defined() && ids.dim() == 2, "CausalLM: ids must be [batch, seq]; got ",
+                    ids.defined() ? ids.sizes() : c10::IntArrayRef{});
+  const int64_t b = ids.size(0), s = ids.size(1), past = cache ? cache->length : 0;
+  TORCH_CHECK_VALUE(!cache || static_cast<int64_t>(cache->keys.size()) == static_cast<int64_t>(layers.size()),
+                    "CausalLM: a cache for ", cache ? cache->keys.size() : 0, " layers, the model has ", layers.size());
+  const auto positions =
+      at::arange(past, past + s, at::TensorOptions(at::kLong).device(ids.device())).unsqueeze(0).expand({b, s});
+  const auto [cos, sin] = rotary.cos_sin(positions, dtype);
+  at::Tensor h = embed_tokens->forward(ids);
+  for (auto& layer : layers) h = layer->forward(h, cos, sin, cache);
+  if (cache) cache->length += s;
+  if (logits_to_keep > 0 && logits_to_keep < s) h = h.narrow(1, s - logits_to_keep, logits_to_keep);
+  return lm_head->forward(norm->forward(h));
+}
+
+at::Tensor CausalLMImpl::gather_logits(const at::Tensor& local_logits) const {
+  const auto& p = lm_head->partition();
+  std::vector<int64_t> sizes;
+  for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(p.real(r).size());
+  const at::Tensor real = local_logits.narrow(-1, 0, p.real(comm.rank()).size());
+  return comm.world_size() == 1 ? real : comm.all_gather(real.contiguous(), -1, sizes);
+}
+
+KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
+  KVCache cache;
+  for (const auto& layer : layers) {
+    const int64_t kv = layer->qkv->local_kv_heads();
+    const auto opts = at::TensorOptions(dtype).device(options.device());
+    cache.keys.push_back(at::empty({batch, kv, capacity, config.head_dim}, opts));
+    cache.values.push_back(at::empty({batch, kv, capacity, config.head_dim}, opts));
+  }
+  return cache;
+}
+
+at::Tensor CausalLMImpl::generate_greedy(const at::Tensor& prompt, int64_t new_tokens) {
+  TORCH_CHECK_VALUE(new_tokens >= 1, "CausalLM::generate_greedy: new_tokens must be >= 1; got ", new_tokens);
+  at::NoGradGuard no_grad;
+  auto cache = make_cache(prompt.size(0), prompt.size(1) + new_tokens);
+  std::vector<at::Tensor> out;
+  at::Tensor next = prompt;
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);  // [batch, 1, local vocab]
+    next = lm_head->argmax(logits);                                         // [batch, 1]
+    out.push_back(next);
+  }
+  return at::cat(out, 1);
+}
+
+void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {
+  embed_tokens->load_weights(checkpoint, "model.embed_tokens");
+  for (auto& layer : layers) layer->load_weights(checkpoint);
+  detail::load_mirrored(checkpoint, "model.norm.weight", norm->weight);
+  if (!config.tie_word_embeddings) lm_head->load_weights(checkpoint, "lm_head");
+}
+
+std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& folder, CausalLMOptions options,
+                                                            Communicator comm) {
+  auto model = std::make_shared<CausalLMImpl>(DecoderConfig::from_pretrained(folder), options, std::move(comm));
+  model->load_weights(open_checkpoint(folder));
+  return model;
+}
+
+}  // namespace tp
