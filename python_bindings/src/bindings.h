@@ -12,12 +12,14 @@ namespace tp::python {
 
 /// AllReduceStrategy, CommunicatorOptions, Communicator (from a process group name).
 void init_comm(pybind11::module_& m);
-/// QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan.
+/// QuantFormat, GptqFormat, BlockScaleName, QuantConfig, Range, SplitPolicy, HeadPlan.
 void init_config(pybind11::module_& m);
 /// Checkpoint (name -> tensor sources).
 void init_loader(pybind11::module_& m);
 /// The four layers and their options.
 void init_layers(pybind11::module_& m);
+/// ModelConfig, its quantization and DecoderLayerOptions (after init_layers: it returns layer options).
+void init_models(pybind11::module_& m);
 
 /// `p` owned by a shared_ptr whose deleter releases the GIL while `*p` is destroyed.
 ///
