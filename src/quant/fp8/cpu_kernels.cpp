@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "common/cpu_features.h"
@@ -37,6 +40,24 @@ int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 // Rows per unit of work handed to a thread: a multiple of every kernel's row blocking
 // (GEMV 4 rows, microkernels 3 / 6, panels 24), so no thread's range splits a panel.
 constexpr int64_t kUnitRows = 24;
+
+// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
+// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
+// cores run other work too) then delays the call by one grab, where a static split
+// makes every call wait for its slowest thread's whole share.
+template <class F>
+void parallel_units(int64_t units, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
+  if (threads <= 1 || at::in_parallel_region()) {
+    f(0, units);
+    return;
+  }
+  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
+  });
+}
 
 }  // namespace
 
@@ -107,6 +128,73 @@ bool fp8_has_nan_codes(const at::Tensor& codes) {
       [](bool a, bool b) { return a || b; });
 }
 
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+
+// clamp(v, -448, 448) as at::clamp computes it (NaN passes through), rounded to E4M3 by
+// c10's conversion, decoded back to float.
+float e4m3_round(float v) {
+  const float c = v != v ? v : std::min(std::max(v, -kE4m3Max), kE4m3Max);
+  return static_cast<float>(c10::Float8_e4m3fn(c));
+}
+
+// at::amax of |x| over [begin, end): NaN if any element is NaN.
+float abs_max(const float* x, int64_t n) {
+  float m = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    nan |= a != a;
+    m = a > m ? a : m;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
+// The scale of an amax as fp8.cpp's scale_of: amax / 448 where amax > 0 (a NaN amax is
+// not), 1 elsewhere.
+float scale_of(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+
+void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = e4m3_round(x[i] / scale) * scale;
+}
+
+}  // namespace
+
+at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                    "fp8_fake_quant_cpu: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ",
+                    x.scalar_type());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t m = xc.size(0), k = xc.size(1);
+  const float* src = xc.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  const auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xi = src + i * k;
+      float* oi = dst + i * k;
+      switch (kind) {
+        case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;
+        case Fp8Activation::kPerToken: fake_quant_span(xi, k, scale_of(abs_max(xi, k)), oi); break;
+        case Fp8Activation::kGroup128:
+          for (int64_t c = 0; c < k; c += 128) {
+            const int64_t len = std::min<int64_t>(128, k - c);
+            fake_quant_span(xi + c, len, scale_of(abs_max(xi + c, len)), oi + c);
+          }
+          break;
+      }
+    }
+  };
+  // Rows in parallel only when there are enough of them to pay for a parallel region.
+  if (m * k >= (int64_t{1} << 20)) {
+    parallel_units(m, rows);
+  } else {
+    rows(0, m);
+  }
+  return out;
+}
+
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
                           bool nan_codes, CpuIsa isa) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
@@ -151,7 +239,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
   if (isa == CpuIsa::kScalar) {
     const float* xs = xc.data_ptr<float>();
-    at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
+    parallel_units(units, [&](int64_t b, int64_t e) {
       const auto [n0, n1] = rows(b, e);
       fp8_gemm_scalar(xs, m, k, view, out, n, n0, n1);
     });
@@ -164,7 +252,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   fp8_pack_x(xc.data_ptr<float>(), m, k, k, chunk, ld_xp, xp.data_ptr<float>());
   const float* xps = xp.data_ptr<float>();
   const auto kernel = isa == CpuIsa::kAvx512 ? &fp8_gemm_avx512 : &fp8_gemm_avx2;
-  at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
+  parallel_units(units, [&](int64_t b, int64_t e) {
     const auto [n0, n1] = rows(b, e);
     kernel(xps, m, ld_xp, view, out, n, n0, n1);
   });

@@ -89,6 +89,18 @@ void fp8_decode_avx512(const uint8_t* codes, int64_t count, float scale, bool na
 /// 0xff); computed once when a weight is prepared, for Fp8WeightView::nan_codes.
 bool fp8_has_nan_codes(const at::Tensor& codes);
 
+/// How an FP8 format quantizes activations (see src/quant/fp8.cpp): static with the
+/// layer's input_scale (fp8_tensor), per token (fp8_channel), per 1x128 group along K
+/// (fp8_block).
+enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
+
+/// The activations' quantize-dequantize, bit for bit what quantize_activation computes
+/// (scale = amax / 448, or 1 for an all-zero token / group; x / scale clamped to +-448,
+/// rounded to E4M3, times scale), in one pass of plain C++ instead of ~10 ATen ops,
+/// each of which would open a parallel region. x: [M, K] float32; input_scale: the
+/// static scale (kStatic only). Returns [M, K] float32.
+at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale = 1.0f);
+
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
 /// x: [M, K] float32 (the activations, already quantized-dequantized as
 /// quantize_activation does); w: [N, K] float8_e4m3fn; scale: [N, ceil(K / group)]

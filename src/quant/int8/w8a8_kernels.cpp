@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 
 #include "common/cpu_features.h"
 
@@ -20,6 +22,24 @@ int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 // Rows per unit of work handed to a thread: a multiple of every kernel's row tile
 // (2, 3, 4, 6, 8), so no thread's range splits one.
 constexpr int64_t kUnitRows = 24;
+
+// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
+// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
+// cores run other work too) then delays the call by one grab, where a static split
+// makes every call wait for its slowest thread's whole share.
+template <class F>
+void parallel_units(int64_t units, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
+  if (threads <= 1 || at::in_parallel_region()) {
+    f(0, units);
+    return;
+  }
+  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
+  });
+}
 
 // Past these K the int32 sums could overflow (see the header).
 constexpr int64_t kMaxKVnni = 65536;
@@ -90,6 +110,56 @@ void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_s
   }
 }
 
+namespace {
+
+// at::round(v).clamp(-127, 127) then the conversion to int8: round half to even by the
+// float32 magic number (exact for |v| <= 2^22; past +-128 the clamp decides anyway).
+int8_t quantize_int8(float v) {
+  if (v != v) return 0;
+  v = std::min(std::max(v, -128.0f), 128.0f);
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float r = (v + kMagic) - kMagic;
+  return static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                    "w8a8_quantize_per_token: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ",
+                    x.scalar_type());
+  const at::Tensor xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1);
+  at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({m, 1}, xc.options());
+  const float* src = xc.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scale.data_ptr<float>();
+  const auto rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xi = src + i * k;
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t c = 0; c < k; ++c) {
+        const float a = std::fabs(xi[c]);
+        nan |= a != a;
+        amax = a > amax ? a : amax;
+      }
+      // where(amax > 0, amax / 127, 1): a NaN amax (at::amax propagates NaN) is not > 0.
+      const float s = !nan && amax > 0.0f ? amax / 127.0f : 1.0f;
+      sp[i] = s;
+      int8_t* qi = qp + i * k;
+      for (int64_t c = 0; c < k; ++c) qi[c] = quantize_int8(xi[c] / s);
+    }
+  };
+  if (m * k >= (int64_t{1} << 20)) {
+    parallel_units(m, rows);
+  } else {
+    rows(0, m);
+  }
+  return {q, scale};
+}
+
 at::Tensor w8a8_row_sums(const at::Tensor& w) {
   TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu(),
                     "w8a8_row_sums: expected an int8 [N, K] CPU weight; got ", w.sizes(), " ", w.scalar_type());
@@ -146,7 +216,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
 
   if (kernel == W8a8Kernel::kScalar) {
     const int8_t* qp = qc.data_ptr<int8_t>();
-    at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
+    parallel_units(units, [&](int64_t b, int64_t e) {
       const auto [n0, n1] = rows(b, e);
       w8a8_gemm_scalar(qp, m, k, xsp, view, out, n, n0, n1);
     });
@@ -167,7 +237,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     case W8a8Kernel::kScalar: break;
   }
   TORCH_INTERNAL_ASSERT(fn != nullptr);
-  at::parallel_for(0, units, 1, [&](int64_t b, int64_t e) {
+  parallel_units(units, [&](int64_t b, int64_t e) {
     const auto [n0, n1] = rows(b, e);
     fn(xpp, m, kpad, xsp, view, out, n, n0, n1);
   });

@@ -26,6 +26,7 @@
 // K <= 131072 at all.
 
 #include <cstdint>
+#include <utility>
 
 namespace at {
 class Tensor;
@@ -76,6 +77,13 @@ void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* 
                       float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale,
                            const W8a8WeightView& w, float* y, int64_t ld_y, int64_t n0, int64_t n1);
+
+/// Per-token symmetric int8 of x [M, K] float32, bit for bit the INT8 method's
+/// quantization (and quantize_activation's): scale [M, 1] = amax / 127 (1 where amax is
+/// not > 0), q = round-half-even(x / scale) clamped to -127..127 (a NaN gives 0, as
+/// ATen's float -> int8 conversion does), in one pass of plain C++ instead of six ATen
+/// ops that each open a parallel region. Returns {q int8 [M, K], scale float32 [M, 1]}.
+std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x);
 
 /// sum_k w[r, k] as int32 [N], for the VNNI kernels (computed once per weight).
 at::Tensor w8a8_row_sums(const at::Tensor& w);

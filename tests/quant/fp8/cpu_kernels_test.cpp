@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,36 @@ TEST_CASE("fp8 decode matches c10's E4M3 -> float bit for bit on all 256 codes",
     CHECK(bits(got[0]) == bits(c10_value(0x7f)));
     CHECK(bits(got[1]) == bits(c10_value(0xff)));
     CHECK(bits(got[0]) == 0x7ff00000u);
+  }
+}
+
+TEST_CASE("fp8_fake_quant_cpu equals quantize_activation bit for bit", "[quant][cpu_kernels]") {
+  // Random rows at several magnitudes, and the special rows: all zeros, a NaN, an inf,
+  // values past the E4M3 range relative to the rest, subnormal-range values; K of one
+  // element, a partial 128-group and several groups.
+  const std::vector<std::pair<QuantFormat, td::Fp8Activation>> kinds = {
+      {QuantFormat::kFp8PerTensor, td::Fp8Activation::kStatic},
+      {QuantFormat::kFp8PerChannel, td::Fp8Activation::kPerToken},
+      {QuantFormat::kFp8Block, td::Fp8Activation::kGroup128}};
+  uint64_t seed = 900;
+  for (const auto& [format, kind] : kinds) {
+    for (int64_t k : {1, 100, 128, 300, 4096}) {
+      const QuantConfig config{format};
+      const auto tensors = quantize_weight(test::randn({4, k}, ++seed).to(at::kFloat), config);
+      at::Tensor x = test::randn({9, k}, ++seed).to(at::kFloat);
+      x[1] *= 1e-3;
+      x[2] *= 1e4;
+      x[3].zero_();
+      x[4][k / 2] = std::numeric_limits<float>::quiet_NaN();
+      x[5][0] = std::numeric_limits<float>::infinity();
+      x[6] *= 1e-39;  // float32 subnormals
+      x[7][k - 1] = 1e6;
+      INFO(to_string(format) << " K=" << k);
+      const at::Tensor want = quantize_activation(x, tensors, config);
+      const float input_scale = format == QuantFormat::kFp8PerTensor ? tensors.at("input_scale").item<float>() : 1.0f;
+      const at::Tensor got = td::fp8_fake_quant_cpu(x, kind, input_scale);
+      CHECK(at::equal(got.view(at::kInt), want.view(at::kInt)));
+    }
   }
 }
 

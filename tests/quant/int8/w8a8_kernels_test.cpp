@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,35 @@ TEST_CASE("w8a8 kernels match the format's float64 reference", "[quant][cpu_kern
         CHECK(worst <= 1.0);
       }
     }
+  }
+}
+
+TEST_CASE("w8a8_quantize_per_token equals the INT8 method's quantization bit for bit", "[quant][cpu_kernels]") {
+  // Rows at several magnitudes, and the special rows: all zeros, values on the .5
+  // rounding ties, a NaN, an inf, float32 subnormals.
+  const QuantConfig config{QuantFormat::kInt8W8A8};
+  for (int64_t k : {1, 7, 300, 4096}) {
+    at::Tensor x = test::randn({8, k}, 40 + k).to(at::kFloat);
+    x[1] *= 1e-3;
+    x[2] *= 1e5;
+    x[3].zero_();
+    // amax 127, so scale 1 and x / scale = n + 0.5: every element a rounding tie.
+    x[4] = at::remainder(at::arange(k, at::kFloat), 254) - 126.5;
+    x[4][0] = 127;
+    x[5][k / 2] = std::numeric_limits<float>::quiet_NaN();
+    x[6][0] = std::numeric_limits<float>::infinity();
+    x[7] *= 1e-40;
+    INFO("K=" << k);
+    // int8.cpp's quantize_per_token.
+    const at::Tensor amax = x.abs().amax(-1, true);
+    const at::Tensor scale = at::where(amax > 0, amax / 127, at::ones_like(amax));
+    const at::Tensor q = at::round(x / scale).clamp(-127, 127).to(at::kChar);
+    const auto [got_q, got_scale] = td::w8a8_quantize_per_token(x);
+    CHECK(at::equal(got_q, q));
+    CHECK(at::equal(got_scale.view(at::kInt), scale.view(at::kInt)));
+    // And quantize_activation's dequantized view of the same.
+    const auto tensors = quantize_weight(test::randn({2, k}, 3).to(at::kFloat), config);
+    CHECK(at::equal((got_q.to(at::kFloat) * got_scale).view(at::kInt), quantize_activation(x, tensors, config).view(at::kInt)));
   }
 }
 
