@@ -28,6 +28,7 @@ constexpr int64_t kNc = 24;
 constexpr int64_t kKc = 1024;
 constexpr int64_t kPanelLd = kKc + 16;
 constexpr int kGemvRows = 4;
+constexpr int64_t kLargeM = 32;  // from this many x rows on, the outer-product kernel
 constexpr int64_t kGemvBlock = 512;  // columns per pass of the GEMV (a multiple of 128 and kChunk)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -105,8 +106,11 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 // rows turned into float16 patterns in an L1 buffer (integer ops only), then converted
 // from there and multiplied with x; per scale group, each row's partial sum (of the
 // values / 256) is multiplied by 256 and the scale into the row's total.
+// The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
+// each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
+// boundaries, so without this every row would start with cold misses.
 template <int NR, bool kNan>
-void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
+void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, float* y) {
   const int64_t k = w.k;
   const int64_t full = k / kChunk;
   const int64_t chunks = (k + kChunk - 1) / kChunk;
@@ -124,6 +128,10 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
   for (int r = 0; r < NR; ++r) total[r] = acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   for (int64_t c0 = 0; c0 < chunks; c0 += kBlockChunks) {
     const int64_t c1 = imin(c0 + kBlockChunks, chunks);
+    for (int r = 0; r < ahead; ++r) {
+      const char* next = reinterpret_cast<const char*>(rows[0] + (NR + r) * w.ld);
+      for (int64_t b = c0 * kChunk; b < imin(c1 * kChunk, k); b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    }
     for (int r = 0; r < NR; ++r) {
       const int64_t c_full = imin(c1, full);
       for (int64_t c = c0; c < c_full; ++c)
@@ -158,8 +166,9 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
 template <bool kNan>
 void gemv(const float* xp, const Fp8WeightView& w, float* y, int64_t n0, int64_t n1) {
   int64_t r = n0;
-  for (; r + kGemvRows <= n1; r += kGemvRows) gemv_rows<kGemvRows, kNan>(xp, w, r, y);
-  for (; r < n1; ++r) gemv_rows<1, kNan>(xp, w, r, y);
+  for (; r + kGemvRows <= n1; r += kGemvRows)
+    gemv_rows<kGemvRows, kNan>(xp, w, r, static_cast<int>(imin(kGemvRows, n1 - r - kGemvRows)), y);
+  for (; r < n1; ++r) gemv_rows<1, kNan>(xp, w, r, r + 1 < n1 ? 1 : 0, y);
 }
 
 // ---- M >= 2 -----------------------------------------------------------------------
@@ -284,6 +293,150 @@ void gemm(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, flo
   }
 }
 
+// ---- large M: outer products on a transposed panel ---------------------------------
+//
+// Past a few dozen x rows the dot-product microkernel's per-block horizontal sums and
+// its 7 loads per 12 FMAs fall behind a BLAS-style kernel: here the decoded panel is
+// transposed into slivers of 16 weight rows ([k][16], two vectors per k), and a 6 x 16
+// register tile accumulates x[i, k] (broadcast) * sliver[k] over a 256-column block:
+// 12 FMAs per 2 vector loads and 6 broadcasts, no horizontal sums.
+constexpr int kLMr = 6;
+constexpr int kLNr = 16;
+constexpr int64_t kLKc = 256;
+constexpr int64_t kLNc = 48;
+constexpr int64_t kLPanelLd = kLKc + 16;
+
+// bp[s][p][j] = panel[s * 16 + j][p] for the slivers of `rows` panel rows (rows past
+// `rows` read as 0), p < kl (a multiple of 8).
+void transpose_slivers(const float* panel, int64_t ldp, int64_t rows, int64_t kl, float* bp) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t s = 0; s * kLNr < rows; ++s) {
+    float* out = bp + s * kl * kLNr;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r0 = s * kLNr + half * 8;
+      for (int64_t p = 0; p < kl; p += 8) {
+        __m256 v[8];
+        for (int j = 0; j < 8; ++j) v[j] = r0 + j < rows ? _mm256_loadu_ps(panel + (r0 + j) * ldp + p) : zero;
+        // 8 x 8 transpose.
+        const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        const __m256 o[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + (p + j) * kLNr + half * 8, o[j]);
+      }
+    }
+  }
+}
+
+// y[i, 0..cols) (+)= sum_p x[i, p] * b[p][0..cols) for i < MR. The accumulators are
+// named variables: GCC 12 keeps an array of them in memory (a store per FMA) here.
+template <int MR>
+void micro_outer(const float* x, int64_t ldx, const float* b, int64_t kl, float* y, int64_t ldy, int cols,
+                 bool accumulate) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  const float* x0 = x;
+  const float* x1 = x + ldx;
+  const float* x2 = x + 2 * ldx;
+  const float* x3 = x + 3 * ldx;
+  const float* x4 = x + 4 * ldx;
+  const float* x5 = x + 5 * ldx;
+  for (int64_t p = 0; p < kl; ++p) {
+    const __m256 b0 = _mm256_loadu_ps(b + p * kLNr), b1 = _mm256_loadu_ps(b + p * kLNr + 8);
+    __m256 a = _mm256_broadcast_ss(x0 + p);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    c01 = _mm256_fmadd_ps(a, b1, c01);
+    if constexpr (MR > 1) {
+      a = _mm256_broadcast_ss(x1 + p);
+      c10 = _mm256_fmadd_ps(a, b0, c10);
+      c11 = _mm256_fmadd_ps(a, b1, c11);
+    }
+    if constexpr (MR > 2) {
+      a = _mm256_broadcast_ss(x2 + p);
+      c20 = _mm256_fmadd_ps(a, b0, c20);
+      c21 = _mm256_fmadd_ps(a, b1, c21);
+    }
+    if constexpr (MR > 3) {
+      a = _mm256_broadcast_ss(x3 + p);
+      c30 = _mm256_fmadd_ps(a, b0, c30);
+      c31 = _mm256_fmadd_ps(a, b1, c31);
+    }
+    if constexpr (MR > 4) {
+      a = _mm256_broadcast_ss(x4 + p);
+      c40 = _mm256_fmadd_ps(a, b0, c40);
+      c41 = _mm256_fmadd_ps(a, b1, c41);
+    }
+    if constexpr (MR > 5) {
+      a = _mm256_broadcast_ss(x5 + p);
+      c50 = _mm256_fmadd_ps(a, b0, c50);
+      c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+  }
+  alignas(32) float t[6][kLNr];
+  _mm256_store_ps(t[0], c00);
+  _mm256_store_ps(t[0] + 8, c01);
+  _mm256_store_ps(t[1], c10);
+  _mm256_store_ps(t[1] + 8, c11);
+  _mm256_store_ps(t[2], c20);
+  _mm256_store_ps(t[2] + 8, c21);
+  _mm256_store_ps(t[3], c30);
+  _mm256_store_ps(t[3] + 8, c31);
+  _mm256_store_ps(t[4], c40);
+  _mm256_store_ps(t[4] + 8, c41);
+  _mm256_store_ps(t[5], c50);
+  _mm256_store_ps(t[5] + 8, c51);
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + i * ldy;
+    if (cols == kLNr) {
+      const __m256 lo = _mm256_load_ps(t[i]), hi = _mm256_load_ps(t[i] + 8);
+      _mm256_storeu_ps(yi, accumulate ? _mm256_add_ps(lo, _mm256_loadu_ps(yi)) : lo);
+      _mm256_storeu_ps(yi + 8, accumulate ? _mm256_add_ps(hi, _mm256_loadu_ps(yi + 8)) : hi);
+    } else {
+      for (int j = 0; j < cols; ++j) yi[j] = accumulate ? yi[j] + t[i][j] : t[i][j];
+    }
+  }
+}
+
+using OuterFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int, bool);
+constexpr OuterFn kOuter[kLMr] = {&micro_outer<1>, &micro_outer<2>, &micro_outer<3>,
+                                  &micro_outer<4>, &micro_outer<5>, &micro_outer<6>};
+
+template <bool kNan>
+void gemm_large(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y, int64_t n0,
+                int64_t n1) {
+  const int64_t kpad = (w.k + kChunk - 1) / kChunk * kChunk;
+  alignas(64) float panel[kLNc * kLPanelLd];
+  alignas(64) float bp[kLNc * kLKc];
+  for (int64_t np = n0; np < n1; np += kLNc) {
+    const int64_t rows = imin(kLNc, n1 - np);
+    for (int64_t kb = 0; kb < kpad; kb += kLKc) {
+      const int64_t kl = imin(kLKc, kpad - kb);
+      decode_panel<kNan>(w, np, rows, kb, kl, panel, kLPanelLd);
+      transpose_slivers(panel, kLPanelLd, rows, kl, bp);
+      if (kb + kLKc < kpad) {
+        prefetch_panel(w, np, rows, kb + kLKc, kLKc);
+      } else if (np + kLNc < n1) {
+        prefetch_panel(w, np + kLNc, imin(kLNc, n1 - np - kLNc), 0, kLKc);
+      }
+      for (int64_t i = 0; i < m; i += kLMr) {
+        const OuterFn fn = kOuter[imin(kLMr, m - i) - 1];
+        for (int64_t s = 0; s * kLNr < rows; ++s) {
+          fn(xp + i * ld_xp + kb, ld_xp, bp + s * kl * kLNr, kl, y + i * ld_y + np + s * kLNr, ld_y,
+             static_cast<int>(imin(kLNr, rows - s * kLNr)), kb > 0);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void fp8_gemm_avx2(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
@@ -291,8 +444,11 @@ void fp8_gemm_avx2(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightVie
   if (n0 >= n1 || m <= 0) return;
   if (m == 1) {
     w.nan_codes ? gemv<true>(xp, w, y, n0, n1) : gemv<false>(xp, w, y, n0, n1);
-  } else {
+  } else if (m < kLargeM) {
     w.nan_codes ? gemm<true>(xp, m, ld_xp, w, y, ld_y, n0, n1) : gemm<false>(xp, m, ld_xp, w, y, ld_y, n0, n1);
+  } else {
+    w.nan_codes ? gemm_large<true>(xp, m, ld_xp, w, y, ld_y, n0, n1)
+                : gemm_large<false>(xp, m, ld_xp, w, y, ld_y, n0, n1);
   }
 }
 

@@ -94,8 +94,11 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 // rows turned into float16 patterns in an L1 buffer (integer ops only), then converted
 // from there and multiplied with x; per scale group, each row's partial sum (of the
 // values / 256) is multiplied by 256 and the scale into the row's total.
+// The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
+// each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
+// boundaries, so without this every row would start with cold misses.
 template <int NR, bool kNan>
-void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
+void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, float* y) {
   const int64_t k = w.k;
   const int64_t full = k / kChunk;
   const int64_t chunks = (k + kChunk - 1) / kChunk;
@@ -113,6 +116,10 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
   for (int r = 0; r < NR; ++r) total[r] = acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t c0 = 0; c0 < chunks; c0 += kBlockChunks) {
     const int64_t c1 = imin(c0 + kBlockChunks, chunks);
+    for (int r = 0; r < ahead; ++r) {
+      const char* next = reinterpret_cast<const char*>(rows[0] + (NR + r) * w.ld);
+      for (int64_t b = c0 * kChunk; b < imin(c1 * kChunk, k); b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
+    }
     for (int r = 0; r < NR; ++r) {
       const int64_t c_full = imin(c1, full);
       for (int64_t c = c0; c < c_full; ++c)
@@ -147,8 +154,9 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, float* y) {
 template <bool kNan>
 void gemv(const float* xp, const Fp8WeightView& w, float* y, int64_t n0, int64_t n1) {
   int64_t r = n0;
-  for (; r + kGemvRows <= n1; r += kGemvRows) gemv_rows<kGemvRows, kNan>(xp, w, r, y);
-  for (; r < n1; ++r) gemv_rows<1, kNan>(xp, w, r, y);
+  for (; r + kGemvRows <= n1; r += kGemvRows)
+    gemv_rows<kGemvRows, kNan>(xp, w, r, static_cast<int>(imin(kGemvRows, n1 - r - kGemvRows)), y);
+  for (; r < n1; ++r) gemv_rows<1, kNan>(xp, w, r, r + 1 < n1 ? 1 : 0, y);
 }
 
 // ---- M >= 2 -----------------------------------------------------------------------
