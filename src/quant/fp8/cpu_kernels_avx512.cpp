@@ -31,6 +31,7 @@ constexpr int64_t kNc = 24;
 constexpr int64_t kKc = 1024;
 constexpr int64_t kPanelLd = kKc + 16;
 constexpr int kGemvRows = 4;
+constexpr int64_t kLargeM = 64;  // from this many x rows on, the outer-product kernel
 constexpr int64_t kGemvBlock = 512;  // columns per pass of the GEMV (a multiple of 128 and kChunk)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -288,6 +289,343 @@ void gemm(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, flo
   }
 }
 
+// ---- large M: outer products on a transposed panel ---------------------------------
+//
+// As in the AVX2 file: the decoded panel transposed into slivers of 32 weight rows
+// ([k][32], two vectors per k) and a 12 x 32 register tile of broadcast FMAs (24
+// accumulators; 2 vector loads and 12 broadcasts per 24 FMAs).
+constexpr int kLMr = 12;
+constexpr int kLNr = 32;
+constexpr int64_t kLKc = 128;
+constexpr int64_t kLNc = 64;
+constexpr int64_t kLPanelLd = kLKc + 16;
+
+// bp[s][p][j] = panel[s * 32 + j][p] for the slivers of `rows` panel rows (rows past
+// `rows` read as 0), p < kl (a multiple of 8): 8 x 8 transposes.
+void transpose_slivers(const float* panel, int64_t ldp, int64_t rows, int64_t kl, float* bp) {
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t s = 0; s * kLNr < rows; ++s) {
+    float* out = bp + s * kl * kLNr;
+    for (int q = 0; q < kLNr / 8; ++q) {
+      const int64_t r0 = s * kLNr + q * 8;
+      for (int64_t p = 0; p < kl; p += 8) {
+        __m256 v[8];
+        for (int j = 0; j < 8; ++j) v[j] = r0 + j < rows ? _mm256_loadu_ps(panel + (r0 + j) * ldp + p) : zero;
+        const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        const __m256 o[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                             _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                             _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                             _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + (p + j) * kLNr + q * 8, o[j]);
+      }
+    }
+  }
+}
+
+// The tile rows past the last x row (an M tail): intrinsics, accumulators in an array
+// (spills are acceptable for the one tail tile per call).
+template <int MR>
+void outer_tail(const float* x, int64_t ldx, const float* b, int64_t kl, float* t) {
+  __m512 c[MR][2];
+  for (int i = 0; i < MR; ++i) c[i][0] = c[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kl; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b + p * kLNr), b1 = _mm512_loadu_ps(b + p * kLNr + 16);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(x[i * ldx + p]);
+      c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+      c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    _mm512_storeu_ps(t + i * kLNr, c[i][0]);
+    _mm512_storeu_ps(t + i * kLNr + 16, c[i][1]);
+  }
+}
+
+// The full 12 x 32 tile in assembly (GCC 12's allocation of 24 accumulators in a loop
+// is not reliable): accumulators zmm0-23, sliver vectors zmm30-31, broadcasts zmm24-29;
+// 4 columns per iteration. Leaves the sums in t[12][32].
+void outer_12x32_asm(const float* x, int64_t ldx, const float* b, int64_t kl, float* t) {
+  const float* x3 = x + 3 * ldx;
+  const float* x6 = x + 6 * ldx;
+  const float* x9 = x + 9 * ldx;
+  int64_t iters = kl / 4;
+  const int64_t ld = ldx * static_cast<int64_t>(sizeof(float));
+  __asm__ volatile(
+      "vpxord %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vpxord %%zmm1, %%zmm1, %%zmm1\n\t"
+      "vpxord %%zmm2, %%zmm2, %%zmm2\n\t"
+      "vpxord %%zmm3, %%zmm3, %%zmm3\n\t"
+      "vpxord %%zmm4, %%zmm4, %%zmm4\n\t"
+      "vpxord %%zmm5, %%zmm5, %%zmm5\n\t"
+      "vpxord %%zmm6, %%zmm6, %%zmm6\n\t"
+      "vpxord %%zmm7, %%zmm7, %%zmm7\n\t"
+      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
+      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
+      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
+      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
+      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
+      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
+      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
+      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
+      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
+      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
+      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
+      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
+      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
+      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
+      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
+      "test %[n], %[n]\n\t"
+      "jz 2f\n\t"
+      "1:\n\t"
+  "vmovups 0(%[b]), %%zmm30\n\t"
+  "vmovups 0+64(%[b]), %%zmm31\n\t"
+  "vbroadcastss 0(%[x0]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+  "vbroadcastss 0(%[x0],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+  "vbroadcastss 0(%[x0],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+  "vbroadcastss 0(%[x3]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+  "vbroadcastss 0(%[x3],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+  "vbroadcastss 0(%[x3],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+  "vbroadcastss 0(%[x6]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+  "vbroadcastss 0(%[x6],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+  "vbroadcastss 0(%[x6],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+  "vbroadcastss 0(%[x9]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+  "vbroadcastss 0(%[x9],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+  "vbroadcastss 0(%[x9],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+  "vmovups 128(%[b]), %%zmm30\n\t"
+  "vmovups 128+64(%[b]), %%zmm31\n\t"
+  "vbroadcastss 4(%[x0]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+  "vbroadcastss 4(%[x0],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+  "vbroadcastss 4(%[x0],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+  "vbroadcastss 4(%[x3]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+  "vbroadcastss 4(%[x3],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+  "vbroadcastss 4(%[x3],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+  "vbroadcastss 4(%[x6]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+  "vbroadcastss 4(%[x6],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+  "vbroadcastss 4(%[x6],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+  "vbroadcastss 4(%[x9]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+  "vbroadcastss 4(%[x9],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+  "vbroadcastss 4(%[x9],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+  "vmovups 256(%[b]), %%zmm30\n\t"
+  "vmovups 256+64(%[b]), %%zmm31\n\t"
+  "vbroadcastss 8(%[x0]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+  "vbroadcastss 8(%[x0],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+  "vbroadcastss 8(%[x0],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+  "vbroadcastss 8(%[x3]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+  "vbroadcastss 8(%[x3],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+  "vbroadcastss 8(%[x3],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+  "vbroadcastss 8(%[x6]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+  "vbroadcastss 8(%[x6],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+  "vbroadcastss 8(%[x6],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+  "vbroadcastss 8(%[x9]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+  "vbroadcastss 8(%[x9],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+  "vbroadcastss 8(%[x9],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+  "vmovups 384(%[b]), %%zmm30\n\t"
+  "vmovups 384+64(%[b]), %%zmm31\n\t"
+  "vbroadcastss 12(%[x0]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+  "vbroadcastss 12(%[x0],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+  "vbroadcastss 12(%[x0],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+  "vbroadcastss 12(%[x3]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+  "vbroadcastss 12(%[x3],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+  "vbroadcastss 12(%[x3],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+  "vbroadcastss 12(%[x6]), %%zmm24\n\t"
+  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+  "vbroadcastss 12(%[x6],%[ld],1), %%zmm25\n\t"
+  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+  "vbroadcastss 12(%[x6],%[ld],2), %%zmm26\n\t"
+  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+  "vbroadcastss 12(%[x9]), %%zmm27\n\t"
+  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+  "vbroadcastss 12(%[x9],%[ld],1), %%zmm28\n\t"
+  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+  "vbroadcastss 12(%[x9],%[ld],2), %%zmm29\n\t"
+  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+      "add $512, %[b]\n\t"
+      "add $16, %[x0]\n\t"
+      "add $16, %[x3]\n\t"
+      "add $16, %[x6]\n\t"
+      "add $16, %[x9]\n\t"
+      "dec %[n]\n\t"
+      "jnz 1b\n\t"
+      "2:\n\t"
+      "vmovups %%zmm0, 0(%[t])\n\t"
+      "vmovups %%zmm1, 64(%[t])\n\t"
+      "vmovups %%zmm2, 128(%[t])\n\t"
+      "vmovups %%zmm3, 192(%[t])\n\t"
+      "vmovups %%zmm4, 256(%[t])\n\t"
+      "vmovups %%zmm5, 320(%[t])\n\t"
+      "vmovups %%zmm6, 384(%[t])\n\t"
+      "vmovups %%zmm7, 448(%[t])\n\t"
+      "vmovups %%zmm8, 512(%[t])\n\t"
+      "vmovups %%zmm9, 576(%[t])\n\t"
+      "vmovups %%zmm10, 640(%[t])\n\t"
+      "vmovups %%zmm11, 704(%[t])\n\t"
+      "vmovups %%zmm12, 768(%[t])\n\t"
+      "vmovups %%zmm13, 832(%[t])\n\t"
+      "vmovups %%zmm14, 896(%[t])\n\t"
+      "vmovups %%zmm15, 960(%[t])\n\t"
+      "vmovups %%zmm16, 1024(%[t])\n\t"
+      "vmovups %%zmm17, 1088(%[t])\n\t"
+      "vmovups %%zmm18, 1152(%[t])\n\t"
+      "vmovups %%zmm19, 1216(%[t])\n\t"
+      "vmovups %%zmm20, 1280(%[t])\n\t"
+      "vmovups %%zmm21, 1344(%[t])\n\t"
+      "vmovups %%zmm22, 1408(%[t])\n\t"
+      "vmovups %%zmm23, 1472(%[t])\n\t"
+      : [b] "+r"(b), [x0] "+r"(x), [x3] "+r"(x3), [x6] "+r"(x6), [x9] "+r"(x9), [n] "+r"(iters)
+      : [ld] "r"(ld), [t] "r"(t)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
+}
+
+using OuterTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*);
+constexpr OuterTileFn kOuterTail[kLMr] = {&outer_tail<1>, &outer_tail<2>, &outer_tail<3>, &outer_tail<4>,
+                                          &outer_tail<5>, &outer_tail<6>, &outer_tail<7>, &outer_tail<8>,
+                                          &outer_tail<9>, &outer_tail<10>, &outer_tail<11>, &outer_12x32_asm};
+
+// y[i, 0..cols) (+)= the tile's sums for i < mr.
+void outer_store(const float* t, int mr, float* y, int64_t ldy, int cols, bool accumulate) {
+  const __mmask16 lo = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const __mmask16 hi = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  for (int i = 0; i < mr; ++i) {
+    float* yi = y + i * ldy;
+    __m512 v0 = _mm512_loadu_ps(t + i * kLNr), v1 = _mm512_loadu_ps(t + i * kLNr + 16);
+    if (accumulate) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(lo, yi));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(hi, yi + 16));
+    }
+    _mm512_mask_storeu_ps(yi, lo, v0);
+    _mm512_mask_storeu_ps(yi + 16, hi, v1);
+  }
+}
+
+template <bool kNan>
+void gemm_large(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y, int64_t n0,
+                int64_t n1) {
+  const int64_t kpad = (w.k + kChunk - 1) / kChunk * kChunk;
+  alignas(64) float panel[kLNc * kLPanelLd];
+  alignas(64) float bp[kLNc * kLKc];
+  alignas(64) float t[kLMr * kLNr];
+  for (int64_t np = n0; np < n1; np += kLNc) {
+    const int64_t rows = imin(kLNc, n1 - np);
+    for (int64_t kb = 0; kb < kpad; kb += kLKc) {
+      const int64_t kl = imin(kLKc, kpad - kb);
+      decode_panel<kNan>(w, np, rows, kb, kl, panel, kLPanelLd);
+      transpose_slivers(panel, kLPanelLd, rows, kl, bp);
+      if (kb + kLKc < kpad) {
+        prefetch_panel(w, np, rows, kb + kLKc, kLKc);
+      } else if (np + kLNc < n1) {
+        prefetch_panel(w, np + kLNc, imin(kLNc, n1 - np - kLNc), 0, kLKc);
+      }
+      for (int64_t i = 0; i < m; i += kLMr) {
+        const int mr = static_cast<int>(imin(kLMr, m - i));
+        for (int64_t s = 0; s * kLNr < rows; ++s) {
+          kOuterTail[mr - 1](xp + i * ld_xp + kb, ld_xp, bp + s * kl * kLNr, kl, t);
+          outer_store(t, mr, y + i * ld_y + np + s * kLNr, ld_y, static_cast<int>(imin(kLNr, rows - s * kLNr)),
+                      kb > 0);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void fp8_gemm_avx512(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
@@ -295,8 +633,11 @@ void fp8_gemm_avx512(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightV
   if (n0 >= n1 || m <= 0) return;
   if (m == 1) {
     w.nan_codes ? gemv<true>(xp, w, y, n0, n1) : gemv<false>(xp, w, y, n0, n1);
-  } else {
+  } else if (m < kLargeM) {
     w.nan_codes ? gemm<true>(xp, m, ld_xp, w, y, ld_y, n0, n1) : gemm<false>(xp, m, ld_xp, w, y, ld_y, n0, n1);
+  } else {
+    w.nan_codes ? gemm_large<true>(xp, m, ld_xp, w, y, ld_y, n0, n1)
+                : gemm_large<false>(xp, m, ld_xp, w, y, ld_y, n0, n1);
   }
 }
 

@@ -192,8 +192,9 @@ TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu
     for (const auto& [n, k] : shapes) {
       const Fp8Case c = make_case(format, n, k, ++seed);
       const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
-      // M = 1 (GEMV), 2..31 (dot-product panels), 37 (outer-product slivers, with an M tail).
-      for (int64_t m : {1, 2, 3, 17, 37}) {
+      // M = 1 (GEMV), 2..31 (dot-product panels), 37 and 70 (outer-product slivers from
+      // 32 (AVX2) / 64 (AVX-512) rows on, with M tails).
+      for (int64_t m : {1, 2, 3, 17, 37, 70}) {
         const at::Tensor x = test::randn({m, k}, ++seed).to(at::kFloat);
         const at::Tensor xq = quantize_activation(x, c.tensors, c.config);
         for (CpuIsa isa : isas()) {
