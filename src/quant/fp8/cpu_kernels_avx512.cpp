@@ -31,7 +31,7 @@ constexpr int64_t kNc = 24;
 constexpr int64_t kKc = 1024;
 constexpr int64_t kPanelLd = kKc + 16;
 constexpr int kGemvRows = 4;
-constexpr int64_t kLargeM = 64;  // from this many x rows on, the outer-product kernel
+constexpr int64_t kLargeM = 80;  // from this many x rows on, the outer-product kernel (measured crossover)
 constexpr int64_t kGemvBlock = 512;  // columns per pass of the GEMV (a multiple of 128 and kChunk)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }

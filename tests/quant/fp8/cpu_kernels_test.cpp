@@ -192,9 +192,9 @@ TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu
     for (const auto& [n, k] : shapes) {
       const Fp8Case c = make_case(format, n, k, ++seed);
       const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
-      // M = 1 (GEMV), 2..31 (dot-product panels), 37 and 70 (outer-product slivers from
-      // 32 (AVX2) / 64 (AVX-512) rows on, with M tails).
-      for (int64_t m : {1, 2, 3, 17, 37, 70}) {
+      // M = 1 (GEMV), 2..55 (dot-product panels), 70 and 90 (outer-product slivers from
+      // 56 (AVX2) / 80 (AVX-512) rows on, with M tails).
+      for (int64_t m : {1, 2, 3, 17, 37, 70, 90}) {
         const at::Tensor x = test::randn({m, k}, ++seed).to(at::kFloat);
         const at::Tensor xq = quantize_activation(x, c.tensors, c.config);
         for (CpuIsa isa : isas()) {
@@ -215,7 +215,7 @@ TEST_CASE("fp8 kernels match the float64 reference at Llama shapes", "[quant][cp
     for (const auto format : {QuantFormat::kFp8PerChannel, QuantFormat::kFp8Block}) {
       const Fp8Case c = make_case(format, n, k, ++seed);
       const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
-      for (int64_t m : {1, 16, 67}) {
+      for (int64_t m : {1, 16, 67, 100}) {
         const at::Tensor xq = quantize_activation(test::randn({m, k}, ++seed).to(at::kFloat), c.tensors, c.config);
         for (CpuIsa isa : isas()) {
           INFO(label(isa, format, m, n, k));
@@ -238,7 +238,7 @@ TEST_CASE("fp8 kernels turn NaN codes into NaN outputs of their rows only", "[qu
   const at::Tensor w = codes.view(at::kFloat8_e4m3fn);
   c.tensors["weight"] = w;
   const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
-  for (int64_t m : {1, 5, 40}) {
+  for (int64_t m : {1, 5, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, k}, 8).to(at::kFloat), c.tensors, c.config);
     const at::Tensor ref = at::linear(xq.to(at::kDouble), w_deq.to(at::kDouble));
     for (CpuIsa isa : isas()) {
@@ -273,7 +273,7 @@ TEST_CASE("fp8 kernels take the scalar path for group sizes the SIMD chunks do n
 TEST_CASE("fp8 kernels give the same bits at 1 and 2 threads", "[quant][cpu_kernels]") {
   const Fp8Case c = make_case(QuantFormat::kFp8Block, 100, 384, 31);
   const int threads = at::get_num_threads();
-  for (int64_t m : {1, 6, 50}) {
+  for (int64_t m : {1, 6, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, 384}, 32).to(at::kFloat), c.tensors, c.config);
     for (CpuIsa isa : isas()) {
       INFO(td::to_string(isa) << " M=" << m);
