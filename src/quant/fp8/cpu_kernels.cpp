@@ -162,17 +162,31 @@ void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
 }  // namespace
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
-                    "fp8_fake_quant_cpu: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ",
-                    x.scalar_type());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu() &&
+                        (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+                    "fp8_fake_quant_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(),
+                    " ", dtype);
   const at::Tensor xc = x.contiguous();
-  at::Tensor out = at::empty_like(xc);
   const int64_t m = xc.size(0), k = xc.size(1);
-  const float* src = xc.data_ptr<float>();
+  at::Tensor out = at::empty({m, k}, xc.options().dtype(at::kFloat));
   float* dst = out.data_ptr<float>();
   const auto rows = [&](int64_t i0, int64_t i1) {
+    // A reduced-precision row is widened first (exactly, as x.to(float) does).
+    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
     for (int64_t i = i0; i < i1; ++i) {
-      const float* xi = src + i * k;
+      const float* xi = nullptr;
+      if (dtype == at::kFloat) {
+        xi = xc.data_ptr<float>() + i * k;
+      } else if (dtype == at::kBFloat16) {
+        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      } else {
+        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      }
       float* oi = dst + i * k;
       switch (kind) {
         case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;

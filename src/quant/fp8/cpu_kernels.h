@@ -97,8 +97,9 @@ enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
 /// The activations' quantize-dequantize, bit for bit what quantize_activation computes
 /// (scale = amax / 448, or 1 for an all-zero token / group; x / scale clamped to +-448,
 /// rounded to E4M3, times scale), in one pass of plain C++ instead of ~10 ATen ops,
-/// each of which would open a parallel region. x: [M, K] float32; input_scale: the
-/// static scale (kStatic only). Returns [M, K] float32.
+/// each of which would open a parallel region. x: [M, K] float32, bfloat16 or float16
+/// (widened exactly first, as x.to(float) does); input_scale: the static scale
+/// (kStatic only). Returns [M, K] float32.
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale = 1.0f);
 
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).

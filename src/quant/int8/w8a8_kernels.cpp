@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <vector>
 
 #include "common/cpu_features.h"
 
@@ -125,19 +126,33 @@ int8_t quantize_int8(float v) {
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
-                    "w8a8_quantize_per_token: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ",
-                    x.scalar_type());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu() &&
+                        (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+                    "w8a8_quantize_per_token: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ",
+                    x.sizes(), " ", dtype);
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1);
   at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
-  at::Tensor scale = at::empty({m, 1}, xc.options());
-  const float* src = xc.data_ptr<float>();
+  at::Tensor scale = at::empty({m, 1}, xc.options().dtype(at::kFloat));
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = scale.data_ptr<float>();
   const auto rows = [&](int64_t i0, int64_t i1) {
+    // A reduced-precision row is widened first (exactly, as x.to(float) does).
+    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
     for (int64_t i = i0; i < i1; ++i) {
-      const float* xi = src + i * k;
+      const float* xi = nullptr;
+      if (dtype == at::kFloat) {
+        xi = xc.data_ptr<float>() + i * k;
+      } else if (dtype == at::kBFloat16) {
+        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      } else {
+        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      }
       float amax = 0.0f;
       bool nan = false;
       for (int64_t c = 0; c < k; ++c) {

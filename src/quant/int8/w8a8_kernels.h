@@ -82,7 +82,8 @@ void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const fl
 /// quantization (and quantize_activation's): scale [M, 1] = amax / 127 (1 where amax is
 /// not > 0), q = round-half-even(x / scale) clamped to -127..127 (a NaN gives 0, as
 /// ATen's float -> int8 conversion does), in one pass of plain C++ instead of six ATen
-/// ops that each open a parallel region. Returns {q int8 [M, K], scale float32 [M, 1]}.
+/// ops that each open a parallel region. x may also be bfloat16 / float16 (widened
+/// exactly first, as x.to(float) does). Returns {q int8 [M, K], scale float32 [M, 1]}.
 std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x);
 
 /// sum_k w[r, k] as int32 [N], for the VNNI kernels (computed once per weight).

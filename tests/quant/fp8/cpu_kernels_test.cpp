@@ -178,6 +178,13 @@ TEST_CASE("fp8_fake_quant_cpu equals quantize_activation bit for bit", "[quant][
       const float input_scale = format == QuantFormat::kFp8PerTensor ? tensors.at("input_scale").item<float>() : 1.0f;
       const at::Tensor got = td::fp8_fake_quant_cpu(x, kind, input_scale);
       CHECK(at::equal(got.view(at::kInt), want.view(at::kInt)));
+      // bfloat16 / float16 activations (a bfloat16 layer's): widened as x.to(float) does.
+      for (auto dtype : {at::kBFloat16, at::kHalf}) {
+        INFO(c10::toString(dtype));
+        const at::Tensor xr = x.to(dtype);
+        CHECK(at::equal(td::fp8_fake_quant_cpu(xr, kind, input_scale).view(at::kInt),
+                        quantize_activation(xr, tensors, config).view(at::kInt)));
+      }
     }
   }
 }

@@ -182,6 +182,16 @@ TEST_CASE("w8a8_quantize_per_token equals the INT8 method's quantization bit for
     // And quantize_activation's dequantized view of the same.
     const auto tensors = quantize_weight(test::randn({2, k}, 3).to(at::kFloat), config);
     CHECK(at::equal((got_q.to(at::kFloat) * got_scale).view(at::kInt), quantize_activation(x, tensors, config).view(at::kInt)));
+    // bfloat16 / float16 activations: widened as the method's x.to(float) does.
+    for (auto dtype : {at::kBFloat16, at::kHalf}) {
+      INFO(c10::toString(dtype));
+      const at::Tensor xr = x.to(dtype), xw = xr.to(at::kFloat);
+      const at::Tensor amax_r = xw.abs().amax(-1, true);
+      const at::Tensor scale_r = at::where(amax_r > 0, amax_r / 127, at::ones_like(amax_r));
+      const auto [qr, sr] = td::w8a8_quantize_per_token(xr);
+      CHECK(at::equal(qr, at::round(xw / scale_r).clamp(-127, 127).to(at::kChar)));
+      CHECK(at::equal(sr.view(at::kInt), scale_r.view(at::kInt)));
+    }
   }
 }
 
