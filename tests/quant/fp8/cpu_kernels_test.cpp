@@ -4,7 +4,7 @@
 // (dequantize_weight, quantize_activation, at::linear) at edge shapes, NaN codes, the
 // scalar fallback for odd group sizes, thread-count independence, and the errors.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,7 +18,7 @@
 
 #include "common/cpu_features.h"
 #include "quant/fp8/cpu_kernels.h"
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;

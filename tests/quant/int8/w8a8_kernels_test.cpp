@@ -4,7 +4,7 @@
 // the extreme values and K where int32 could overflow; the format's float64 reference
 // (dequantize_weight, quantize_activation) within a stated bound; threads; errors.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -16,7 +16,7 @@
 
 #include "common/cpu_features.h"
 #include "quant/int8/w8a8_kernels.h"
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
