@@ -44,7 +44,7 @@ void parallel_units(int64_t units, const F& f) {
 
 // Past these K the int32 sums could overflow (see the header).
 constexpr int64_t kMaxKVnni = 65536;
-constexpr int64_t kMaxK = 131072;
+constexpr int64_t kMaxK = kW8a8MaxK;
 
 bool is_vnni(W8a8Kernel kernel) { return kernel == W8a8Kernel::kAvx2Vnni || kernel == W8a8Kernel::kAvx512Vnni; }
 

@@ -54,6 +54,9 @@ struct W8a8WeightView {
   const int32_t* row_sum = nullptr;  ///< [n] sum_k data[r, k]; the VNNI kernels need it
 };
 
+/// The largest K the kernels take: past it int32 sums of int8 products could overflow.
+constexpr int64_t kW8a8MaxK = 131072;
+
 /// Columns of packed x: round_up(k, kW8a8KPad).
 constexpr int64_t kW8a8KPad = 64;
 
