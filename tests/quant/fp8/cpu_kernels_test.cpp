@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/nn/module.h>
 #include <c10/util/Float8_e4m3fn.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "common/cpu_features.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "support/test_util.h"
+#include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
@@ -313,4 +315,29 @@ TEST_CASE("fp8_linear_cpu handles empty operands", "[quant][cpu_kernels]") {
   CHECK(y.abs().max().item<float>() == 0.0f);
   CHECK(td::fp8_linear_cpu(at::randn({0, 4}), at::zeros({5, 4}).to(at::kFloat8_e4m3fn), at::ones({5, 1}), 4, false)
             .sizes() == at::IntArrayRef({0, 5}));
+}
+
+TEST_CASE("fp8 method: a weight written in place after finalize() still decodes its NaN codes",
+          "[quant][cpu_kernels]") {
+  // finalize() records whether the weight holds NaN codes; a weight changed since (its
+  // version counter moved) must not be trusted to be free of them.
+  for (const auto format : kFormats) {
+    INFO(to_string(format));
+    const QuantConfig config{format};
+    torch::nn::Module layer;
+    const auto method = make_quant_method(config);
+    method->create_weights(layer, 40, 256, at::TensorOptions().dtype(at::kFloat));
+    method->reset_parameters(256);
+    const at::Tensor x = test::randn({3, 256}, 61).to(at::kFloat);
+    CHECK(at::isfinite(method->apply(x, std::nullopt)).all().item<bool>());
+    {
+      at::NoGradGuard no_grad;
+      method->weight().view(at::kByte)[7][100] = 0x7f;
+    }
+    const at::Tensor y = method->apply(x, std::nullopt);
+    CHECK(at::isnan(y.select(1, 7)).all().item<bool>());
+    CHECK(at::isnan(y).sum().item<int64_t>() == 3);
+    method->finalize();  // now recorded: the same answer from the flag
+    CHECK(at::equal(at::isnan(method->apply(x, std::nullopt)), at::isnan(y)));
+  }
 }

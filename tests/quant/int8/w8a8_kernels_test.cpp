@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/nn/module.h>
 
 #include <cmath>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "common/cpu_features.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "support/test_util.h"
+#include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
@@ -261,4 +263,26 @@ TEST_CASE("w8a8_linear_cpu handles empty operands", "[quant][cpu_kernels]") {
                               at::Tensor(), kernel)
               .sizes() == at::IntArrayRef({0, 4}));
   }
+}
+
+TEST_CASE("w8a8 method: a weight written in place after finalize() gets fresh row sums", "[quant][cpu_kernels]") {
+  // The VNNI kernels subtract 128 * sum_k w[n, k], computed by finalize(); a weight
+  // changed since (its version counter moved) must not be multiplied with stale sums.
+  const QuantConfig config{QuantFormat::kInt8W8A8};
+  torch::nn::Module layer;
+  const auto method = make_quant_method(config);
+  method->create_weights(layer, 30, 200, at::TensorOptions().dtype(at::kFloat));
+  method->reset_parameters(200);
+  const at::Tensor x = test::randn({4, 200}, 71).to(at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    method->weight().copy_(int8_uniform({30, 200}, -128, 127, 72));
+  }
+  const at::Tensor w = method->weight();
+  const at::Tensor ws = layer.named_parameters()["weight_scale"].reshape({-1}).contiguous();
+  const auto [q, xs] = td::w8a8_quantize_per_token(x);
+  const at::Tensor want = reference(q, xs, w, ws);
+  CHECK(at::equal(method->apply(x, std::nullopt), want));
+  method->finalize();
+  CHECK(at::equal(method->apply(x, std::nullopt), want));
 }
