@@ -163,10 +163,9 @@ void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
   const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu() &&
-                        (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
-                    "fp8_fake_quant_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(),
-                    " ", dtype);
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      "fp8_fake_quant_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ", dtype);
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1);
   at::Tensor out = at::empty({m, k}, xc.options().dtype(at::kFloat));
@@ -214,10 +213,10 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
                     "fp8_linear_cpu: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ", x.scalar_type(),
                     " on ", x.device());
-  TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() &&
-                        w.size(1) == x.size(1),
-                    "fp8_linear_cpu: w must be a float8_e4m3fn [N, K] CPU tensor with K = ", x.size(1), "; got ",
-                    w.sizes(), " ", w.scalar_type());
+  TORCH_CHECK_VALUE(
+      w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() && w.size(1) == x.size(1),
+      "fp8_linear_cpu: w must be a float8_e4m3fn [N, K] CPU tensor with K = ", x.size(1), "; got ", w.sizes(), " ",
+      w.scalar_type());
   TORCH_CHECK_VALUE(group >= 1, "fp8_linear_cpu: group must be >= 1; got ", group);
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
   const int64_t groups = (k + group - 1) / group;
@@ -225,8 +224,8 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
                         scale.size(1) == std::max<int64_t>(groups, 1),
                     "fp8_linear_cpu: scale must be float32 [", n, ", ", std::max<int64_t>(groups, 1), "]; got ",
                     scale.sizes(), " ", scale.scalar_type());
-  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), "fp8_linear_cpu: ISA ",
-                    to_string(isa), " is not supported by this CPU (", cpu_features().describe(), ")");
+  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), "fp8_linear_cpu: ISA ", to_string(isa),
+                    " is not supported by this CPU (", cpu_features().describe(), ")");
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   if (k == 0) return y.zero_();

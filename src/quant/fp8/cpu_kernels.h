@@ -53,8 +53,8 @@ struct Fp8WeightView {
   int64_t ld = 0;
   const float* scale = nullptr;  ///< [n, ceil(k / group)], row stride scale_ld
   int64_t scale_ld = 0;
-  int64_t group = 0;        ///< columns per scale: 128 (fp8_block), or >= k (one per row)
-  bool nan_codes = false;   ///< some code is 0x7f / 0xff: the NaN-exact decode must run
+  int64_t group = 0;       ///< columns per scale: 128 (fp8_block), or >= k (one per row)
+  bool nan_codes = false;  ///< some code is 0x7f / 0xff: the NaN-exact decode must run
 };
 
 /// Columns per packed chunk of x for the AVX2 (32) and AVX-512 (64) kernels.

@@ -28,7 +28,7 @@ constexpr int64_t kNc = 24;
 constexpr int64_t kKc = 1024;
 constexpr int64_t kPanelLd = kKc + 16;
 constexpr int kGemvRows = 4;
-constexpr int64_t kLargeM = 56;  // from this many x rows on, the outer-product kernel (measured crossover)
+constexpr int64_t kLargeM = 56;      // from this many x rows on, the outer-product kernel (measured crossover)
 constexpr int64_t kGemvBlock = 512;  // columns per pass of the GEMV (a multiple of 128 and kChunk)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -195,8 +195,7 @@ inline void scale_chunks(const uint16_t* h, int64_t len, float scale, float* out
 
 // panel[r * ldp + p] = w_deq of rows r0 + r, packed columns kb + p (p < kl).
 template <bool kNan>
-void decode_panel(const Fp8WeightView& w, int64_t r0, int64_t rows, int64_t kb, int64_t kl, float* panel,
-                  int64_t ldp) {
+void decode_panel(const Fp8WeightView& w, int64_t r0, int64_t rows, int64_t kb, int64_t kl, float* panel, int64_t ldp) {
   const int64_t full = w.k / kChunk;
   alignas(64) uint16_t half[kKc];
   for (int64_t r = 0; r < rows; ++r) {
@@ -285,8 +284,8 @@ void gemm(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, flo
         const int mr = static_cast<int>(imin(kMr, m - i));
         for (int64_t j = 0; j < rows; j += kNr) {
           const int nr = static_cast<int>(imin(kNr, rows - j));
-          micro_table(mr, nr)(xp + i * ld_xp + kb, ld_xp, panel + j * kPanelLd, kPanelLd, kl, y + i * ld_y + np + j, ld_y,
-                              kb > 0);
+          micro_table(mr, nr)(xp + i * ld_xp + kb, ld_xp, panel + j * kPanelLd, kPanelLd, kl, y + i * ld_y + np + j,
+                              ld_y, kb > 0);
         }
       }
     }
@@ -351,37 +350,37 @@ void micro_outer(const float* x, int64_t ldx, const float* b, int64_t kl, float*
   const float* x5 = x + 5 * ldx;
   // Unrolled by 4 (kl is a multiple of kChunk): fewer loop and address operations on
   // the ports the FMAs use.
-#define TP_FP8_OUTER_STEP(q)                                                             \
-  {                                                                                      \
-    const __m256 b0 = _mm256_loadu_ps(b + (q) * kLNr), b1 = _mm256_loadu_ps(b + (q) * kLNr + 8); \
-    __m256 a = _mm256_broadcast_ss(x0 + (q));                                            \
-    c00 = _mm256_fmadd_ps(a, b0, c00);                                                   \
-    c01 = _mm256_fmadd_ps(a, b1, c01);                                                   \
-    if constexpr (MR > 1) {                                                              \
-      a = _mm256_broadcast_ss(x1 + (q));                                                 \
-      c10 = _mm256_fmadd_ps(a, b0, c10);                                                 \
-      c11 = _mm256_fmadd_ps(a, b1, c11);                                                 \
-    }                                                                                    \
-    if constexpr (MR > 2) {                                                              \
-      a = _mm256_broadcast_ss(x2 + (q));                                                 \
-      c20 = _mm256_fmadd_ps(a, b0, c20);                                                 \
-      c21 = _mm256_fmadd_ps(a, b1, c21);                                                 \
-    }                                                                                    \
-    if constexpr (MR > 3) {                                                              \
-      a = _mm256_broadcast_ss(x3 + (q));                                                 \
-      c30 = _mm256_fmadd_ps(a, b0, c30);                                                 \
-      c31 = _mm256_fmadd_ps(a, b1, c31);                                                 \
-    }                                                                                    \
-    if constexpr (MR > 4) {                                                              \
-      a = _mm256_broadcast_ss(x4 + (q));                                                 \
-      c40 = _mm256_fmadd_ps(a, b0, c40);                                                 \
-      c41 = _mm256_fmadd_ps(a, b1, c41);                                                 \
-    }                                                                                    \
-    if constexpr (MR > 5) {                                                              \
-      a = _mm256_broadcast_ss(x5 + (q));                                                 \
-      c50 = _mm256_fmadd_ps(a, b0, c50);                                                 \
-      c51 = _mm256_fmadd_ps(a, b1, c51);                                                 \
-    }                                                                                    \
+#define TP_FP8_OUTER_STEP(q)                                                                 \
+  {                                                                                          \
+    const __m256 b0 = _mm256_loadu_ps(b + (q)*kLNr), b1 = _mm256_loadu_ps(b + (q)*kLNr + 8); \
+    __m256 a = _mm256_broadcast_ss(x0 + (q));                                                \
+    c00 = _mm256_fmadd_ps(a, b0, c00);                                                       \
+    c01 = _mm256_fmadd_ps(a, b1, c01);                                                       \
+    if constexpr (MR > 1) {                                                                  \
+      a = _mm256_broadcast_ss(x1 + (q));                                                     \
+      c10 = _mm256_fmadd_ps(a, b0, c10);                                                     \
+      c11 = _mm256_fmadd_ps(a, b1, c11);                                                     \
+    }                                                                                        \
+    if constexpr (MR > 2) {                                                                  \
+      a = _mm256_broadcast_ss(x2 + (q));                                                     \
+      c20 = _mm256_fmadd_ps(a, b0, c20);                                                     \
+      c21 = _mm256_fmadd_ps(a, b1, c21);                                                     \
+    }                                                                                        \
+    if constexpr (MR > 3) {                                                                  \
+      a = _mm256_broadcast_ss(x3 + (q));                                                     \
+      c30 = _mm256_fmadd_ps(a, b0, c30);                                                     \
+      c31 = _mm256_fmadd_ps(a, b1, c31);                                                     \
+    }                                                                                        \
+    if constexpr (MR > 4) {                                                                  \
+      a = _mm256_broadcast_ss(x4 + (q));                                                     \
+      c40 = _mm256_fmadd_ps(a, b0, c40);                                                     \
+      c41 = _mm256_fmadd_ps(a, b1, c41);                                                     \
+    }                                                                                        \
+    if constexpr (MR > 5) {                                                                  \
+      a = _mm256_broadcast_ss(x5 + (q));                                                     \
+      c50 = _mm256_fmadd_ps(a, b0, c50);                                                     \
+      c51 = _mm256_fmadd_ps(a, b1, c51);                                                     \
+    }                                                                                        \
   }
   for (int64_t p = 0; p < kl; p += 4) {
     TP_FP8_OUTER_STEP(p)
@@ -423,26 +422,34 @@ void micro_outer_6x16_asm(const float* x, int64_t ldx, const float* b, int64_t k
   const float* x3 = x + 3 * ldx;
   int64_t iters = kl / 4;
   const int64_t ld = ldx * static_cast<int64_t>(sizeof(float));
-#define TP_STEP(off_b, off_x)                                \
-  "vmovups " #off_b "(%[b]), %%ymm12\n\t"                    \
-  "vmovups " #off_b "+32(%[b]), %%ymm13\n\t"                 \
-  "vbroadcastss " #off_x "(%[x0]), %%ymm14\n\t"              \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"                 \
-  "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"                 \
-  "vbroadcastss " #off_x "(%[x0],%[ld],1), %%ymm14\n\t"      \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"                 \
-  "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"                 \
-  "vbroadcastss " #off_x "(%[x0],%[ld],2), %%ymm14\n\t"      \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"                 \
-  "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"                 \
-  "vbroadcastss " #off_x "(%[x3]), %%ymm14\n\t"              \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"                 \
-  "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"                 \
-  "vbroadcastss " #off_x "(%[x3],%[ld],1), %%ymm14\n\t"      \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"                 \
-  "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"                 \
-  "vbroadcastss " #off_x "(%[x3],%[ld],2), %%ymm14\n\t"      \
-  "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t"                \
+#define TP_STEP(off_b, off_x)                 \
+  "vmovups " #off_b                           \
+  "(%[b]), %%ymm12\n\t"                       \
+  "vmovups " #off_b                           \
+  "+32(%[b]), %%ymm13\n\t"                    \
+  "vbroadcastss " #off_x                      \
+  "(%[x0]), %%ymm14\n\t"                      \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm0\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm1\n\t"  \
+  "vbroadcastss " #off_x                      \
+  "(%[x0],%[ld],1), %%ymm14\n\t"              \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm2\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm3\n\t"  \
+  "vbroadcastss " #off_x                      \
+  "(%[x0],%[ld],2), %%ymm14\n\t"              \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm4\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm5\n\t"  \
+  "vbroadcastss " #off_x                      \
+  "(%[x3]), %%ymm14\n\t"                      \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm6\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm7\n\t"  \
+  "vbroadcastss " #off_x                      \
+  "(%[x3],%[ld],1), %%ymm14\n\t"              \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm8\n\t"  \
+  "vfmadd231ps %%ymm13, %%ymm14, %%ymm9\n\t"  \
+  "vbroadcastss " #off_x                      \
+  "(%[x3],%[ld],2), %%ymm14\n\t"              \
+  "vfmadd231ps %%ymm12, %%ymm14, %%ymm10\n\t" \
   "vfmadd231ps %%ymm13, %%ymm14, %%ymm11\n\t"
   __asm__ volatile(
       "vxorps %%ymm0, %%ymm0, %%ymm0\n\t"

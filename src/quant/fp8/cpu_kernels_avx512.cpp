@@ -31,7 +31,7 @@ constexpr int64_t kNc = 24;
 constexpr int64_t kKc = 1024;
 constexpr int64_t kPanelLd = kKc + 16;
 constexpr int kGemvRows = 4;
-constexpr int64_t kLargeM = 80;  // from this many x rows on, the outer-product kernel (measured crossover)
+constexpr int64_t kLargeM = 80;      // from this many x rows on, the outer-product kernel (measured crossover)
 constexpr int64_t kGemvBlock = 512;  // columns per pass of the GEMV (a multiple of 128 and kChunk)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -55,8 +55,8 @@ inline void to_half(__m512i c, __m512i& even, __m512i& odd) {
     // As in the AVX2 decode: NaN codes -> float16 0x7f80 | sign (c10's 0x7ff00000 | sign).
     const __m512i nan = _mm512_set1_epi16(0x7F00);
     const __m512i bit = _mm512_set1_epi16(0x4000);
-    odd = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(_mm512_and_si512(c, nan), nan), odd,
-                                  _mm512_or_si512(odd, bit));
+    odd =
+        _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(_mm512_and_si512(c, nan), nan), odd, _mm512_or_si512(odd, bit));
     even = _mm512_mask_blend_epi16(_mm512_cmpeq_epi16_mask(_mm512_and_si512(even_hi, nan), nan), even,
                                    _mm512_or_si512(even, bit));
   }
@@ -184,8 +184,7 @@ inline void scale_chunks(const uint16_t* h, int64_t len, float scale, float* out
 
 // panel[r * ldp + p] = w_deq of rows r0 + r, packed columns kb + p (p < kl).
 template <bool kNan>
-void decode_panel(const Fp8WeightView& w, int64_t r0, int64_t rows, int64_t kb, int64_t kl, float* panel,
-                  int64_t ldp) {
+void decode_panel(const Fp8WeightView& w, int64_t r0, int64_t rows, int64_t kb, int64_t kl, float* panel, int64_t ldp) {
   const int64_t full = w.k / kChunk;
   alignas(64) uint16_t half[kKc];
   for (int64_t r = 0; r < rows; ++r) {
@@ -281,8 +280,8 @@ void gemm(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, flo
         const int mr = static_cast<int>(imin(kMr, m - i));
         for (int64_t j = 0; j < rows; j += kNr) {
           const int nr = static_cast<int>(imin(kNr, rows - j));
-          micro_table(mr, nr)(xp + i * ld_xp + kb, ld_xp, panel + j * kPanelLd, kPanelLd, kl, y + i * ld_y + np + j, ld_y,
-                              kb > 0);
+          micro_table(mr, nr)(xp + i * ld_xp + kb, ld_xp, panel + j * kPanelLd, kPanelLd, kl, y + i * ld_y + np + j,
+                              ld_y, kb > 0);
         }
       }
     }
@@ -386,158 +385,158 @@ void outer_12x32_asm(const float* x, int64_t ldx, const float* b, int64_t kl, fl
       "test %[n], %[n]\n\t"
       "jz 2f\n\t"
       "1:\n\t"
-  "vmovups 0(%[b]), %%zmm30\n\t"
-  "vmovups 0+64(%[b]), %%zmm31\n\t"
-  "vbroadcastss 0(%[x0]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
-  "vbroadcastss 0(%[x0],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
-  "vbroadcastss 0(%[x0],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
-  "vbroadcastss 0(%[x3]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
-  "vbroadcastss 0(%[x3],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
-  "vbroadcastss 0(%[x3],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
-  "vbroadcastss 0(%[x6]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
-  "vbroadcastss 0(%[x6],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
-  "vbroadcastss 0(%[x6],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
-  "vbroadcastss 0(%[x9]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
-  "vbroadcastss 0(%[x9],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
-  "vbroadcastss 0(%[x9],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
-  "vmovups 128(%[b]), %%zmm30\n\t"
-  "vmovups 128+64(%[b]), %%zmm31\n\t"
-  "vbroadcastss 4(%[x0]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
-  "vbroadcastss 4(%[x0],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
-  "vbroadcastss 4(%[x0],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
-  "vbroadcastss 4(%[x3]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
-  "vbroadcastss 4(%[x3],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
-  "vbroadcastss 4(%[x3],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
-  "vbroadcastss 4(%[x6]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
-  "vbroadcastss 4(%[x6],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
-  "vbroadcastss 4(%[x6],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
-  "vbroadcastss 4(%[x9]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
-  "vbroadcastss 4(%[x9],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
-  "vbroadcastss 4(%[x9],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
-  "vmovups 256(%[b]), %%zmm30\n\t"
-  "vmovups 256+64(%[b]), %%zmm31\n\t"
-  "vbroadcastss 8(%[x0]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
-  "vbroadcastss 8(%[x0],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
-  "vbroadcastss 8(%[x0],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
-  "vbroadcastss 8(%[x3]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
-  "vbroadcastss 8(%[x3],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
-  "vbroadcastss 8(%[x3],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
-  "vbroadcastss 8(%[x6]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
-  "vbroadcastss 8(%[x6],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
-  "vbroadcastss 8(%[x6],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
-  "vbroadcastss 8(%[x9]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
-  "vbroadcastss 8(%[x9],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
-  "vbroadcastss 8(%[x9],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
-  "vmovups 384(%[b]), %%zmm30\n\t"
-  "vmovups 384+64(%[b]), %%zmm31\n\t"
-  "vbroadcastss 12(%[x0]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
-  "vbroadcastss 12(%[x0],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
-  "vbroadcastss 12(%[x0],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
-  "vbroadcastss 12(%[x3]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
-  "vbroadcastss 12(%[x3],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
-  "vbroadcastss 12(%[x3],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
-  "vbroadcastss 12(%[x6]), %%zmm24\n\t"
-  "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
-  "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
-  "vbroadcastss 12(%[x6],%[ld],1), %%zmm25\n\t"
-  "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
-  "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
-  "vbroadcastss 12(%[x6],%[ld],2), %%zmm26\n\t"
-  "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
-  "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
-  "vbroadcastss 12(%[x9]), %%zmm27\n\t"
-  "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
-  "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
-  "vbroadcastss 12(%[x9],%[ld],1), %%zmm28\n\t"
-  "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
-  "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
-  "vbroadcastss 12(%[x9],%[ld],2), %%zmm29\n\t"
-  "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
-  "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+      "vmovups 0(%[b]), %%zmm30\n\t"
+      "vmovups 0+64(%[b]), %%zmm31\n\t"
+      "vbroadcastss 0(%[x0]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+      "vbroadcastss 0(%[x0],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+      "vbroadcastss 0(%[x0],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+      "vbroadcastss 0(%[x3]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+      "vbroadcastss 0(%[x3],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+      "vbroadcastss 0(%[x3],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+      "vbroadcastss 0(%[x6]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+      "vbroadcastss 0(%[x6],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+      "vbroadcastss 0(%[x6],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+      "vbroadcastss 0(%[x9]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+      "vbroadcastss 0(%[x9],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+      "vbroadcastss 0(%[x9],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+      "vmovups 128(%[b]), %%zmm30\n\t"
+      "vmovups 128+64(%[b]), %%zmm31\n\t"
+      "vbroadcastss 4(%[x0]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+      "vbroadcastss 4(%[x0],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+      "vbroadcastss 4(%[x0],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+      "vbroadcastss 4(%[x3]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+      "vbroadcastss 4(%[x3],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+      "vbroadcastss 4(%[x3],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+      "vbroadcastss 4(%[x6]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+      "vbroadcastss 4(%[x6],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+      "vbroadcastss 4(%[x6],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+      "vbroadcastss 4(%[x9]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+      "vbroadcastss 4(%[x9],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+      "vbroadcastss 4(%[x9],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+      "vmovups 256(%[b]), %%zmm30\n\t"
+      "vmovups 256+64(%[b]), %%zmm31\n\t"
+      "vbroadcastss 8(%[x0]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+      "vbroadcastss 8(%[x0],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+      "vbroadcastss 8(%[x0],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+      "vbroadcastss 8(%[x3]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+      "vbroadcastss 8(%[x3],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+      "vbroadcastss 8(%[x3],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+      "vbroadcastss 8(%[x6]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+      "vbroadcastss 8(%[x6],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+      "vbroadcastss 8(%[x6],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+      "vbroadcastss 8(%[x9]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+      "vbroadcastss 8(%[x9],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+      "vbroadcastss 8(%[x9],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
+      "vmovups 384(%[b]), %%zmm30\n\t"
+      "vmovups 384+64(%[b]), %%zmm31\n\t"
+      "vbroadcastss 12(%[x0]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm0\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm1\n\t"
+      "vbroadcastss 12(%[x0],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm2\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm3\n\t"
+      "vbroadcastss 12(%[x0],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm4\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm5\n\t"
+      "vbroadcastss 12(%[x3]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm6\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm7\n\t"
+      "vbroadcastss 12(%[x3],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm8\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm9\n\t"
+      "vbroadcastss 12(%[x3],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm10\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm11\n\t"
+      "vbroadcastss 12(%[x6]), %%zmm24\n\t"
+      "vfmadd231ps %%zmm30, %%zmm24, %%zmm12\n\t"
+      "vfmadd231ps %%zmm31, %%zmm24, %%zmm13\n\t"
+      "vbroadcastss 12(%[x6],%[ld],1), %%zmm25\n\t"
+      "vfmadd231ps %%zmm30, %%zmm25, %%zmm14\n\t"
+      "vfmadd231ps %%zmm31, %%zmm25, %%zmm15\n\t"
+      "vbroadcastss 12(%[x6],%[ld],2), %%zmm26\n\t"
+      "vfmadd231ps %%zmm30, %%zmm26, %%zmm16\n\t"
+      "vfmadd231ps %%zmm31, %%zmm26, %%zmm17\n\t"
+      "vbroadcastss 12(%[x9]), %%zmm27\n\t"
+      "vfmadd231ps %%zmm30, %%zmm27, %%zmm18\n\t"
+      "vfmadd231ps %%zmm31, %%zmm27, %%zmm19\n\t"
+      "vbroadcastss 12(%[x9],%[ld],1), %%zmm28\n\t"
+      "vfmadd231ps %%zmm30, %%zmm28, %%zmm20\n\t"
+      "vfmadd231ps %%zmm31, %%zmm28, %%zmm21\n\t"
+      "vbroadcastss 12(%[x9],%[ld],2), %%zmm29\n\t"
+      "vfmadd231ps %%zmm30, %%zmm29, %%zmm22\n\t"
+      "vfmadd231ps %%zmm31, %%zmm29, %%zmm23\n\t"
       "add $512, %[b]\n\t"
       "add $16, %[x0]\n\t"
       "add $16, %[x3]\n\t"
@@ -572,12 +571,14 @@ void outer_12x32_asm(const float* x, int64_t ldx, const float* b, int64_t kl, fl
       "vmovups %%zmm23, 1472(%[t])\n\t"
       : [b] "+r"(b), [x0] "+r"(x), [x3] "+r"(x3), [x6] "+r"(x6), [x9] "+r"(x9), [n] "+r"(iters)
       : [ld] "r"(ld), [t] "r"(t)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12",
+        "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24",
+        "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "cc", "memory");
 }
 
 using OuterTileFn = void (*)(const float*, int64_t, const float*, int64_t, float*);
-constexpr OuterTileFn kOuterTail[kLMr] = {&outer_tail<1>, &outer_tail<2>, &outer_tail<3>, &outer_tail<4>,
-                                          &outer_tail<5>, &outer_tail<6>, &outer_tail<7>, &outer_tail<8>,
+constexpr OuterTileFn kOuterTail[kLMr] = {&outer_tail<1>, &outer_tail<2>,  &outer_tail<3>,  &outer_tail<4>,
+                                          &outer_tail<5>, &outer_tail<6>,  &outer_tail<7>,  &outer_tail<8>,
                                           &outer_tail<9>, &outer_tail<10>, &outer_tail<11>, &outer_12x32_asm};
 
 // y[i, 0..cols) (+)= the tile's sums for i < mr.
@@ -618,8 +619,7 @@ void gemm_large(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& 
         const int mr = static_cast<int>(imin(kLMr, m - i));
         for (int64_t s = 0; s * kLNr < rows; ++s) {
           kOuterTail[mr - 1](xp + i * ld_xp + kb, ld_xp, bp + s * kl * kLNr, kl, t);
-          outer_store(t, mr, y + i * ld_y + np + s * kLNr, ld_y, static_cast<int>(imin(kLNr, rows - s * kLNr)),
-                      kb > 0);
+          outer_store(t, mr, y + i * ld_y + np + s * kLNr, ld_y, static_cast<int>(imin(kLNr, rows - s * kLNr)), kb > 0);
         }
       }
     }
@@ -629,7 +629,7 @@ void gemm_large(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& 
 }  // namespace
 
 void fp8_gemm_avx512(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
-                   int64_t n0, int64_t n1) {
+                     int64_t n0, int64_t n1) {
   if (n0 >= n1 || m <= 0) return;
   if (m == 1) {
     w.nan_codes ? gemv<true>(xp, w, y, n0, n1) : gemv<false>(xp, w, y, n0, n1);

@@ -242,8 +242,8 @@ class Fp8Method final : public QuantMethod {
     at::Tensor x2d = x.reshape({-1, in_local_});
     const auto xt = x2d.scalar_type();
     if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
-    const at::Tensor xq = fp8_fake_quant_cpu(x2d, activation_kind(),
-                                             input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
+    const at::Tensor xq =
+        fp8_fake_quant_cpu(x2d, activation_kind(), input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
     // NaN-exact decode where the weight has NaN codes, or where it may have changed
     // since finalize() looked.
     const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
@@ -263,7 +263,7 @@ class Fp8Method final : public QuantMethod {
   Fp8Activation activation_kind() const {
     return config_.format == QuantFormat::kFp8PerTensor    ? Fp8Activation::kStatic
            : config_.format == QuantFormat::kFp8PerChannel ? Fp8Activation::kPerToken
-                                                            : Fp8Activation::kGroup128;
+                                                           : Fp8Activation::kGroup128;
   }
   // The tensor's version counter (bumped by every in-place write); -1 for tensors
   // that have none (made under InferenceMode), which are then trusted as finalized.
@@ -317,10 +317,10 @@ class Fp8Method final : public QuantMethod {
   QuantConfig config_;
   at::ScalarType dtype_ = at::kFloat;
   int64_t in_local_ = 0;
-  at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
-  at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
-  at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
-  bool nan_codes_ = false;     // finalize(): the weight holds a NaN code (0x7f / 0xff)
+  at::Tensor weight_;            // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;             // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;       // [] float32, "input_scale" (fp8_tensor only)
+  bool nan_codes_ = false;       // finalize(): the weight holds a NaN code (0x7f / 0xff)
   int64_t weight_version_ = -2;  // finalize(): weight_'s version counter then
 #if TP_WITH_CUDA
   std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA

@@ -98,8 +98,8 @@ void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offse
   }
 }
 
-void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1) {
+void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1) {
   for (int64_t r = n0; r < n1; ++r) {
     const int8_t* wr = w.data + r * w.ld;
     for (int64_t i = 0; i < m; ++i) {
@@ -127,10 +127,10 @@ int8_t quantize_int8(float v) {
 
 std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
   const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(x.dim() == 2 && x.device().is_cpu() &&
-                        (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
-                    "w8a8_quantize_per_token: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ",
-                    x.sizes(), " ", dtype);
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      "w8a8_quantize_per_token: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ",
+      dtype);
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1);
   at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
@@ -198,10 +198,11 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   TORCH_CHECK_VALUE(k <= kMaxK, "w8a8_linear_cpu: K = ", k, " exceeds ", kMaxK,
                     ", past which int32 sums of int8 products could overflow");
   TORCH_CHECK_VALUE(w8a8_kernel_supported(kernel), "w8a8_linear_cpu: kernel ", to_string(kernel),
-                    " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu_isa()), "; features: ",
-                    cpu_features().describe(), ")");
+                    " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu_isa()),
+                    "; features: ", cpu_features().describe(), ")");
   // The VNNI sums of (x + 128) w would overflow first: larger K takes the sign kernel.
-  if (is_vnni(kernel) && k > kMaxKVnni) kernel = kernel == W8a8Kernel::kAvx512Vnni ? W8a8Kernel::kAvx512 : W8a8Kernel::kAvx2;
+  if (is_vnni(kernel) && k > kMaxKVnni)
+    kernel = kernel == W8a8Kernel::kAvx512Vnni ? W8a8Kernel::kAvx512 : W8a8Kernel::kAvx2;
   at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return y;
 
@@ -212,9 +213,8 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   at::Tensor sums;
   if (is_vnni(kernel)) {
     sums = row_sums.defined() ? row_sums : w8a8_row_sums(wc);
-    TORCH_CHECK_VALUE(sums.scalar_type() == at::kInt && sums.numel() == n,
-                      "w8a8_linear_cpu: row_sums must be int32 [", n, "] (w8a8_row_sums); got ", sums.sizes(), " ",
-                      sums.scalar_type());
+    TORCH_CHECK_VALUE(sums.scalar_type() == at::kInt && sums.numel() == n, "w8a8_linear_cpu: row_sums must be int32 [",
+                      n, "] (w8a8_row_sums); got ", sums.sizes(), " ", sums.scalar_type());
     sums = sums.contiguous();
   }
   W8a8WeightView view;
@@ -241,8 +241,8 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   at::Tensor xp = at::empty({m, kpad}, q.options().dtype(at::kByte));
   w8a8_pack_x(qc.data_ptr<int8_t>(), m, k, k, is_vnni(kernel), xp.data_ptr<uint8_t>());
   const uint8_t* xpp = xp.data_ptr<uint8_t>();
-  using Fn = void (*)(const uint8_t*, int64_t, int64_t, const float*, const W8a8WeightView&, float*, int64_t,
-                      int64_t, int64_t);
+  using Fn = void (*)(const uint8_t*, int64_t, int64_t, const float*, const W8a8WeightView&, float*, int64_t, int64_t,
+                      int64_t);
   Fn fn = nullptr;
   switch (kernel) {
     case W8a8Kernel::kAvx2: fn = &w8a8_gemm_avx2; break;

@@ -46,7 +46,7 @@ W8a8Kernel w8a8_best_kernel();
 
 /// An int8 weight as the kernels read it (a view; the caller owns the memory).
 struct W8a8WeightView {
-  const int8_t* data = nullptr;      ///< [n, k], row stride ld
+  const int8_t* data = nullptr;  ///< [n, k], row stride ld
   int64_t n = 0;
   int64_t k = 0;
   int64_t ld = 0;
@@ -70,16 +70,16 @@ void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offse
 // columns of y, so threads can split [0, n)). The SIMD ones take x packed by
 // w8a8_pack_x (offset for the VNNI ones, ld_xp >= round_up(k, 64)); the scalar one the
 // int8 q as is.
-void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1);
+void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx2(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                     float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx2_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                          float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                       float* y, int64_t ld_y, int64_t n0, int64_t n1);
-void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale,
-                           const W8a8WeightView& w, float* y, int64_t ld_y, int64_t n0, int64_t n1);
+void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
+                           float* y, int64_t ld_y, int64_t n0, int64_t n1);
 
 /// Per-token symmetric int8 of x [M, K] float32, bit for bit the INT8 method's
 /// quantization (and quantize_activation's): scale [M, 1] = amax / 127 (1 where amax is

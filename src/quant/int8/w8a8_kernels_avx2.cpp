@@ -66,8 +66,8 @@ inline void epilogue(const Tile& t, const int32_t (&acc)[MR][NR], bool offset) {
 // accumulators local, so that the compiler keeps them in registers (GCC 12 leaves a
 // vector array that a lambda captures or a helper takes by reference in memory).
 template <int MR, int NR>
-void tile_sign(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride,
-               int64_t count, int32_t (&sums)[MR][NR], bool add) {
+void tile_sign(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride, int64_t count,
+               int32_t (&sums)[MR][NR], bool add) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i acc[MR][NR];
   for (int i = 0; i < MR; ++i)

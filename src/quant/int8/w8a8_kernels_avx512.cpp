@@ -64,8 +64,8 @@ inline void epilogue(const Tile& t, const int32_t (&acc)[MR][NR], bool offset) {
 // accumulators local, so that the compiler keeps them in registers (GCC 12 leaves a
 // vector array that a lambda captures or a helper takes by reference in memory).
 template <int MR, int NR>
-void tile_sign(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride,
-               int64_t count, int32_t (&sums)[MR][NR], bool add) {
+void tile_sign(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride, int64_t count,
+               int32_t (&sums)[MR][NR], bool add) {
   const __m512i ones = _mm512_set1_epi16(1);
   const __m512i zero = _mm512_setzero_si512();
   __m512i acc[MR][NR];
@@ -97,8 +97,8 @@ void tile_sign(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const
 // accumulators local, so that the compiler keeps them in registers (GCC 12 leaves a
 // vector array that a lambda captures or a helper takes by reference in memory).
 template <int MR, int NR>
-void tile_vnni(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride,
-               int64_t count, int32_t (&sums)[MR][NR], bool add) {
+void tile_vnni(const uint8_t* x, int64_t ld_x, int64_t xoff, const int8_t* const* w, int64_t wstride, int64_t count,
+               int32_t (&sums)[MR][NR], bool add) {
   __m512i acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_si512();
@@ -204,8 +204,8 @@ void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* 
          : drive<Sign>(xp, m, ld_xp, x_scale, w, y, ld_y, n0, n1, 4, 4);
 }
 
-void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale,
-                           const W8a8WeightView& w, float* y, int64_t ld_y, int64_t n0, int64_t n1) {
+void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
+                           float* y, int64_t ld_y, int64_t n0, int64_t n1) {
   if (m <= 0 || n0 >= n1) return;
   // 4 x 4: 16 accumulators (GCC 12 handles 4 x 6 with a store per vpdpbusd, 1.7x slower).
   m == 1 ? drive<Vnni>(xp, m, ld_xp, x_scale, w, y, ld_y, n0, n1, 1, 8)

@@ -8,8 +8,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/nn/module.h>
 #include <c10/util/Float8_e4m3fn.h>
+#include <torch/nn/module.h>
 
 #include <cmath>
 #include <cstring>
@@ -194,7 +194,7 @@ TEST_CASE("fp8_fake_quant_cpu equals quantize_activation bit for bit", "[quant][
 TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu_kernels]") {
   // N not a multiple of any row tile (1, 5, 23, 25, 49); K of one element, under one
   // chunk, one 128-block, a partial second block, several blocks with a tail.
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},   {5, 7},    {23, 128}, {25, 130},
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {5, 7},    {23, 128}, {25, 130},
                                                            {49, 300}, {24, 256}, {7, 1000}, {130, 64}};
   uint64_t seed = 100;
   for (const auto format : kFormats) {
@@ -228,8 +228,8 @@ TEST_CASE("fp8 kernels match the float64 reference at Llama shapes", "[quant][cp
         const at::Tensor xq = quantize_activation(test::randn({m, k}, ++seed).to(at::kFloat), c.tensors, c.config);
         for (CpuIsa isa : isas()) {
           INFO(label(isa, format, m, n, k));
-          check_against_reference(td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa),
-                                  xq, w_deq);
+          check_against_reference(td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa), xq,
+                                  w_deq);
         }
       }
     }
@@ -264,13 +264,12 @@ TEST_CASE("fp8 kernels turn NaN codes into NaN outputs of their rows only", "[qu
 TEST_CASE("fp8 kernels take the scalar path for group sizes the SIMD chunks do not divide", "[quant][cpu_kernels]") {
   // No format has such groups; the dispatcher must still be right with them.
   const int64_t n = 11, k = 200;
-  const at::Tensor codes = quantize_weight(test::randn({n, k}, 21).to(at::kFloat), QuantConfig{QuantFormat::kFp8PerChannel})
-                               .at("weight");
+  const at::Tensor codes =
+      quantize_weight(test::randn({n, k}, 21).to(at::kFloat), QuantConfig{QuantFormat::kFp8PerChannel}).at("weight");
   for (int64_t group : {1, 50, 96}) {
     const int64_t groups = (k + group - 1) / group;
     const at::Tensor scale = at::rand({n, groups}, at::kFloat) + 0.5;
-    const at::Tensor w_deq =
-        codes.to(at::kFloat) * scale.repeat_interleave(group, 1).narrow(1, 0, k);
+    const at::Tensor w_deq = codes.to(at::kFloat) * scale.repeat_interleave(group, 1).narrow(1, 0, k);
     const at::Tensor xq = test::randn({3, k}, 22).to(at::kFloat);
     for (CpuIsa isa : isas()) {
       INFO(td::to_string(isa) << " group " << group);
@@ -302,8 +301,7 @@ TEST_CASE("fp8_linear_cpu rejects operands of the wrong shape or dtype", "[quant
   const at::Tensor x = at::randn({2, 256});
   REQUIRE_THROWS_WITH(td::fp8_linear_cpu(at::randn({2, 255}), w, c.scale, c.group, false), Contains("K = 255"));
   REQUIRE_THROWS_WITH(td::fp8_linear_cpu(x.to(at::kDouble), w, c.scale, c.group, false), Contains("float32"));
-  REQUIRE_THROWS_WITH(td::fp8_linear_cpu(x, w.to(at::kFloat), c.scale, c.group, false),
-                      Contains("float8_e4m3fn"));
+  REQUIRE_THROWS_WITH(td::fp8_linear_cpu(x, w.to(at::kFloat), c.scale, c.group, false), Contains("float8_e4m3fn"));
   REQUIRE_THROWS_WITH(td::fp8_linear_cpu(x, w, c.scale.narrow(1, 0, 1), c.group, false), Contains("[8, 2]"));
   REQUIRE_THROWS_WITH(td::fp8_linear_cpu(x, w, c.scale, 0, false), Contains("group must be >= 1"));
 }

@@ -30,8 +30,8 @@ namespace {
 
 std::vector<W8a8Kernel> kernels() {
   std::vector<W8a8Kernel> out;
-  for (W8a8Kernel k : {W8a8Kernel::kScalar, W8a8Kernel::kAvx2, W8a8Kernel::kAvx2Vnni, W8a8Kernel::kAvx512,
-                       W8a8Kernel::kAvx512Vnni})
+  for (W8a8Kernel k :
+       {W8a8Kernel::kScalar, W8a8Kernel::kAvx2, W8a8Kernel::kAvx2Vnni, W8a8Kernel::kAvx512, W8a8Kernel::kAvx512Vnni})
     if (td::w8a8_kernel_supported(k)) out.push_back(k);
   return out;
 }
@@ -67,8 +67,7 @@ void check_exact(const at::Tensor& q, const at::Tensor& xs, const at::Tensor& w,
     const at::Tensor y = td::w8a8_linear_cpu(q, xs, w, ws, sums, kernel);
     REQUIRE(y.sizes() == ref.sizes());
     const int64_t differ = y.ne(ref).sum().item<int64_t>();
-    INFO(differ << " of " << y.numel() << " outputs differ; max |y - ref| = "
-                << (y - ref).abs().max().item<float>());
+    INFO(differ << " of " << y.numel() << " outputs differ; max |y - ref| = " << (y - ref).abs().max().item<float>());
     CHECK(differ == 0);
   }
 }
@@ -183,7 +182,8 @@ TEST_CASE("w8a8_quantize_per_token equals the INT8 method's quantization bit for
     CHECK(at::equal(got_scale.view(at::kInt), scale.view(at::kInt)));
     // And quantize_activation's dequantized view of the same.
     const auto tensors = quantize_weight(test::randn({2, k}, 3).to(at::kFloat), config);
-    CHECK(at::equal((got_q.to(at::kFloat) * got_scale).view(at::kInt), quantize_activation(x, tensors, config).view(at::kInt)));
+    CHECK(at::equal((got_q.to(at::kFloat) * got_scale).view(at::kInt),
+                    quantize_activation(x, tensors, config).view(at::kInt)));
     // bfloat16 / float16 activations: widened as the method's x.to(float) does.
     for (auto dtype : {at::kBFloat16, at::kHalf}) {
       INFO(c10::toString(dtype));
@@ -197,8 +197,7 @@ TEST_CASE("w8a8_quantize_per_token equals the INT8 method's quantization bit for
   }
 }
 
-TEST_CASE("w8a8 kernels give the same bits at 1 and 2 threads, with or without row sums",
-          "[quant][cpu_kernels]") {
+TEST_CASE("w8a8 kernels give the same bits at 1 and 2 threads, with or without row sums", "[quant][cpu_kernels]") {
   const at::Tensor w = int8_uniform({100, 520}, -128, 127, 11), ws = positive_scales(100, 12);
   const at::Tensor q = int8_uniform({9, 520}, -127, 127, 13), xs = positive_scales(9, 14);
   const int threads = at::get_num_threads();
