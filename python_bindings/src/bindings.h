@@ -20,6 +20,8 @@ void init_loader(pybind11::module_& m);
 void init_layers(pybind11::module_& m);
 /// ModelConfig, its quantization and DecoderLayerOptions (after init_layers: it returns layer options).
 void init_models(pybind11::module_& m);
+/// The differentiable collectives and the sequence-parallel token rule.
+void init_differentiable(pybind11::module_& m);
 
 /// `p` owned by a shared_ptr whose deleter releases the GIL while `*p` is destroyed.
 ///

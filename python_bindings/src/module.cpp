@@ -46,4 +46,5 @@ PYBIND11_MODULE(_C, m) {
   tp::python::init_loader(m);
   tp::python::init_layers(m);
   tp::python::init_models(m);
+  tp::python::init_differentiable(m);
 }
