@@ -42,7 +42,7 @@
 #include "tp/models/model_config.h"
 
 using namespace tp;
-using detail::JsonValue;
+using tp::detail::JsonValue;
 
 namespace {
 
