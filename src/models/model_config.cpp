@@ -143,7 +143,8 @@ ModelConfig parse_model(const JsonValue& root, const std::string& where, const J
       for (size_t i = 0; i < types.size(); ++i) {
         const auto& t = types[i].as_string(f.path("layer_types[" + std::to_string(i) + "]"));
         if (t != "full_attention")
-          f.fail("layer_types[" + std::to_string(i) + "]", "\"" + t + "\" is not supported (tp builds full_attention)");
+          f.fail("layer_types[" + std::to_string(i) + "]",
+                 "= \"" + t + "\" is not supported (tp builds full_attention)");
       }
     }
   }

@@ -5,8 +5,9 @@
 // and their errors.
 //
 // Tolerances (relative_error against x @ dequantize_weight(W)^T + b):
-// - float64 layers: 1e-12. INT4 float64 layers dequantize once (the same float32
-//   (q - zero) * scale as dequantize_weight), then multiply in float64.
+// - float64 layers: 1e-6. dequantize_weight rounds (q - zero) * scale to float32, the
+//   float64 layer does not (measured ~1e-8 to 3e-8 relative); a zero point off by
+//   one (issue 14's failure 4) is off by 0.1-0.25.
 // - float32 layers: 3e-2, as the other INT4 formats (tests/quant/int4_test.cpp): the
 //   CPU kernel's bfloat16 activations, scales and float zero points.
 // - fp8_block: the FP8 tests' float32 tolerance (tests/quant/fp8_test.cpp; the reference
@@ -105,7 +106,10 @@ TEST_CASE("int4_pack_quantized layers match the float64 reference at TP 1-4", "[
     for (int64_t group : {32, 64, 128}) {
       const auto config = pack(group, symmetric);
       INFO(to_string(config));
-      test::QuantCheck f64{config, at::kDouble, 1e-12};
+      // The reference dequantizes in float32 (dequantize_weight), the float64 layer in
+      // float64: they differ by float32's rounding of (q - zero) * scale (~3e-8 relative);
+      // a zero point off by one is off by 0.1-0.25.
+      test::QuantCheck f64{config, at::kDouble, 1e-6};
       test::QuantCheck f32{config, at::kFloat, 3e-2};
       f64.seed = 40 + i;
       f32.seed = 60 + i;
@@ -217,7 +221,7 @@ TEST_CASE("int4_pack_quantized refuses tensors that do not match its configurati
   CHECK_THROWS_WITH(load(t, pack(64, true)), Contains("fc.weight_shape"));
   // Asymmetric layers split N in multiples of 8 only.
   CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 20).bias(false).quant(pack(64, false))),
-                    Contains("multiple of 8"));
+                    Contains("multiple of the granularity 8"));
   CHECK_NOTHROW(ColumnParallelLinear(ColumnParallelLinearOptions(128, 20).bias(false).quant(pack(64, true))));
   CHECK_THROWS_WITH(parse_quant_config("int4_pack_quantized:v2"), Contains("does not take 'v2'"));
 }
@@ -244,7 +248,7 @@ TEST_CASE("GPTQ v2 checkpoints store the zero point itself; read as v1 every zer
     auto config = v2;
     config.symmetric = symmetric;
     INFO(to_string(config));
-    test::QuantCheck f64{config, at::kDouble, 1e-12};
+    test::QuantCheck f64{config, at::kDouble, 1e-6};  // float32 reference: see above
     f64.worlds = {1, 3};
     test::check_quant_layers(f64);
     test::QuantCheck f32{config, at::kFloat, 3e-2};
