@@ -15,10 +15,8 @@
 //       step of amax / 127) + 2^-21 (A + that) + 2^-22 |b|.
 //   Row-parallel layers quantize their local slice of x, whose amax is <= the row's,
 //   so the same bounds hold.
-// A projection a format or the heads cannot split at a world size (FP8 128-row blocks
-// of a 128-row k_proj over 2 ranks; o_proj's 128-column INT4 groups under 64-column
-// head shards; Qwen3's 2 KV heads over 3 ranks) must fail with a clear error, and only
-// those may.
+// A projection the heads cannot split at a world size (Qwen3's 2 KV heads over 3
+// ranks) must fail with a clear error, and only those may.
 //
 // The folders come from the CTest fixture "models: Hugging Face folders", which runs
 // tests/python/hf_fixtures.py into TP_HF_FIXTURE_DIR (tests/CMakeLists.txt).
@@ -145,18 +143,12 @@ void record(Outcome& o, const at::Tensor& got, const at::Tensor& ref, const at::
   o.ratio = std::max(o.ratio, err.numel() ? (err / bound).max().item<double>() : 0.0);
 }
 
-// Whether the heads or the format cannot split `projection` of fixture `name` at `world`.
+// Whether the heads cannot split `projection` of fixture `name` at `world`.
 bool infeasible(const std::string& name, const std::string& projection, int64_t world) {
   const auto& e = entry(name);
-  const auto format = format_of(name);
   const bool attention = projection == "qkv" || projection == "o";
   const int64_t kv = e.find("config")->find("num_key_value_heads")->as_int("kv");
-  if (attention && world > kv && world % kv != 0) return true;  // Qwen3's 2 KV heads over 3 ranks
-  // FP8 blocks: k_proj is one 128-row block, which 2 or more ranks cannot share.
-  if (attention && (format == "ct_fp8_block" || format == "hf_fp8") && world >= 2) return true;
-  // INT4 groups of 128 along o_proj's 256 input features under head shards of 64 columns.
-  if (projection == "o" && (name == "ct_w4a16" || name == "gptq_v1") && world >= 3) return true;
-  return false;
+  return attention && world > kv && world % kv != 0;  // Qwen3's 2 KV heads over 3 ranks
 }
 
 using Outcomes = std::map<std::string, Outcome>;  // "<layer>.<projection>" -> outcome
