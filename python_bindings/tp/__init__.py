@@ -65,6 +65,7 @@ from .collectives import (
     sequence_sizes,
 )
 from .distributed import Communicator, communicator
+from .loading import LoadSession
 from .layers import (
     ColumnParallelLinear,
     GateUpParallelLinear,
@@ -85,6 +86,7 @@ __all__ = [
     "GateUpParallelLinear",
     "GptqFormat",
     "HeadPlan",
+    "LoadSession",
     "ModelConfig",
     "ModelType",
     "QKVParallelLinear",
