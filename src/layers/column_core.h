@@ -59,9 +59,13 @@ class ColumnCore {
   /// reads one range of rows of `part.prefix + ".weight"` (and ".bias") into its
   /// local offset; the parts must tile the local output exactly. `what` names the
   /// layer and the layout in errors.
+  /// Strict and collective (docs/DESIGN.md): a tensor under a part's prefix that the
+  /// layer would not read is an error, and an error on any rank is thrown on every rank.
   void load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
  private:
+  // load_parts' work on this rank alone.
+  void load_local(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
   at::Tensor gather(const at::Tensor& y_local) const;
 
   std::string layer_;
