@@ -12,7 +12,17 @@
 // rank's first, so after round k the 2^k ranks of a block hold the same bits; the
 // folded-out ranks receive those bits unrounded. Sums accumulate in fp32 (fp64 for
 // float64, the integer type for integers).
+//
+// Its element-wise work (widening, adding, rounding to the wire) runs on the calling
+// thread only, in pieces below ATen's grain size. A parallel ATen op leaves its
+// OpenMP workers spinning for a while after it returns (libgomp's wait policy), and
+// with as many busy threads as cores they keep Gloo's transport thread, which moves
+// the data, off the CPU: measured with 2 processes on 2 cores, 4-12 ms per call at
+// 4-64 KiB and 40-120 ms from 256 KiB (the first size above the grain size, 32768
+// elements), against Gloo's 0.3-0.8 ms; with OMP_WAIT_POLICY=passive the cliff
+// went away, which is what located it.
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -74,6 +84,31 @@ void wait(const CommunicatorState& s, const char* op, Transfer& x) {
   }
 }
 
+/// Calls f(offset, length) over [0, n) in pieces small enough that ATen runs each
+/// op on them serially (see the top of the file).
+template <typename F>
+void in_serial_pieces(int64_t n, F&& f) {
+  constexpr int64_t kPiece = 16384;  // half of ATen's at::internal::GRAIN_SIZE (32768)
+  for (int64_t offset = 0; offset < n; offset += kPiece) f(offset, std::min(kPiece, n - offset));
+}
+
+/// `src` (flat) converted to `dtype`, serially.
+at::Tensor converted(const at::Tensor& src, at::ScalarType dtype) {
+  at::Tensor out = at::empty(src.sizes(), src.options().dtype(dtype));
+  in_serial_pieces(src.numel(), [&](int64_t o, int64_t n) { out.narrow(0, o, n).copy_(src.narrow(0, o, n)); });
+  return out;
+}
+
+/// a + b (flat, same length) in `dtype`, serially; a's values first.
+at::Tensor added(const at::Tensor& a, const at::Tensor& b, at::ScalarType dtype) {
+  at::Tensor out = at::empty(a.sizes(), a.options().dtype(dtype));
+  in_serial_pieces(a.numel(), [&](int64_t o, int64_t n) {
+    at::Tensor piece = out.narrow(0, o, n);
+    at::add_out(piece, a.narrow(0, o, n), b.narrow(0, o, n));
+  });
+  return out;
+}
+
 at::ScalarType accumulate_type(at::ScalarType dtype) {
   if (dtype == at::kDouble) return at::kDouble;
   if (at::isFloatingType(dtype)) return at::kFloat;  // float32, float16, bfloat16
@@ -88,8 +123,10 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   const at::ScalarType acc = accumulate_type(t.scalar_type());
   const bool lossy = bf16_wire && t.scalar_type() == at::kFloat;
   const at::ScalarType wire_type = lossy ? at::kBFloat16 : acc;
-  // buf: this rank's running sum, [numel], CPU (send/recv move host memory).
-  at::Tensor buf = t.to(at::kCPU, acc, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous).view({-1});
+  // buf: this rank's running sum, [numel], CPU (send/recv move host memory). A
+  // non-contiguous or device input is first copied as it is (a plain copy).
+  const at::Tensor input = t.to(at::kCPU).contiguous().view({-1});
+  at::Tensor buf = converted(input, acc);
 
   int64_t p = 1;
   int rounds = 0;
@@ -122,7 +159,7 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
     }
     if (sits_out) {
       // Receives the result straight into buf, unrounded, after handing in its input.
-      const at::Tensor wire = lossy ? buf.to(at::kBFloat16) : buf.clone();
+      const at::Tensor wire = converted(buf, wire_type);
       sends.push_back(post(s, op, true, wire, rank + 1, kFoldInTag, "folding in"));
       recvs.push_back(post(s, op, false, buf, rank + 1, kFoldOutTag, "folding out"));
     }
@@ -130,7 +167,7 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   size_t next = 0;
   if (folded && !sits_out) {
     wait(s, op, recvs[next]);
-    buf = at::add(recvs[next++].tensors[0].to(acc), buf);  // the lower rank's data first
+    buf = added(recvs[next++].tensors[0], buf, acc);  // the lower rank's data first
   }
   if (!sits_out) {
     for (int r = 0; r < rounds; ++r) {
@@ -138,16 +175,16 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
       at::Tensor wire = buf;
       if (lossy) {
         // Both partners add the values as they travel: this rank's own rounded too.
-        wire = buf.to(at::kBFloat16);
-        buf = wire.to(at::kFloat);
+        wire = converted(buf, at::kBFloat16);
+        buf = converted(wire, at::kFloat);
       }
       {
         std::lock_guard<std::mutex> lock(cpu_start_mutex());
         sends.push_back(post(s, op, true, wire, peer, kFirstRoundTag + r, "round " + std::to_string(r)));
       }
       wait(s, op, recvs[next]);
-      const at::Tensor theirs = recvs[next++].tensors[0].to(acc);
-      buf = peer < rank ? at::add(theirs, buf) : at::add(buf, theirs);
+      const at::Tensor& theirs = recvs[next++].tensors[0];
+      buf = peer < rank ? added(theirs, buf, acc) : added(buf, theirs, acc);
     }
     if (folded) {
       std::lock_guard<std::mutex> lock(cpu_start_mutex());
@@ -157,7 +194,12 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
     wait(s, op, recvs[next++]);  // the result, into buf
   }
   for (Transfer& x : sends) wait(s, op, x);
-  t.copy_(buf.view(t.sizes()));
+  if (t.is_cpu() && t.is_contiguous()) {
+    at::Tensor flat = t.view({-1});
+    in_serial_pieces(flat.numel(), [&](int64_t o, int64_t n) { flat.narrow(0, o, n).copy_(buf.narrow(0, o, n)); });
+  } else {
+    t.copy_(buf.view(t.sizes()));
+  }
 }
 
 }  // namespace tp::detail
