@@ -32,6 +32,7 @@ from ._C import (
     split,
 )
 from .distributed import Communicator, communicator
+from .loading import LoadSession
 from .layers import (
     ColumnParallelLinear,
     GateUpParallelLinear,
@@ -47,6 +48,7 @@ __all__ = [
     "CommunicatorOptions",
     "GateUpParallelLinear",
     "HeadPlan",
+    "LoadSession",
     "QKVParallelLinear",
     "QuantConfig",
     "QuantFormat",
