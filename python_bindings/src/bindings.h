@@ -14,7 +14,7 @@ namespace tp::python {
 void init_comm(pybind11::module_& m);
 /// QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan.
 void init_config(pybind11::module_& m);
-/// Checkpoint (name -> tensor sources).
+/// Checkpoint (name -> tensor sources), LoadSession.
 void init_loader(pybind11::module_& m);
 /// The four layers and their options.
 void init_layers(pybind11::module_& m);

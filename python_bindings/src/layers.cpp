@@ -58,8 +58,15 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
   py::class_<Impl, std::shared_ptr<Impl>> cls(m, name, doc);
   // The layer holds a Communicator, hence maybe the last reference to its process
   // group: destroyed without the GIL (see release_gil_on_delete).
+  // Construction is collective at world > 1 (a rank-local failure fails every rank):
+  // without the GIL, so ranks that are threads of one process can all get there.
   cls.def(py::init([](Options options, const Communicator& comm) {
-            return release_gil_on_delete(new Impl(std::move(options), comm));
+            Impl* impl = nullptr;
+            {
+              py::gil_scoped_release no_gil;
+              impl = new Impl(std::move(options), comm);
+            }
+            return release_gil_on_delete(impl);
           }),
           py::arg("options"), py::arg("communicator"))
       .def(

@@ -49,6 +49,7 @@ from .collectives import (
     sequence_sizes,
 )
 from .distributed import Communicator, communicator
+from .loading import LoadSession
 from .layers import (
     ColumnParallelLinear,
     GateUpParallelLinear,
@@ -65,6 +66,7 @@ __all__ = [
     "CommunicatorOptions",
     "GateUpParallelLinear",
     "HeadPlan",
+    "LoadSession",
     "QKVParallelLinear",
     "QuantConfig",
     "QuantFormat",

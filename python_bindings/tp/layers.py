@@ -16,6 +16,7 @@ from torch import nn
 
 from . import _C
 from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
+from .loading import LoadSession
 
 __all__ = [
     "ColumnParallelLinear",
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 QuantLike = Union[None, str, "_C.QuantFormat", "_C.QuantConfig"]
-CheckpointLike = Union["_C.Checkpoint", Mapping[str, torch.Tensor]]
+CheckpointLike = Union["_C.Checkpoint", "LoadSession", Mapping[str, torch.Tensor]]
 
 
 def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
@@ -76,9 +77,14 @@ class _ParallelLinear(nn.Module):
     def load_weights(self, checkpoint: CheckpointLike, prefix: str) -> None:
         """Loads this rank's slice of the checkpoint tensors named ``prefix`` + ...
 
-        ``checkpoint`` is a tp.Checkpoint or a dict of Hugging Face names to full
-        (global) tensors, e.g. ``load_weights(hf_state_dict, "model.layers.0.mlp.down_proj")``.
+        ``checkpoint`` is a tp.Checkpoint, a tp.LoadSession (its reads are recorded) or a
+        dict of Hugging Face names to full (global) tensors, e.g.
+        ``load_weights(hf_state_dict, "model.layers.0.mlp.down_proj")``. Strict: a tensor
+        under ``prefix`` the layer would not read is a ValueError naming it and the fix.
+        Collective: an error on any rank raises on every rank, naming the rank.
         """
+        if isinstance(checkpoint, LoadSession):
+            checkpoint = checkpoint.checkpoint
         if not isinstance(checkpoint, _C.Checkpoint):
             checkpoint = _C.Checkpoint(dict(checkpoint))
         self._impl.load_weights(checkpoint, prefix)

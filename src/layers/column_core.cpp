@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "layers/layer_common.h"
+#include "layers/strict_load.h"
+#include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/loader/load_shard.h"
 
@@ -159,6 +161,17 @@ void ColumnCore::load(const Checkpoint& checkpoint, const std::vector<std::strin
 
 void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts,
                             const std::string& what) {
+  std::vector<std::string> prefixes;
+  for (const auto& part : parts) prefixes.push_back(part.prefix);
+  // Collective: a failure on any rank (a bad slice only it reads) fails every rank.
+  run_collectively(comm_, layer_ + ".load_weights", [&] {
+    load_strictly(checkpoint, prefixes, {what, bias_.defined(), method_->name()},
+                  [&](const Checkpoint& ckpt) { load_local(ckpt, parts, what); });
+  });
+}
+
+void ColumnCore::load_local(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts,
+                            const std::string& what) {
   // Every local row is written by exactly one part: a gap would keep stale weights.
   std::vector<Range> local;
   for (const auto& part : parts) {
@@ -178,8 +191,7 @@ void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<Weig
   at::NoGradGuard no_grad;
   for (const auto& part : parts) {
     const auto& source = checkpoint.get(part.prefix + ".bias", what);
-    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, what, ": tensor '", source.name(),
-                      "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", part.logical_size, "]");
+    check_bias(what, source, part.logical_size);
     bias_.narrow(0, part.local_offset, part.range.size())
         .copy_(load_shard(source, ShardMode::kColumn, part.range, {}, what));
   }

@@ -71,12 +71,16 @@ class ColumnCore {
   /// reads one range of rows of `part.prefix + ".weight"` (and ".bias") into its
   /// local offset; the parts must tile the local output exactly. `what` names the
   /// layer and the layout in errors.
+  /// Strict and collective (docs/DESIGN.md): a tensor under a part's prefix that the
+  /// layer would not read is an error, and an error on any rank is thrown on every rank.
   void load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
  private:
   /// The global [..., global_out] from every rank's [..., local_out] along `dim`
   /// (differentiable: each piece's gradient goes back to the rank it was taken from).
   at::Tensor gather(const at::Tensor& y_local, int64_t dim) const;
+  // load_parts' work on this rank alone.
+  void load_local(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
   std::string layer_;
   Communicator comm_;

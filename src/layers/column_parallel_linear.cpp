@@ -5,6 +5,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -21,19 +22,23 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
 }
 
 void ColumnParallelLinearImpl::reset() {
-  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
-                        options.dtype());
-  const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) {
-        return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
-      },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                          options.dtype());
+    const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) {
+          return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
+        },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void ColumnParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }

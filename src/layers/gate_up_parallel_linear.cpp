@@ -5,6 +5,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -21,19 +22,23 @@ GateUpParallelLinearImpl::GateUpParallelLinearImpl(GateUpParallelLinearOptions o
 }
 
 void GateUpParallelLinearImpl::reset() {
-  detail::check_options(kLayer,
-                        {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
-                        options.dtype());
-  const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
-  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer,
+                          {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
+                          options.dtype());
+    const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
+    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void GateUpParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }

@@ -8,6 +8,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -25,26 +26,30 @@ QKVParallelLinearImpl::QKVParallelLinearImpl(QKVParallelLinearOptions options_, 
 }
 
 void QKVParallelLinearImpl::reset() {
-  detail::check_options(kLayer,
-                        {{"hidden_size", options.hidden_size()},
-                         {"head_dim", options.head_dim()},
-                         {"num_heads", options.num_heads()},
-                         {"num_kv_heads", options.num_kv_heads()}},
-                        options.dtype());
-  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) {
-        auto plan =
-            plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
-        if (r == comm.rank()) head_plan_ = plan;
-        return plan.qkv_plan();
-      },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer,
+                          {{"hidden_size", options.hidden_size()},
+                           {"head_dim", options.head_dim()},
+                           {"num_heads", options.num_heads()},
+                           {"num_kv_heads", options.num_kv_heads()}},
+                          options.dtype());
+    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) {
+          auto plan =
+              plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
+          if (r == comm.rank()) head_plan_ = plan;
+          return plan.qkv_plan();
+        },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void QKVParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }

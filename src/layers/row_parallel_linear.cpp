@@ -5,6 +5,8 @@
 
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
+#include "layers/strict_load.h"
+#include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/layers/sequence_parallel.h"
 #include "tp/loader/load_shard.h"
@@ -25,19 +27,23 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options_, 
 }
 
 void RowParallelLinearImpl::reset() {
-  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
-                        options.dtype());
-  method_ = make_quant_method(options.quant());
-  const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
-  ranges_ = detail::with_layer_context(
-      kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
-  range_ = ranges_.at(comm.rank());
-  const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
-  method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
-  weight = method_->weight();
-  bias =
-      options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                          options.dtype());
+    method_ = make_quant_method(options.quant());
+    const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
+    ranges_ = detail::with_layer_context(
+        kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
+    range_ = ranges_.at(comm.rank());
+    const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
+    method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
+    weight = method_->weight();
+    bias =
+        options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
+    reset_parameters();
+  });
 }
 
 void RowParallelLinearImpl::reset_parameters() {
@@ -103,14 +109,19 @@ std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const st
 }
 
 void RowParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
-  method_->load(checkpoint, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
-  method_->finalize();
-  if (!bias.defined()) return;
-  const auto& source = checkpoint.get(prefix + ".bias", kLayer);
-  TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{options.out_features()}, kLayer, ": tensor '", source.name(),
-                    "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", options.out_features(), "]");
-  at::NoGradGuard no_grad;
-  bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
+  // Strict (every tensor under `prefix` is read) and collective (an error on one rank is
+  // thrown on every rank): docs/DESIGN.md, "Loading is strict and collective".
+  run_collectively(comm, std::string(kLayer) + ".load_weights", [&] {
+    detail::load_strictly(checkpoint, {prefix}, {kLayer, bias.defined(), method_->name()}, [&](const Checkpoint& ckpt) {
+      method_->load(ckpt, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
+      method_->finalize();
+      if (!bias.defined()) return;
+      const auto& source = ckpt.get(prefix + ".bias", kLayer);
+      detail::check_bias(kLayer, source, options.out_features());
+      at::NoGradGuard no_grad;
+      bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
+    });
+  });
 }
 
 }  // namespace tp

@@ -50,7 +50,13 @@ class QuantMethod {
   /// with the GLOBAL fan-in so every TP size draws from the same distribution).
   virtual void reset_parameters(int64_t global_in_features) = 0;
   /// Reads this rank's slices of every part from `checkpoint` into the weights.
-  /// `layer` names the caller in errors.
+  /// `layer` names the caller in errors. Contract (loading is strict and collective,
+  /// docs/DESIGN.md): every rank checks every part's tensors whole (presence, dtype,
+  /// shape, scale shapes, packing), also a part whose range is empty on this rank, so a
+  /// bad checkpoint fails on all ranks alike; values read (scales) are checked on the
+  /// slice read. Read every tensor through `checkpoint.get` (it records what the
+  /// layer consumed: a tensor under the part's prefix that no get() returned is an
+  /// error after the load), and only the tensors the format defines.
   virtual void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
                     const std::string& layer) = 0;
   /// Repacks loaded weights for the kernel (no-op when the stored layout is the kernel's).

@@ -226,6 +226,7 @@ class Fp8Method final : public QuantMethod {
         options.scale_span = kBlock;  // one scale per 128 weight elements of the split dimension
       }
       const auto s = load_shard(ssrc, mode, part.range, options, layer).to(at::kFloat);
+      check_finite(s, ssrc, layer);
       // Local rows of this part, and the first of them inside its scale block.
       const int64_t rows = column ? part.range.size() : weight_.size(0);
       const int64_t first = column ? part.range.begin : 0;

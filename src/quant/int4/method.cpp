@@ -104,7 +104,9 @@ class Int4Method final : public QuantMethod {
     const int64_t dst_dim = column ? 1 : 0;
     at::NoGradGuard no_grad;
     for (const auto& part : parts) {
-      if (part.range.size() == 0) continue;
+      // Every rank checks every tensor's metadata, its own shard empty or not, so a
+      // bad checkpoint fails on all ranks alike (issue 14, failure 3).
+      const bool empty = part.range.size() == 0;
       const int64_t logical = part.logical_size;
       TORCH_INTERNAL_ASSERT(logical >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
       const int64_t n = column ? logical : n_;  // the checkpoint tensor's N and K
@@ -127,6 +129,7 @@ class Int4Method final : public QuantMethod {
                           shape_str(source.shape()), "; expected ", shape_str(expected), " for a [", n, ", ", k,
                           "] (out_features, in_features) weight in ", name(), " (",
                           awq_ ? "qweight [K, N/8]" : "qweight [K/8, N]", ", qzeros [K/g, N/8], scales [K/g, N])");
+        if (empty) return;
         options.flip_tp = true;
         const int64_t div = options.scale_span * options.elm_packing;
         TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '",
@@ -135,6 +138,7 @@ class Int4Method final : public QuantMethod {
         auto slot = dst.narrow(dst_dim, part.local_offset / div, part.range.size() / div);
         TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ",
                               shard.sizes(), " does not fit its local slot ", slot.sizes());
+        if (!integer) check_finite(shard, source, layer);
         slot.copy_(shard);
       };
       LoadOptions packed_n, packed_k, per_group;

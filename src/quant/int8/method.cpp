@@ -100,7 +100,9 @@ class Int8Method final : public QuantMethod {
     const int64_t split = column ? 0 : 1;
     at::NoGradGuard no_grad;
     for (const auto& part : parts) {
-      if (part.range.size() == 0) continue;
+      // Every rank checks every tensor's metadata, its own shard empty or not, so a
+      // bad checkpoint fails on all ranks alike (issue 14, failure 3).
+      const bool empty = part.range.size() == 0;
       TORCH_INTERNAL_ASSERT(part.logical_size >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
       const int64_t n = column ? part.logical_size : n_;
       const int64_t k = column ? k_ : part.logical_size;
@@ -110,7 +112,8 @@ class Int8Method final : public QuantMethod {
                        " stores the weight as int8");
       TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
                         shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
-      weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
+      if (!empty)
+        weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
 
       const auto& s = checkpoint.get(part.prefix + ".weight_scale", layer);
       const auto sd = s.dtype();
@@ -120,8 +123,10 @@ class Int8Method final : public QuantMethod {
       TORCH_CHECK_VALUE(shape == std::vector<int64_t>({n, 1}) || shape == std::vector<int64_t>({n}), layer,
                         ": tensor '", s.name(), "' has shape ", shape_str(shape), "; expected [", n,
                         ", 1] (one scale per output channel)");
+      if (empty) continue;
       // COLUMN slices the scales with the rows; ROW replicates them (split dim of width 1, or 1-D along dim 1).
       const auto scale = load_shard(s, mode, part.range, {}, layer).reshape({-1, 1});
+      check_finite(scale, s, layer);
       weight_scale_.narrow(0, column ? part.local_offset : 0, column ? part.range.size() : n_).copy_(scale);
     }
   }
