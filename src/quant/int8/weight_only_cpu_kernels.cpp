@@ -47,23 +47,18 @@ Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale) {
   w.n = n;
   w.k = k;
   w.panels = (n + kPanelWidth - 1) / kPanelWidth;
-  const int64_t pad = w.panels * kPanelWidth - n;
-  // [N, K] -> padded [panels, 16, K] -> [panels, K, 16].
-  w.codes = at::constant_pad_nd(q.cpu(), {0, 0, 0, pad}).view({w.panels, kPanelWidth, k}).transpose(1, 2).contiguous();
-  w.scales = at::constant_pad_nd(scale.cpu().reshape({n}).to(at::kFloat), {0, pad}).contiguous();
+  w.codes = q.cpu().contiguous();  // no copy for the layer's own (contiguous, CPU) weight
+  w.scales = at::constant_pad_nd(scale.cpu().reshape({n}).to(at::kFloat), {0, w.panels * kPanelWidth - n}).contiguous();
   return w;
 }
 
 void int8_wo_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                   int64_t ld_buf) {
   const auto& w = *static_cast<const Int8WoCpuView*>(view);
-  for (int64_t j = 0; j < np; ++j) {
-    const int8_t* panel = w.codes + (p + j) * w.k * kPanelWidth;
-    const float* scale = w.scales + (p + j) * kPanelWidth;
+  for (int64_t j = 0; j < np * kPanelWidth; ++j) {
+    const int64_t n = p * kPanelWidth + j;
     for (int64_t kk = 0; kk < kc; ++kk) {
-      const int8_t* line = panel + (k0 + kk) * kPanelWidth;
-      float* out = buf + kk * ld_buf + kPanelWidth * j;
-      for (int64_t c = 0; c < kPanelWidth; ++c) out[c] = static_cast<float>(line[c]) * scale[c];
+      buf[kk * ld_buf + j] = n < w.n ? static_cast<float>(w.codes[n * w.k + k0 + kk]) * w.scales[n] : 0.0f;
     }
   }
 }

@@ -6,22 +6,23 @@
 // Semantics (the reference model, tp::dequantize_weight):
 //     W[n, k] = q[n, k] * scale[n],   y = x W^T,   q in -128..127
 //
-// Layout, made once by int8_wo_cpu_pack (the same for every ISA). Output columns are
-// cut into panels of 16 (kPanelWidth; N is padded with zero columns):
-//   codes   i8  [panels, K, 16]   the 16 columns of one k side by side: one 64-byte line
-//                                 is 4 k of a panel, and a panel's K lines are contiguous
-//   scales  f32 [panels * 16]
-// Weight bytes per element: 1 + 4/K.
+// Layout: the checkpoint's own weight i8 [N, K] (row n = output channel n), not a
+// copy: int8_wo_cpu_pack keeps a reference to it when it is contiguous, so the layer's
+// registered weight and the kernels share one buffer (a repacked copy would double
+// the memory of an int8 layer). Scales f32 [panels * 16], padded with zeros, where
+// panels = ceil(N / 16) (kPanelWidth).
 //
 // Kernels (chosen per call by the dispatcher in weight_only_cpu_kernels.cpp):
-// - M <= kInt8WoSmallM, AVX2 / AVX-512 ("rows" kernel): the weight streams once; each
-//   k's 16 bytes are sign-extended and converted (exact), multiplied by x[k] and
-//   accumulated per column in float32 over all of K; then y = scale * acc. The
+// - M <= kInt8WoSmallM, AVX2 / AVX-512 ("rows" kernel, dot-product form): a block of
+//   weight rows streams once, each 8 (AVX2) or 16 (AVX-512) k sign-extended and
+//   converted (exact), multiplied by the same k of every row of x and accumulated per
+//   lane in float32; the lanes are summed at the end, then y = scale * sum. The
 //   products q * x are exact; only the float32 accumulation and the final product
 //   with the scale round.
 // - every other M, and the scalar path for all M: the panel GEMM
-//   (common/cpu_panel_gemm.h) with the exact decoder float32(q) * scale, bit for bit
-//   tp::dequantize_weight's arithmetic.
+//   (common/cpu_panel_gemm.h) with a decoder that transposes 16 rows x 16 k of bytes
+//   in registers and writes float32(q) * scale: bit for bit tp::dequantize_weight's
+//   arithmetic.
 
 #include <cstdint>
 
@@ -34,11 +35,11 @@ namespace tp::detail {
 /// Largest M the rows kernel takes; above it the panel GEMM runs.
 inline constexpr int64_t kInt8WoSmallM = 4;
 
-/// An int8 weight-only weight repacked for the CPU kernels (layout above).
+/// An int8 weight-only weight as the CPU kernels read it (layout above).
 struct Int8WoCpuWeight {
   int64_t n = 0, k = 0;  // the logical weight [N, K]
   int64_t panels = 0;    // ceil(N / 16)
-  at::Tensor codes;      // i8 [panels, K, 16]
+  at::Tensor codes;      // i8 [N, K], contiguous: the caller's tensor itself when it was
   at::Tensor scales;     // f32 [panels * 16]
   /// Bytes the kernels stream per call (codes and scales).
   int64_t bytes() const;
@@ -52,7 +53,8 @@ struct Int8WoCpuView {
 };
 Int8WoCpuView int8_wo_cpu_view(const Int8WoCpuWeight& w);
 
-/// Repacks q [N, K] (int8) and scale ([N] or [N, 1], floating) into the kernel layout.
+/// The kernels' view of q [N, K] (int8; shared, not copied, when contiguous on the
+/// CPU) and scale ([N] or [N, 1], floating; converted to float32).
 Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale);
 
 /// y = x W^T. x: [..., K] float32 or bfloat16 on the CPU; y: [..., N] in x's dtype

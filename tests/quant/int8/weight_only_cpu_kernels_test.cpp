@@ -173,7 +173,7 @@ TEST_CASE("int8_weight_only CPU kernels give the same bits on 1 and 2 threads", 
   }
 }
 
-TEST_CASE("int8_weight_only CPU kernels: scale dtypes and shapes, empty inputs, [..., K], errors",
+TEST_CASE("int8_weight_only CPU kernels: no copy of the weight, scale dtypes and shapes, empty inputs, [..., K], errors",
           "[quant][cpu_kernels]") {
   const auto e = exact_weights(24, 40, 127, 500);
   // float16 / bfloat16 scales and a 1-D [N] scale pack to the same float32 scales.
@@ -182,6 +182,8 @@ TEST_CASE("int8_weight_only CPU kernels: scale dtypes and shapes, empty inputs, 
                     e.scale.reshape({-1})));
   }
   const auto packed = int8_wo_cpu_pack(e.q, e.scale);
+  // The kernels read the layer's own weight: no copy.
+  CHECK(packed.codes.const_data_ptr() == e.q.const_data_ptr());
   for (CpuIsa isa : isas()) {
     INFO(to_string(isa));
     CHECK(int8_wo_cpu_linear(at::empty({0, 40}), packed, isa).sizes() == at::IntArrayRef({0, 24}));
