@@ -130,8 +130,9 @@ void check_cpu_isa(CpuIsa isa, const char* what) {
 at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const char* what,
                               const std::function<void(const float* x, int64_t m, float* y)>& run) {
   TORCH_CHECK_VALUE(x.defined() && x.device().is_cpu() &&
-                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-                    what, ": x must be a float32 or bfloat16 CPU tensor; got ",
+                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+                         x.scalar_type() == at::kHalf),
+                    what, ": x must be a float32, bfloat16 or float16 CPU tensor; got ",
                     x.defined() ? c10::toString(x.scalar_type()) : "undefined", x.defined() ? " on " : "",
                     x.defined() ? x.device().str() : "");
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == k, what, ": x has shape ", x.sizes(), "; expected [..., ", k,

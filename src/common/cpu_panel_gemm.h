@@ -89,9 +89,10 @@ at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, CpuIsa isa);
 /// Throws (naming `what`) unless this CPU can run `isa`'s kernels.
 void check_cpu_isa(CpuIsa isa, const char* what);
 
-/// The tensor side of a weight-only linear: checks x ([..., k], float32 or bfloat16,
-/// CPU), converts it to contiguous float32 [m, k], calls run(x, m, y) with y [m, n]
-/// float32 to fill, and returns y as [..., n] in x's dtype (rounded once).
+/// The tensor side of a weight-only linear: checks x ([..., k], float32, bfloat16 or
+/// float16, CPU), converts it to contiguous float32 [m, k] (exactly), calls
+/// run(x, m, y) with y [m, n] float32 to fill, and returns y as [..., n] in x's dtype
+/// (rounded once).
 at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const char* what,
                               const std::function<void(const float* x, int64_t m, float* y)>& run);
 

@@ -73,8 +73,8 @@ Int4CpuView int4_cpu_view(const Int4CpuWeight& w);
 Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero,
                             int64_t group);
 
-/// y = x W^T. x: [..., K] float32 or bfloat16 on the CPU; y: [..., N] in x's dtype
-/// (bfloat16 x is converted to float32 first, exactly; the output is rounded once).
+/// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
+/// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).
 at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, CpuIsa isa = cpu_isa());
 
 /// The same over raw float32 buffers: x [m, K] (row stride ld_x), y [m, N] (ld_y).

@@ -57,8 +57,8 @@ Int8WoCpuView int8_wo_cpu_view(const Int8WoCpuWeight& w);
 /// CPU) and scale ([N] or [N, 1], floating; converted to float32).
 Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale);
 
-/// y = x W^T. x: [..., K] float32 or bfloat16 on the CPU; y: [..., N] in x's dtype
-/// (bfloat16 x is converted to float32 first, exactly; the output is rounded once).
+/// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
+/// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).
 at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, CpuIsa isa = cpu_isa());
 
 /// The same over raw float32 buffers: x [m, K] (row stride ld_x), y [m, N] (ld_y).

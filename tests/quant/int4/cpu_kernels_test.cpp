@@ -12,8 +12,8 @@
 // - random normal data: test::tolerance(float32) = 2e-5 of max |y|, the project's
 //   float32 GEMM bound (float32 accumulation over K; rounding x to bfloat16, which
 //   this kernel must not do, would cost ~4e-3).
-// - bfloat16 activations: the float32 result of the same (exactly converted) x,
-//   rounded once to bfloat16: compared with ==.
+// - bfloat16 and float16 activations: the float32 result of the same (exactly
+//   converted) x, rounded once to the 16-bit type: compared with ==.
 
 #include "tp_catch.h"
 
@@ -143,8 +143,10 @@ TEST_CASE("int4 CPU kernels are exact on exactly representable data at edge shap
       for (CpuIsa isa : isas()) {
         INFO("[" << s.n << ", " << s.k << "] g" << s.g << " M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(x, packed, isa), expected));
-        // bfloat16 activations (these x are bfloat16 values): the exact result, rounded once.
+        // 16-bit activations (these x are bfloat16 and float16 values): the exact result,
+        // rounded once.
         CHECK(at::equal(int4_cpu_linear(x.to(at::kBFloat16), packed, isa), expected.to(at::kBFloat16)));
+        CHECK(at::equal(int4_cpu_linear(x.to(at::kHalf), packed, isa), expected.to(at::kHalf)));
       }
     }
   }
@@ -233,7 +235,7 @@ TEST_CASE("int4 CPU kernels: empty inputs, shapes [..., K], and errors", "[quant
     CHECK(at::equal(y, reference(x, w).to(at::kFloat)));
   }
   REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 63}), packed), Contains("expected [..., 64]"));
-  REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 64}, at::kDouble), packed), Contains("float32 or bfloat16"));
+  REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 64}, at::kDouble), packed), Contains("float32, bfloat16 or float16"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes + 1, u.scale, u.zero, 32), Contains("0..15"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero, 48), Contains("multiple of 8 that divides K"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero + 0.5, 32), Contains("integers in 0..255"));

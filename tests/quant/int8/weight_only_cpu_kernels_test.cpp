@@ -12,7 +12,8 @@
 // - random normal data: test::tolerance(float32) = 2e-5 of max |y|, the project's
 //   float32 GEMM bound (rounding x to bfloat16, which these kernels must not do,
 //   would cost ~4e-3).
-// - bfloat16 activations: the exact float32 result rounded once: compared with ==.
+// - bfloat16 and float16 activations: the exact float32 result rounded once to the
+//   16-bit type: compared with ==.
 
 #include "tp_catch.h"
 
@@ -111,6 +112,7 @@ TEST_CASE("int8_weight_only CPU kernels are exact on exactly representable data 
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int8_wo_cpu_linear(x, packed, isa), expected));
         CHECK(at::equal(int8_wo_cpu_linear(x.to(at::kBFloat16), packed, isa), expected.to(at::kBFloat16)));
+        CHECK(at::equal(int8_wo_cpu_linear(x.to(at::kHalf), packed, isa), expected.to(at::kHalf)));
       }
     }
   }
@@ -193,7 +195,7 @@ TEST_CASE("int8_weight_only CPU kernels: no copy of the weight, scale dtypes and
     CHECK(at::equal(y, reference(x, e.w).to(at::kFloat)));
   }
   REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 41}), packed), Contains("expected [..., 40]"));
-  REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 40}, at::kHalf), packed), Contains("float32 or bfloat16"));
+  REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 40}, at::kDouble), packed), Contains("float32, bfloat16 or float16"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q.to(at::kInt), e.scale), Contains("int8 [N, K]"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q, e.scale.narrow(0, 0, 23)), Contains("[N] or [N, 1]"));
   if (cpu_max_isa() != CpuIsa::kAvx512) {
