@@ -133,16 +133,19 @@ void int4_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t 
 }
 
 void int4_prescale_x(const float* x, int64_t m, int64_t ld_x, int64_t k, int64_t group, float* xs, float* sum_x) {
+  // 16^-i for nibble i (powers of two: the products are exact); nibble 7 is shifted down.
+  constexpr float kScale[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 1.0f};
   const int64_t groups = k / group;
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * ld_x;
     float* xsr = xs + r * k;
     for (int64_t g = 0; g < groups; ++g) {
       double sum = 0;
-      for (int64_t kk = g * group; kk < (g + 1) * group; ++kk) {
-        sum += xr[kk];
-        const int i = static_cast<int>(kk % 8);
-        xsr[kk] = i == 7 ? xr[kk] : std::ldexp(xr[kk], -4 * i);
+      for (int64_t kk = g * group; kk < (g + 1) * group; kk += 8) {
+        for (int i = 0; i < 8; ++i) {
+          sum += xr[kk + i];
+          xsr[kk + i] = xr[kk + i] * kScale[i];
+        }
       }
       sum_x[r * groups + g] = static_cast<float>(sum);
     }

@@ -17,6 +17,9 @@
 //                                   checkpoints store float16), else f32
 //   zeros   u8  [panels, K/g, 16]
 // Weight bytes per element: 0.5 + 3/g (f16 scales): 0.52 at g = 128.
+// Other 4-bit formats repack into the same layout through int4_cpu_pack: signed codes
+// c in -8..7 (compressed-tensors pack-quantized) become q = c + 8 with the zero point
+// shifted by 8 as well (8 for symmetric), and a channel-wise format is g = K.
 //
 // Kernels (chosen per call by the dispatcher in cpu_kernels.cpp):
 // - M <= kInt4SmallM, AVX2 / AVX-512 ("rows" kernel): the weight streams once, 8 (AVX2)
