@@ -35,7 +35,7 @@ namespace {
 struct Args {
   int64_t k = 4096, n = 11008;
   std::vector<int64_t> m = {1, 16, 256};
-  std::vector<std::string> formats = {"fp8_tensor", "fp8_channel",  "fp8_block",      "int8_w8a8",
+  std::vector<std::string> formats = {"fp8_tensor",       "fp8_channel",    "fp8_block",    "int8_w8a8",
                                       "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   double seconds = 0.5;  // measuring per side and M
@@ -67,13 +67,21 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) usage("missing value after " + flag);
     const std::string v = argv[++i];
     try {
-      if (flag == "--k") a.k = std::stoll(v);
-      else if (flag == "--n") a.n = std::stoll(v);
-      else if (flag == "--m") { a.m.clear(); for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s)); }
-      else if (flag == "--formats") a.formats = split_list(v);
-      else if (flag == "--dtypes") a.dtypes = split_list(v);
-      else if (flag == "--seconds") a.seconds = std::stod(v);
-      else usage("unknown flag " + flag);
+      if (flag == "--k")
+        a.k = std::stoll(v);
+      else if (flag == "--n")
+        a.n = std::stoll(v);
+      else if (flag == "--m") {
+        a.m.clear();
+        for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s));
+      } else if (flag == "--formats")
+        a.formats = split_list(v);
+      else if (flag == "--dtypes")
+        a.dtypes = split_list(v);
+      else if (flag == "--seconds")
+        a.seconds = std::stod(v);
+      else
+        usage("unknown flag " + flag);
     } catch (const std::logic_error&) {
       usage("bad value '" + v + "' for " + flag);
     }
@@ -92,7 +100,8 @@ at::ScalarType dtype_of(const std::string& name) {
 // Medians of several callables measured in alternating rounds, so a change in the
 // machine's load hits every side alike.
 std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, double seconds) {
-  for (const auto& f : sides) for (int i = 0; i < 2; ++i) f();  // warm-up
+  for (const auto& f : sides)
+    for (int i = 0; i < 2; ++i) f();  // warm-up
   std::vector<std::vector<double>> samples(sides.size());
   const auto start = std::chrono::steady_clock::now();
   const double budget = seconds * static_cast<double>(sides.size());
@@ -128,10 +137,11 @@ int main(int argc, char** argv) {
   std::printf("tp-quant-bench: one %lld x %lld layer (in x out), TP = 1, %s, torch threads %d, load %s\n",
               static_cast<long long>(args.k), static_cast<long long>(args.n), bench::machine_description().c_str(),
               at::get_num_threads(), bench::load_average().c_str());
-  std::printf("time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
-              "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
-              "the original float weight; err model: the same against the format's own float64 model.\n\n",
-              args.seconds);
+  std::printf(
+      "time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
+      "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
+      "the original float weight; err model: the same against the format's own float64 model.\n\n",
+      args.seconds);
 
   const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));
   const auto w32 = w.to(at::kFloat), w16 = w.to(at::kBFloat16);
@@ -156,9 +166,9 @@ int main(int argc, char** argv) {
         const auto x64 = at::randn({m, args.k}, at::kDouble);
         const auto x = x64.to(dtype), x32 = x64.to(at::kFloat), x16 = x64.to(at::kBFloat16);
         at::Tensor y;
-        const auto ms = median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); },
-                                   [&] { y = layer->forward(x); }},
-                                  args.seconds);
+        const auto ms =
+            median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); }, [&] { y = layer->forward(x); }},
+                      args.seconds);
         const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
         const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
         const double mb = static_cast<double>(stored_bytes(stored)) / 1e6;
@@ -170,16 +180,15 @@ int main(int argc, char** argv) {
         }
         table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]),
                    format("%.2f", ms[0] / ms[2]), format("%.2f", ms[1] / ms[2]), format("%.1f", mb),
-                   format("%.1f", mb / ms[2]), format("%.1e", rel_error(y, ref_float)),
-                   format("%.1e", err_model)});
+                   format("%.1f", mb / ms[2]), format("%.1e", rel_error(y, ref_float)), format("%.1e", err_model)});
         if (fmt == args.formats.front() && dtype_name == args.dtypes.front()) {
           // The baselines once per M, for reference.
           table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "1.00",
                      format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
                      format("%.1f", 4e-6 * args.n * args.k / ms[0]), "", ""});
-          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]),
-                     format("%.2f", ms[0] / ms[1]), "1.00", format("%.1f", 2e-6 * args.n * args.k),
-                     format("%.1f", 2e-6 * args.n * args.k / ms[1]), "", ""});
+          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), format("%.2f", ms[0] / ms[1]),
+                     "1.00", format("%.1f", 2e-6 * args.n * args.k), format("%.1f", 2e-6 * args.n * args.k / ms[1]), "",
+                     ""});
         }
       }
     }

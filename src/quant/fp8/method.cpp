@@ -31,10 +31,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tp/loader/load_shard.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
 #include "quant/random_weight.h"
+#include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
 #include "quant/fp8/cuda.h"
@@ -57,9 +57,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // amax -> scale; an all-zero group gets scale 1 so that it quantizes to zeros
 // instead of 0/0.
-at::Tensor scale_of(const at::Tensor& amax) {
-  return at::where(amax > 0, amax / kE4m3Max, at::ones_like(amax));
-}
+at::Tensor scale_of(const at::Tensor& amax) { return at::where(amax > 0, amax / kE4m3Max, at::ones_like(amax)); }
 
 // v / scale, saturated to the E4M3 range (the cast alone would give NaN past 448).
 at::Tensor to_e4m3(const at::Tensor& v) { return v.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn); }
@@ -138,8 +136,8 @@ class Fp8Method final : public QuantMethod {
     dtype_ = options.dtype().toScalarType();
     in_local_ = in_local;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-    weight_ = layer.register_parameter(
-        "weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)), /*requires_grad=*/false);
+    weight_ = layer.register_parameter("weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
+                                       /*requires_grad=*/false);
     scale_ = layer.register_parameter(scale_name(config_.format), at::ones({out_local, groups()}, f32),
                                       /*requires_grad=*/false);
     if (config_.format == QuantFormat::kFp8PerTensor)
@@ -163,9 +161,9 @@ class Fp8Method final : public QuantMethod {
     // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
     cuda_.reset();
     if (weight_.is_cuda()) {
-      cuda_ = cuda::prepare_fp8(config_.format, weight_, scale_,
-                                input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt,
-                                dtype_);
+      cuda_ =
+          cuda::prepare_fp8(config_.format, weight_, scale_,
+                            input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt, dtype_);
     }
 #endif
   }
@@ -185,8 +183,8 @@ class Fp8Method final : public QuantMethod {
                         " expects float8_e4m3fn (make it with tp::quantize_weight or a matching exporter)");
       const auto wshape = wsrc.shape();
       TORCH_CHECK_VALUE(wshape.size() == 2 && (n < 0 || wshape[0] == n) && (k < 0 || wshape[1] == k), layer,
-                        ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ",
-                        k, "] (weight is [out_features, in_features])");
+                        ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ", k,
+                        "] (weight is [out_features, in_features])");
       const int64_t n_all = wshape[0], k_all = wshape[1];
       const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_.format), layer);
       check_scale_dtype(layer, ssrc, config_);
@@ -285,14 +283,13 @@ class Fp8Method final : public QuantMethod {
       expected = {ceil_div(n, kBlock), ceil_div(k, kBlock)};
       ok = shape == expected;
     }
-    TORCH_CHECK_VALUE(ok, layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; ",
-                      name(), " expects ", c10::IntArrayRef(expected),
-                      config_.format == QuantFormat::kFp8PerTensor ? " (or [1]), one scale for the whole weight"
-                      : config_.format == QuantFormat::kFp8PerChannel
-                          ? " (one scale per output row of the [" + std::to_string(n) + ", " + std::to_string(k) +
-                                "] weight)"
-                          : " (one scale per 128x128 block of the [" + std::to_string(n) + ", " +
-                                std::to_string(k) + "] weight)");
+    TORCH_CHECK_VALUE(
+        ok, layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; ", name(), " expects ",
+        c10::IntArrayRef(expected),
+        config_.format == QuantFormat::kFp8PerTensor ? " (or [1]), one scale for the whole weight"
+        : config_.format == QuantFormat::kFp8PerChannel
+            ? " (one scale per output row of the [" + std::to_string(n) + ", " + std::to_string(k) + "] weight)"
+            : " (one scale per 128x128 block of the [" + std::to_string(n) + ", " + std::to_string(k) + "] weight)");
   }
 
   QuantConfig config_;

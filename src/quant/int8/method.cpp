@@ -33,9 +33,9 @@
 #include <cmath>
 #include <utility>
 
-#include "tp/loader/load_shard.h"
 #include "quant/int8/int8.h"
 #include "quant/random_weight.h"
+#include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
 #include "quant/int8/cuda.h"
@@ -101,8 +101,8 @@ class Int8Method final : public QuantMethod {
       const int64_t k = column ? k_ : part.logical_size;
 
       const auto& w = checkpoint.get(part.prefix + ".weight", layer);
-      TORCH_CHECK_TYPE(w.dtype() == at::kChar, layer, ": tensor '", w.name(), "' has dtype ", w.dtype(), "; ",
-                       name(), " stores the weight as int8");
+      TORCH_CHECK_TYPE(w.dtype() == at::kChar, layer, ": tensor '", w.name(), "' has dtype ", w.dtype(), "; ", name(),
+                       " stores the weight as int8");
       TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
                         shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
       weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
@@ -128,7 +128,8 @@ class Int8Method final : public QuantMethod {
 #if TP_WITH_CUDA
     // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
     cuda_.reset();
-    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar) cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
+    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar)
+      cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
 #endif
   }
 
@@ -216,8 +217,8 @@ at::Tensor dequantize_int8(const QuantizedTensors& tensors, const QuantConfig& c
   };
   const auto w = get("weight"), s = get("weight_scale");
   TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && s.numel() == w.size(0), "dequantize_weight(",
-                    to_string(config), "): expected an int8 [N, K] weight and an [N, 1] weight_scale; got ",
-                    w.sizes(), " ", w.scalar_type(), " and ", s.sizes());
+                    to_string(config), "): expected an int8 [N, K] weight and an [N, 1] weight_scale; got ", w.sizes(),
+                    " ", w.scalar_type(), " and ", s.sizes());
   return w.to(at::kFloat) * s.to(at::kFloat).reshape({-1, 1});
 }
 
