@@ -1,9 +1,9 @@
-// int-kernels-bench: tp's own INT4 / INT8 weight-only CPU kernels against float32
+// tp-int-kernels-bench: tp's own INT4 / INT8 weight-only CPU kernels against float32
 // at::linear on the same shape, side by side in one process.
 //
-//   int-kernels-bench [--threads 1,2] [--m 1,16,256] [--shapes 4096x11008,...] [--reps 15]
-//                     [--formats int4,int8] [--group 128] [--dtype float32|bfloat16]
-//                     [--isas scalar,avx2,avx512]
+//   tp-int-kernels-bench [--threads 1,2] [--m 1,16,256] [--shapes 4096x11008,...] [--reps 15]
+//                        [--formats int4,int8] [--group 128] [--dtype float32|bfloat16]
+//                        [--isas scalar,avx2,avx512]
 //
 // A shape KxN is in_features x out_features (the weight is [N, K]). Every repetition
 // times the peer and each kernel once, in turn, so that a change in the machine's
@@ -11,10 +11,12 @@
 // Columns: time, speedup over float32 at::linear, weight bytes as stored / time
 // (GB/s), 2 M N K / time (GFLOP/s), the median process CPU time per call (all
 // threads: at one thread, much less than the wall time means the machine was
-// busy), and the max error relative to max |y| of
-// at::linear over the dequantized weight (a sanity check, not the test).
+// busy), and the max error relative to max |y| of at::linear over the dequantized
+// weight.
 // The ISAs default to every one up to cpu_isa() (TP_CPU_ISA caps it); the peers
-// follow ATEN_CPU_CAPABILITY / MKL_ENABLE_INSTRUCTIONS / ONEDNN_MAX_CPU_ISA.
+// follow ATEN_CPU_CAPABILITY / MKL_ENABLE_INSTRUCTIONS / ONEDNN_MAX_CPU_ISA. Exits 1
+// when a kernel's error exceeds the float32 GEMM bound (bfloat16: its own), so the
+// smoke run in CTest is a correctness check too.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,9 +24,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -32,7 +34,7 @@
 
 #include "common/cpu_features.h"
 #include "quant/int4/cpu_kernels.h"
-#include "quant/int4_packing.h"
+#include "quant/int4/packing.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 #include "tp/quant/quantize.h"
 
@@ -55,9 +57,7 @@ std::vector<int64_t> ints(const std::string& s) {
   return out;
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // CPU time of the whole process (all threads), to tell a busy machine's preemption
 // (wall >> cpu at one thread) from the kernel's own time.
@@ -92,14 +92,22 @@ int main(int argc, char** argv) {
   std::string dtype_name = "float32";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--threads") threads = ints(v);
-    else if (a == "--m") ms = ints(v);
-    else if (a == "--shapes") shapes = split(v, ',');
-    else if (a == "--reps") reps = std::stoll(v);
-    else if (a == "--formats") formats = split(v, ',');
-    else if (a == "--group") group = std::stoll(v);
-    else if (a == "--dtype") dtype_name = v;
-    else if (a == "--isas") isa_names = split(v, ',');
+    if (a == "--threads")
+      threads = ints(v);
+    else if (a == "--m")
+      ms = ints(v);
+    else if (a == "--shapes")
+      shapes = split(v, ',');
+    else if (a == "--reps")
+      reps = std::stoll(v);
+    else if (a == "--formats")
+      formats = split(v, ',');
+    else if (a == "--group")
+      group = std::stoll(v);
+    else if (a == "--dtype")
+      dtype_name = v;
+    else if (a == "--isas")
+      isa_names = split(v, ',');
     else {
       std::fprintf(stderr, "unknown option %s (see the header of int_kernels_bench.cpp)\n", a.c_str());
       return 2;
@@ -115,21 +123,23 @@ int main(int argc, char** argv) {
   }
 
   std::printf("cpu features: %s\n", cpu_features().describe().c_str());
-  std::printf("tp cpu_isa: %s (TP_CPU_ISA=%s); peers: ATEN_CPU_CAPABILITY=%s MKL_ENABLE_INSTRUCTIONS=%s "
-              "ONEDNN_MAX_CPU_ISA=%s\n",
-              to_string(cpu_isa()), env_or("TP_CPU_ISA", "-"), env_or("ATEN_CPU_CAPABILITY", "-"),
-              env_or("MKL_ENABLE_INSTRUCTIONS", "-"), env_or("ONEDNN_MAX_CPU_ISA", "-"));
+  std::printf(
+      "tp cpu_isa: %s (TP_CPU_ISA=%s); peers: ATEN_CPU_CAPABILITY=%s MKL_ENABLE_INSTRUCTIONS=%s "
+      "ONEDNN_MAX_CPU_ISA=%s\n",
+      to_string(cpu_isa()), env_or("TP_CPU_ISA", "-"), env_or("ATEN_CPU_CAPABILITY", "-"),
+      env_or("MKL_ENABLE_INSTRUCTIONS", "-"), env_or("ONEDNN_MAX_CPU_ISA", "-"));
   std::printf("layer dtype %s, int4 group %lld, %lld reps (medians)\n\n", dtype_name.c_str(),
               static_cast<long long>(group), static_cast<long long>(reps));
   std::printf("%-6s %-11s %4s %3s  %-22s %9s %8s %7s %8s %9s %9s\n", "format", "KxN", "M", "thr", "kernel", "ms",
               "vs fp32", "GB/s", "GFLOP/s", "cpu ms", "max err");
 
+  bool failed = false;
   for (const auto& shape : shapes) {
     const auto kn = split(shape, 'x');
     const int64_t k = std::stoll(kn.at(0)), n = std::stoll(kn.at(1));
     at::manual_seed(0);
-    const auto w = at::empty({n, k}).uniform_(-1.0 / std::sqrt(static_cast<double>(k)),
-                                              1.0 / std::sqrt(static_cast<double>(k)));
+    const auto w =
+        at::empty({n, k}).uniform_(-1.0 / std::sqrt(static_cast<double>(k)), 1.0 / std::sqrt(static_cast<double>(k)));
     for (const auto& format : formats) {
       // The weight in the format, its reference (dequantized) float32 copy, and the packing.
       at::Tensor reference;
@@ -157,15 +167,17 @@ int main(int argc, char** argv) {
         for (int64_t t : threads) {
           at::set_num_threads(static_cast<int>(t));
           std::vector<Candidate> cands;
-          cands.push_back({"at::linear fp32", [&] { return at::linear(x32, reference); }, {}});
+          cands.push_back({"at::linear fp32", [&] { return at::linear(x32, reference); }, {}, {}});
           if (dtype == at::kBFloat16) {
             const auto wb = reference.to(at::kBFloat16);
-            cands.push_back({"at::linear bf16", [&, wb] { return at::linear(x, wb); }, {}});
+            cands.push_back({"at::linear bf16", [&, wb] { return at::linear(x, wb); }, {}, {}});
           }
           for (CpuIsa isa : isas) {
             const std::string name = std::string("tp ") + format + " " + to_string(isa);
-            if (format == "int4") cands.push_back({name, [&, isa] { return int4_cpu_linear(x, w4, isa); }, {}});
-            else cands.push_back({name, [&, isa] { return int8_wo_cpu_linear(x, w8, isa); }, {}});
+            if (format == "int4")
+              cands.push_back({name, [&, isa] { return int4_cpu_linear(x, w4, isa); }, {}, {}});
+            else
+              cands.push_back({name, [&, isa] { return int8_wo_cpu_linear(x, w8, isa); }, {}, {}});
           }
           std::vector<double> errs;
           for (auto& c : cands) {
@@ -181,11 +193,19 @@ int main(int argc, char** argv) {
               c.cpu_times.push_back(cpu_now() - c0);
             }
           }
+          const double bound = dtype == at::kBFloat16 ? 3e-2 : 2e-5;
+          for (size_t i = 1; i < cands.size(); ++i) {
+            if (errs[i] > bound) {
+              std::fprintf(stderr, "%s: error %.3g above the bound %.1g (%s, M=%lld)\n", cands[i].name.c_str(), errs[i],
+                           bound, shape.c_str(), static_cast<long long>(m));
+              failed = true;
+            }
+          }
           const double peer = median(cands[0].times);
           for (size_t i = 0; i < cands.size(); ++i) {
             const double tm = median(cands[i].times);
-            const double wbytes = i == 0 ? 4.0 * n * k : (cands[i].name.rfind("at::linear bf16", 0) == 0 ? 2.0 * n * k
-                                                                                                        : bytes);
+            const double wbytes =
+                i == 0 ? 4.0 * n * k : (cands[i].name.rfind("at::linear bf16", 0) == 0 ? 2.0 * n * k : bytes);
             std::printf("%-6s %-11s %4lld %3lld  %-22s %9.3f %7.2fx %7.1f %8.1f %9.3f %9.2e\n", format.c_str(),
                         shape.c_str(), static_cast<long long>(m), static_cast<long long>(t), cands[i].name.c_str(),
                         tm * 1e3, peer / tm, wbytes / tm / 1e9, 2.0 * m * n * k / tm / 1e9,
@@ -196,5 +216,5 @@ int main(int argc, char** argv) {
       }
     }
   }
-  return 0;
+  return failed ? 1 : 0;
 }

@@ -40,8 +40,8 @@ std::vector<float> panel_pack_x(const float* x, int64_t m, int64_t ld_x, int64_t
   return xp;
 }
 
-void panel_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np,
-                              int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate) {
+void panel_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
+                              int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate) {
   // One row per block (panel_rows_per_tile): block r is row r, contiguous in k.
   TORCH_INTERNAL_ASSERT(ncols <= kPanelWidth * np && ncols <= ld_buf);
   float acc[2 * kPanelWidth];
@@ -90,8 +90,8 @@ void parallel_over_panels(int64_t panels, int64_t m, int64_t k, int64_t align,
                           const std::function<void(int64_t p0, int64_t p1)>& fn) {
   if (panels <= 0) return;
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
-  const int64_t min_chunk = std::max<int64_t>(
-      1, (int64_t{1} << 18) / (kPanelWidth * std::max<int64_t>(k, 1) * std::max<int64_t>(m, 1)));
+  const int64_t min_chunk =
+      std::max<int64_t>(1, (int64_t{1} << 18) / (kPanelWidth * std::max<int64_t>(k, 1) * std::max<int64_t>(m, 1)));
   // About 8 chunks per thread: enough to even out a preempted thread, few enough
   // that each chunk streams long contiguous runs of the weight.
   int64_t chunk = std::max(min_chunk, panels / (8 * threads));
@@ -103,7 +103,8 @@ void parallel_over_panels(int64_t panels, int64_t m, int64_t k, int64_t align,
   }
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) fn(c * chunk, std::min(panels, (c + 1) * chunk));
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
+      fn(c * chunk, std::min(panels, (c + 1) * chunk));
   });
 }
 
@@ -123,18 +124,18 @@ at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, CpuIsa isa) {
 
 void check_cpu_isa(CpuIsa isa, const char* what) {
   TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), what, ": the ", to_string(isa),
-                    " kernels cannot run on this CPU (it supports up to ", to_string(cpu_max_isa()), "; features: ",
-                    cpu_features().describe(), ")");
+                    " kernels cannot run on this CPU (it supports up to ", to_string(cpu_max_isa()),
+                    "; features: ", cpu_features().describe(), ")");
 }
 
 at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const char* what,
                               const std::function<void(const float* x, int64_t m, float* y)>& run) {
-  TORCH_CHECK_VALUE(x.defined() && x.device().is_cpu() &&
-                        (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
-                         x.scalar_type() == at::kHalf),
-                    what, ": x must be a float32, bfloat16 or float16 CPU tensor; got ",
-                    x.defined() ? c10::toString(x.scalar_type()) : "undefined", x.defined() ? " on " : "",
-                    x.defined() ? x.device().str() : "");
+  TORCH_CHECK_VALUE(
+      x.defined() && x.device().is_cpu() &&
+          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf),
+      what, ": x must be a float32, bfloat16 or float16 CPU tensor; got ",
+      x.defined() ? c10::toString(x.scalar_type()) : "undefined", x.defined() ? " on " : "",
+      x.defined() ? x.device().str() : "");
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == k, what, ": x has shape ", x.sizes(), "; expected [..., ", k,
                     "] (in_features)");
   auto out_shape = x.sizes().vec();

@@ -46,10 +46,10 @@ using PanelDecodeFn = void (*)(const void* weight, int64_t p, int64_t np, int64_
 
 /// The weight side of a panel GEMM: N, K, the decoder and its argument.
 struct PanelWeight {
-  int64_t n = 0;                    ///< output columns (the last panel may be partial)
-  int64_t k = 0;                    ///< input features
-  PanelDecodeFn decode = nullptr;   ///< the decoder for the ISA the GEMM runs with
-  const void* weight = nullptr;     ///< passed to decode
+  int64_t n = 0;                   ///< output columns (the last panel may be partial)
+  int64_t k = 0;                   ///< input features
+  PanelDecodeFn decode = nullptr;  ///< the decoder for the ISA the GEMM runs with
+  const void* weight = nullptr;    ///< passed to decode
 };
 
 /// Rows of x the microkernel of `isa` holds in registers (1 scalar, 6 AVX2, 8
@@ -76,7 +76,8 @@ void panel_gemm_parallel(const float* x, int64_t m, int64_t ld_x, const PanelWei
                          int64_t panels, CpuIsa isa);
 
 /// Runs fn(p0, p1) over chunks covering panels [0, panels) on ATen's intra-op
-/// threads (at::parallel_for). Threads take chunks in turn from a shared counter
+/// threads (at::parallel_for; this file is compiled with -fopenmp, without which
+/// that header template runs everything on the calling thread). Threads take chunks in turn from a shared counter
 /// rather than one fixed share each, so a thread that the OS preempts (a busy
 /// machine) delays only its chunk. Chunks are multiples of `align` panels and hold
 /// at least ~2^18 multiply-adds (m rows x K), so a small layer stays on one thread.
@@ -100,11 +101,11 @@ at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const c
 /// c < ncols (<= 16 np, the valid columns); `accumulate` adds to y instead of
 /// overwriting it. xp points at k0 of the first packed block (panel_pack_x), block
 /// b at xp + b * ld_block (= K * R). np is 1 (scalar, AVX2) or 1..2 (AVX-512).
-void panel_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np,
-                              int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
+void panel_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
+                              int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
 void panel_microkernel_avx2(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
                             int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
-void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np,
-                              int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
+void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
+                              int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
 
 }  // namespace tp::detail

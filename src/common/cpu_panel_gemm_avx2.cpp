@@ -20,7 +20,7 @@ constexpr int kRows = 6;
 template <int R>
 void tile(const float* xp, const float* buf, int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, bool accumulate) {
   __m256 c0[R], c1[R];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     c0[r] = accumulate ? _mm256_loadu_ps(y + r * ld_y) : _mm256_setzero_ps();
     c1[r] = accumulate ? _mm256_loadu_ps(y + r * ld_y + 8) : _mm256_setzero_ps();
@@ -29,14 +29,14 @@ void tile(const float* xp, const float* buf, int64_t kc, int64_t ld_buf, float* 
   for (int64_t kk = 0; kk < kc; ++kk) {
     const __m256 b0 = _mm256_load_ps(buf + kk * ld_buf);
     const __m256 b1 = _mm256_load_ps(buf + kk * ld_buf + 8);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_broadcast_ss(xp + kk * kRows + r);
       c0[r] = _mm256_fmadd_ps(a, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(a, b1, c1[r]);
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(y + r * ld_y, c0[r]);
     _mm256_storeu_ps(y + r * ld_y + 8, c1[r]);

@@ -23,25 +23,25 @@ constexpr int kRows = 8;
 template <int R, int NV>
 void tile(const float* xp, const float* buf, int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, bool accumulate) {
   __m512 c[R][NV];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) c[r][v] = accumulate ? _mm512_loadu_ps(y + r * ld_y + 16 * v) : _mm512_setzero_ps();
 #pragma GCC unroll 2
   for (int64_t kk = 0; kk < kc; ++kk) {
     __m512 b[NV];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) b[v] = _mm512_load_ps(buf + kk * ld_buf + 16 * v);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(xp[kk * kRows + r]);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) c[r][v] = _mm512_fmadd_ps(a, b[v], c[r][v]);
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(y + r * ld_y + 16 * v, c[r][v]);
 }
 
@@ -53,8 +53,8 @@ constexpr TileFn kTiles1[kRows + 1] = {nullptr,    tile<1, 1>, tile<2, 1>, tile<
 
 }  // namespace
 
-void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np,
-                              int64_t kc, int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate) {
+void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
+                              int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate) {
   const int64_t width = kPanelWidth * np;
   for (int64_t r0 = 0; r0 < m; r0 += kRows) {
     const int rows = static_cast<int>(m - r0 < kRows ? m - r0 : kRows);

@@ -1,11 +1,9 @@
 #include "quant/int4/cpu_kernels.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "common/cpu_panel_gemm.h"
@@ -25,9 +23,7 @@ PanelDecodeFn decoder(CpuIsa isa) {
 
 }  // namespace
 
-int64_t Int4CpuWeight::bytes() const {
-  return codes.defined() ? codes.nbytes() + scales.nbytes() + zeros.nbytes() : 0;
-}
+int64_t Int4CpuWeight::bytes() const { return codes.defined() ? codes.nbytes() + scales.nbytes() + zeros.nbytes() : 0; }
 
 Int4CpuView int4_cpu_view(const Int4CpuWeight& w) {
   Int4CpuView v;
@@ -45,8 +41,7 @@ Int4CpuView int4_cpu_view(const Int4CpuWeight& w) {
   return v;
 }
 
-Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero,
-                            int64_t group) {
+Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t group) {
   TORCH_CHECK_VALUE(codes.dim() == 2 && !at::isFloatingType(codes.scalar_type()),
                     "int4_cpu_pack: 'codes' must be an integer [N, K] tensor; got ", codes.sizes(), " ",
                     codes.scalar_type());
@@ -54,17 +49,16 @@ Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, co
   TORCH_CHECK_VALUE(group > 0 && group % 8 == 0 && k % group == 0, "int4_cpu_pack: in_features K=", k,
                     " and group size ", group, ": the group must be a multiple of 8 that divides K");
   const int64_t groups = k / group;
-  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == groups && scale.size(1) == n &&
-                        at::isFloatingType(scale.scalar_type()),
-                    "int4_cpu_pack: 'scale' must be a floating [K/g, N] = [", groups, ", ", n, "] tensor; got ",
-                    scale.sizes(), " ", scale.scalar_type());
+  TORCH_CHECK_VALUE(
+      scale.dim() == 2 && scale.size(0) == groups && scale.size(1) == n && at::isFloatingType(scale.scalar_type()),
+      "int4_cpu_pack: 'scale' must be a floating [K/g, N] = [", groups, ", ", n, "] tensor; got ", scale.sizes(), " ",
+      scale.scalar_type());
   TORCH_CHECK_VALUE(zero.dim() == 2 && zero.size(0) == groups && zero.size(1) == n,
                     "int4_cpu_pack: 'zero' must be [K/g, N] = [", groups, ", ", n, "]; got ", zero.sizes());
   const auto q = codes.cpu().to(at::kInt);
   if (q.numel() > 0) {
     TORCH_CHECK_VALUE(q.min().item<int>() >= 0 && q.max().item<int>() <= 15,
-                      "int4_cpu_pack: 'codes' must lie in 0..15; got ", q.min().item<int>(), "..",
-                      q.max().item<int>());
+                      "int4_cpu_pack: 'codes' must lie in 0..15; got ", q.min().item<int>(), "..", q.max().item<int>());
   }
   const auto z = zero.cpu().to(at::kDouble);
   if (z.numel() > 0) {
@@ -89,8 +83,8 @@ Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, co
   const auto qc = q.contiguous();
   const int32_t* src = qc.const_data_ptr<int32_t>();
   auto* words = reinterpret_cast<uint32_t*>(w.codes.mutable_data_ptr<int32_t>());
-  at::parallel_for(0, n, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t c = n0; c < n1; ++c) {
+  parallel_over_panels(w.panels, 1, k, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t c = p0 * kPanelWidth; c < std::min(n, p1 * kPanelWidth); ++c) {
       uint32_t* dst = words + (c / kPanelWidth) * (k / 8) * kPanelWidth + c % kPanelWidth;
       const int32_t* row = src + c * k;
       for (int64_t b = 0; b < k / 8; ++b) {
@@ -176,9 +170,8 @@ void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeigh
 }
 
 at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, CpuIsa isa) {
-  return linear_through_f32(x, w.n, w.k, "int4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
-    int4_cpu_linear(x2, m, w.k, w, y, w.n, isa);
-  });
+  return linear_through_f32(x, w.n, w.k, "int4_cpu_linear",
+                            [&](const float* x2, int64_t m, float* y) { int4_cpu_linear(x2, m, w.k, w, y, w.n, isa); });
 }
 
 at::Tensor int4_cpu_decode(const Int4CpuWeight& w, CpuIsa isa) {

@@ -73,8 +73,7 @@ Int4CpuView int4_cpu_view(const Int4CpuWeight& w);
 /// Repacks codes q [N, K] (integer, 0..15), scale [K/g, N] (floating) and zero
 /// [K/g, N] (integer-valued, 0..255) into the kernel layout. K must be a multiple of
 /// `group`, and `group` a multiple of 8; anything else is an error naming the tensor.
-Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero,
-                            int64_t group);
+Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t group);
 
 /// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
 /// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).
@@ -102,8 +101,8 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
 /// The rows kernel for m <= kInt4SmallM rows and panels [p0, p1): xs [m, K] is x
 /// pre-scaled by int4_prescale_x (row stride ld_xs), sum_x [m, K/g] the group sums
 /// of x (row stride ld_sum); y [m, N] (ld_y), overwritten.
-void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_x, int64_t ld_sum,
-                    const Int4CpuView& w, float* y, int64_t ld_y, int64_t p0, int64_t p1);
+void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_x, int64_t ld_sum, const Int4CpuView& w,
+                    float* y, int64_t ld_y, int64_t p0, int64_t p1);
 void int4_rows_avx512(const float* xs, int64_t m, int64_t ld_xs, const float* sum_x, int64_t ld_sum,
                       const Int4CpuView& w, float* y, int64_t ld_y, int64_t p0, int64_t p1);
 

@@ -32,7 +32,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
   constexpr int V = 2 * NP;
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * kPanelWidth;
   __m256 out[M][V];
 #pragma GCC unroll 16
@@ -41,15 +41,15 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
     for (int v = 0; v < V; ++v) out[r][v] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     __m256 acc[SPLIT][M][V];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int s = 0; s < SPLIT; ++s)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int r = 0; r < M; ++r)
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < V; ++v) acc[s][r][v] = _mm256_setzero_ps();
     for (int64_t b = g * lines_per_group; b < (g + 1) * lines_per_group; ++b) {
       __m256i raw[V];
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < V; ++v)
         raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v / 2] + b * kPanelWidth + 8 * (v % 2)));
       const float* xk = xs + 8 * b;
@@ -58,50 +58,50 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
         // Nibble i, left in place: q * 16^i, exact in float32; xs carries the 16^-i.
         const __m256i mask = _mm256_set1_epi32(0xF << (4 * i));
         __m256 q[V];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < V; ++v) q[v] = _mm256_cvtepi32_ps(_mm256_and_si256(raw[v], mask));
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < M; ++r) {
           const __m256 a = _mm256_broadcast_ss(xk + r * ld_xs + i);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int v = 0; v < V; ++v) acc[i % SPLIT][r][v] = _mm256_fmadd_ps(q[v], a, acc[i % SPLIT][r][v]);
         }
       }
       {
         __m256 q[V];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < V; ++v) q[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(raw[v], 28));
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < M; ++r) {
           const __m256 a = _mm256_broadcast_ss(xk + r * ld_xs + 7);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int v = 0; v < V; ++v) acc[7 % SPLIT][r][v] = _mm256_fmadd_ps(q[v], a, acc[7 % SPLIT][r][v]);
         }
       }
     }
-    // y += scale * (sum q x - zero * sum x).
-    #pragma GCC unroll 16
+// y += scale * (sum q x - zero * sum x).
+#pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
       const int64_t meta = ((p + v / 2) * groups + g) * kPanelWidth + 8 * (v % 2);
       const __m256 scale = load_scale(w, meta), zero = load_zero(w, meta);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
         __m256 a = acc[0][r][v];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int s = 1; s < SPLIT; ++s) a = _mm256_add_ps(a, acc[s][r][v]);
         a = _mm256_fnmadd_ps(zero, _mm256_broadcast_ss(sum_x + r * ld_sum + g), a);
         out[r][v] = _mm256_fmadd_ps(scale, a, out[r][v]);
       }
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < M; ++r) {
     if (ncols == 16 * NP) {
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < V; ++v) _mm256_storeu_ps(y + r * ld_y + 8 * v, out[r][v]);
     } else {
       alignas(32) float part[16 * NP];
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < V; ++v) _mm256_store_ps(part + 8 * v, out[r][v]);
       for (int64_t c = 0; c < ncols; ++c) y[r * ld_y + c] = part[c];
     }
@@ -123,8 +123,8 @@ constexpr int kWidePanels[kInt4SmallM + 1] = {1, 2, 2, 1, 1};
 
 }  // namespace
 
-void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_x, int64_t ld_sum,
-                    const Int4CpuView& w, float* y, int64_t ld_y, int64_t p0, int64_t p1) {
+void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_x, int64_t ld_sum, const Int4CpuView& w,
+                    float* y, int64_t ld_y, int64_t p0, int64_t p1) {
   const int wide = kWidePanels[m];
   for (int64_t p = p0; p < p1;) {
     const int np = p1 - p >= wide ? wide : 1;
@@ -145,7 +145,8 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
     for (int64_t h = 0; h < 2; ++h) {
       float* col = buf + kPanelWidth * j + 8 * h;
       for (int64_t b0 = k0 / 8; b0 < b_end;) {
-        const int64_t g = b0 / lines_per_group, b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
+        const int64_t g = b0 / lines_per_group,
+                      b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
         const int64_t meta = ((p + j) * groups + g) * kPanelWidth + 8 * h;
         const __m256 scale = load_scale(w, meta), zero = load_zero(w, meta);
         if (w.scales_f16) {
@@ -156,7 +157,8 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
           // tp::dequantize_weight's, in 4 instructions instead of 6.
           __m256 s[8];
 #pragma GCC unroll 8
-          for (int i = 0; i < 8; ++i) s[i] = _mm256_mul_ps(scale, _mm256_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
+          for (int i = 0; i < 8; ++i)
+            s[i] = _mm256_mul_ps(scale, _mm256_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
           const __m256 minus_zs = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(zero, scale));
           for (int64_t b = b0; b < b1; ++b) {
             const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + b * kPanelWidth + 8 * h));

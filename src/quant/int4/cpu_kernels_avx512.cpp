@@ -32,7 +32,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
           int64_t ld_y, int64_t p, int64_t ncols) {
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * kPanelWidth;
   __m512 out[M][NP];
 #pragma GCC unroll 16
@@ -41,15 +41,15 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
     for (int v = 0; v < NP; ++v) out[r][v] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     __m512 acc[SPLIT][M][NP];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int s = 0; s < SPLIT; ++s)
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int r = 0; r < M; ++r)
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < NP; ++v) acc[s][r][v] = _mm512_setzero_ps();
     for (int64_t b = g * lines_per_group; b < (g + 1) * lines_per_group; ++b) {
       __m512i raw[NP];
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int v = 0; v < NP; ++v) raw[v] = _mm512_loadu_si512(panel[v] + b * kPanelWidth);
       const float* xk = xs + 8 * b;
 #pragma GCC unroll 7
@@ -57,45 +57,45 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
         // Nibble i, left in place: q * 16^i, exact in float32; xs carries the 16^-i.
         const __m512i mask = _mm512_set1_epi32(0xF << (4 * i));
         __m512 q[NP];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < NP; ++v) q[v] = _mm512_cvtepi32_ps(_mm512_and_si512(raw[v], mask));
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < M; ++r) {
           const __m512 a = _mm512_set1_ps(xk[r * ld_xs + i]);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int v = 0; v < NP; ++v) acc[i % SPLIT][r][v] = _mm512_fmadd_ps(q[v], a, acc[i % SPLIT][r][v]);
         }
       }
       {
         __m512 q[NP];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int v = 0; v < NP; ++v) q[v] = _mm512_cvtepi32_ps(_mm512_srli_epi32(raw[v], 28));
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int r = 0; r < M; ++r) {
           const __m512 a = _mm512_set1_ps(xk[r * ld_xs + 7]);
-          #pragma GCC unroll 16
+#pragma GCC unroll 16
           for (int v = 0; v < NP; ++v) acc[7 % SPLIT][r][v] = _mm512_fmadd_ps(q[v], a, acc[7 % SPLIT][r][v]);
         }
       }
     }
-    // y += scale * (sum q x - zero * sum x).
-    #pragma GCC unroll 16
+// y += scale * (sum q x - zero * sum x).
+#pragma GCC unroll 16
     for (int v = 0; v < NP; ++v) {
       const int64_t meta = ((p + v) * groups + g) * kPanelWidth;
       const __m512 scale = load_scale(w, meta), zero = load_zero(w, meta);
-      #pragma GCC unroll 16
+#pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
         __m512 a = acc[0][r][v];
-        #pragma GCC unroll 16
+#pragma GCC unroll 16
         for (int s = 1; s < SPLIT; ++s) a = _mm512_add_ps(a, acc[s][r][v]);
         a = _mm512_fnmadd_ps(zero, _mm512_set1_ps(sum_x[r * ld_sum + g]), a);
         out[r][v] = _mm512_fmadd_ps(scale, a, out[r][v]);
       }
     }
   }
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
   for (int r = 0; r < M; ++r) {
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int v = 0; v < NP; ++v) {
       const int64_t first = 16 * v, left = ncols - first;
       if (left >= 16) {
@@ -144,7 +144,8 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
     const uint32_t* panel = w.codes + (p + j) * lines * kPanelWidth;
     float* col = buf + kPanelWidth * j;
     for (int64_t b0 = k0 / 8; b0 < b_end;) {
-      const int64_t g = b0 / lines_per_group, b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
+      const int64_t g = b0 / lines_per_group,
+                    b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
       const int64_t meta = ((p + j) * groups + g) * kPanelWidth;
       const __m512 scale = load_scale(w, meta), zero = load_zero(w, meta);
       if (w.scales_f16) {
@@ -152,7 +153,8 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
         // exactly tp::dequantize_weight's (q - zero) * scale (see the AVX2 decoder).
         __m512 s[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) s[i] = _mm512_mul_ps(scale, _mm512_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
+        for (int i = 0; i < 8; ++i)
+          s[i] = _mm512_mul_ps(scale, _mm512_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
         const __m512 minus_zs = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(zero, scale));
         for (int64_t b = b0; b < b1; ++b) {
           const __m512i raw = _mm512_loadu_si512(panel + b * kPanelWidth);

@@ -78,11 +78,11 @@ void transpose16(const __m128i v[16], __m128i t[16]) {
     a[i] = _mm_unpacklo_epi8(v[2 * i], v[2 * i + 1]);
     a[i + 8] = _mm_unpackhi_epi8(v[2 * i], v[2 * i + 1]);
   }
-  for (int i = 0; i < 4; ++i) {  // row quads: 32-bit units, k in groups of 4
-    b[4 * i + 0] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);          // k 0..3
-    b[4 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);          // k 4..7
-    b[4 * i + 2] = _mm_unpacklo_epi16(a[2 * i + 8], a[2 * i + 9]);      // k 8..11
-    b[4 * i + 3] = _mm_unpackhi_epi16(a[2 * i + 8], a[2 * i + 9]);      // k 12..15
+  for (int i = 0; i < 4; ++i) {                                     // row quads: 32-bit units, k in groups of 4
+    b[4 * i + 0] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);      // k 0..3
+    b[4 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);      // k 4..7
+    b[4 * i + 2] = _mm_unpacklo_epi16(a[2 * i + 8], a[2 * i + 9]);  // k 8..11
+    b[4 * i + 3] = _mm_unpackhi_epi16(a[2 * i + 8], a[2 * i + 9]);  // k 12..15
   }
   for (int i = 0; i < 2; ++i) {  // row octets: 64-bit units, k in pairs
     for (int g = 0; g < 4; ++g) {

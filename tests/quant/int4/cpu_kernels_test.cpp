@@ -15,7 +15,7 @@
 // - bfloat16 and float16 activations: the float32 result of the same (exactly
 //   converted) x, rounded once to the 16-bit type: compared with ==.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,8 +25,8 @@
 
 #include "common/cpu_features.h"
 #include "quant/int4/cpu_kernels.h"
-#include "quant/int4_packing.h"
-#include "test_util.h"
+#include "quant/int4/packing.h"
+#include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
@@ -79,7 +79,7 @@ struct Shape {
 
 // Edge shapes: one group, N below / not a multiple of the 16-column panel (and of
 // the 2- and 4-panel groups the kernels take at once), several groups.
-const Shape kEdgeShapes[] = {{8, 32, 32}, {40, 64, 64}, {24, 128, 128}, {200, 96, 32},
+const Shape kEdgeShapes[] = {{8, 32, 32},    {40, 64, 64},  {24, 128, 128}, {200, 96, 32},
                              {16, 256, 128}, {72, 192, 64}, {136, 384, 128}};
 const int64_t kRows[] = {1, 2, 3, 4, 5, 17};
 
@@ -124,8 +124,8 @@ TEST_CASE("int4 CPU decoders with float32 scales (not float16 values) reproduce 
     CHECK(same_bits(int4_cpu_decode(packed, isa), expected));
     for (int64_t m : {1, 5}) {
       INFO("M " << m);
-      CHECK(test::relative_error(int4_cpu_linear(x.narrow(0, 0, m), packed, isa), reference(x.narrow(0, 0, m), expected)) <
-            test::tolerance(at::kFloat));
+      CHECK(test::relative_error(int4_cpu_linear(x.narrow(0, 0, m), packed, isa),
+                                 reference(x.narrow(0, 0, m), expected)) < test::tolerance(at::kFloat));
     }
   }
 }
@@ -197,8 +197,8 @@ TEST_CASE("int4 CPU kernels are exact at the Llama-3-8B shapes (float32 and bflo
         if (isa == CpuIsa::kScalar && m > 1) continue;  // the portable path: one size is enough here
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(xm, packed, isa), expected.narrow(0, 0, m)));
-        CHECK(at::equal(int4_cpu_linear(xm.to(at::kBFloat16), packed, isa),
-                        expected.narrow(0, 0, m).to(at::kBFloat16)));
+        CHECK(
+            at::equal(int4_cpu_linear(xm.to(at::kBFloat16), packed, isa), expected.narrow(0, 0, m).to(at::kBFloat16)));
       }
     }
   }
@@ -235,12 +235,14 @@ TEST_CASE("int4 CPU kernels: empty inputs, shapes [..., K], and errors", "[quant
     CHECK(at::equal(y, reference(x, w).to(at::kFloat)));
   }
   REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 63}), packed), Contains("expected [..., 64]"));
-  REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 64}, at::kDouble), packed), Contains("float32, bfloat16 or float16"));
+  REQUIRE_THROWS_WITH(int4_cpu_linear(at::ones({2, 64}, at::kDouble), packed),
+                      Contains("float32, bfloat16 or float16"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes + 1, u.scale, u.zero, 32), Contains("0..15"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero, 48), Contains("multiple of 8 that divides K"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero + 0.5, 32), Contains("integers in 0..255"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale.t(), u.zero, 32), Contains("[K/g, N]"));
   if (cpu_max_isa() != CpuIsa::kAvx512) {
-    REQUIRE_THROWS_WITH(int4_cpu_linear(exact_x(1, 64, 1), packed, CpuIsa::kAvx512), Contains("cannot run on this CPU"));
+    REQUIRE_THROWS_WITH(int4_cpu_linear(exact_x(1, 64, 1), packed, CpuIsa::kAvx512),
+                        Contains("cannot run on this CPU"));
   }
 }

@@ -15,7 +15,7 @@
 // - bfloat16 and float16 activations: the exact float32 result rounded once to the
 //   16-bit type: compared with ==.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -25,7 +25,7 @@
 
 #include "common/cpu_features.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
@@ -80,8 +80,8 @@ at::Tensor exact_x(int64_t m, int64_t k, uint64_t seed) {
 
 // Edge shapes (N, K): K of one element, odd K, N below / not a multiple of the
 // 16-column panel and of the 2- and 4-panel groups the kernels take at once.
-const std::pair<int64_t, int64_t> kEdgeShapes[] = {{1, 1}, {8, 3}, {24, 33}, {40, 40}, {200, 255}, {16, 256},
-                                                   {72, 520}, {136, 1000}};
+const std::pair<int64_t, int64_t> kEdgeShapes[] = {{1, 1},     {8, 3},    {24, 33},  {40, 40},
+                                                   {200, 255}, {16, 256}, {72, 520}, {136, 1000}};
 const int64_t kRows[] = {1, 2, 3, 4, 5, 17};
 
 }  // namespace
@@ -175,8 +175,9 @@ TEST_CASE("int8_weight_only CPU kernels give the same bits on 1 and 2 threads", 
   }
 }
 
-TEST_CASE("int8_weight_only CPU kernels: no copy of the weight, scale dtypes and shapes, empty inputs, [..., K], errors",
-          "[quant][cpu_kernels]") {
+TEST_CASE(
+    "int8_weight_only CPU kernels: no copy of the weight, scale dtypes and shapes, empty inputs, [..., K], errors",
+    "[quant][cpu_kernels]") {
   const auto e = exact_weights(24, 40, 127, 500);
   // float16 / bfloat16 scales and a 1-D [N] scale pack to the same float32 scales.
   for (auto dtype : {at::kHalf, at::kBFloat16}) {
@@ -195,7 +196,8 @@ TEST_CASE("int8_weight_only CPU kernels: no copy of the weight, scale dtypes and
     CHECK(at::equal(y, reference(x, e.w).to(at::kFloat)));
   }
   REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 41}), packed), Contains("expected [..., 40]"));
-  REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 40}, at::kDouble), packed), Contains("float32, bfloat16 or float16"));
+  REQUIRE_THROWS_WITH(int8_wo_cpu_linear(at::ones({2, 40}, at::kDouble), packed),
+                      Contains("float32, bfloat16 or float16"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q.to(at::kInt), e.scale), Contains("int8 [N, K]"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q, e.scale.narrow(0, 0, 23)), Contains("[N] or [N, 1]"));
   if (cpu_max_isa() != CpuIsa::kAvx512) {
