@@ -18,11 +18,15 @@
 // the middle of a local 128-row block) - a local block grid could express neither.
 // The cost is out_local * ceil(K/128) floats (~3% of the FP8 weight at K=4096).
 //
-// CPU kernel (all three formats): fp8_linear_f32 in cpu_kernels.cpp - weight chunks
-// decoded to float32 with the scales folded in, then BLAS; activations are
-// quantized-dequantized by the same functions quantize_activation uses, so the layer
-// and the float64 reference see identical activations. cpu_kernels.h has the
-// measurements that rule out at::_scaled_mm and a dequantize-then-linear on CPU.
+// CPU kernels (all three formats): tp's own, in cpu_kernels.h (AVX2 / AVX-512 / scalar,
+// chosen at run time): the E4M3 decode fused into the GEMV / GEMM, the weight read as
+// one byte per element. The activations are quantized-dequantized by
+// fp8_fake_quant_cpu, one C++ pass that is bit for bit the ATen functions below
+// (which quantize_activation, the reference, uses), so the layer and the float64
+// reference see identical activations. finalize() notes whether the weight holds NaN
+// codes (the kernels then decode them exactly); a weight changed in place after
+// finalize() (its version counter moved) takes the NaN-exact decode until the next
+// finalize().
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -157,6 +161,8 @@ class Fp8Method final : public QuantMethod {
   }
 
   void finalize() override {
+    nan_codes_ = weight_.defined() && weight_.is_cpu() && weight_.numel() > 0 && fp8_has_nan_codes(weight_);
+    weight_version_ = version_of(weight_);
 #if TP_WITH_CUDA
     // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
     cuda_.reset();
@@ -233,9 +239,15 @@ class Fp8Method final : public QuantMethod {
 #if TP_WITH_CUDA
     if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias).to(dtype_);
 #endif
-    const at::Tensor x2d = x.reshape({-1, in_local_}).to(at::kFloat).contiguous();
-    const at::Tensor xq = fake_quant_activation(config_.format, x2d, input_scale_).contiguous();
-    at::Tensor y = fp8_linear_f32(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1));
+    at::Tensor x2d = x.reshape({-1, in_local_});
+    const auto xt = x2d.scalar_type();
+    if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
+    const at::Tensor xq =
+        fp8_fake_quant_cpu(x2d, activation_kind(), input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
+    // NaN-exact decode where the weight has NaN codes, or where it may have changed
+    // since finalize() looked.
+    const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
+    at::Tensor y = fp8_linear_cpu(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1), nan_codes);
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();
@@ -248,6 +260,16 @@ class Fp8Method final : public QuantMethod {
 
  private:
   bool block() const { return config_.format == QuantFormat::kFp8Block; }
+  Fp8Activation activation_kind() const {
+    return config_.format == QuantFormat::kFp8PerTensor    ? Fp8Activation::kStatic
+           : config_.format == QuantFormat::kFp8PerChannel ? Fp8Activation::kPerToken
+                                                           : Fp8Activation::kGroup128;
+  }
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
   // Scale columns per local row: one, or one per 128-column block of in_local.
   int64_t groups() const { return block() ? ceil_div(in_local_, kBlock) : 1; }
 
@@ -295,9 +317,11 @@ class Fp8Method final : public QuantMethod {
   QuantConfig config_;
   at::ScalarType dtype_ = at::kFloat;
   int64_t in_local_ = 0;
-  at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
-  at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
-  at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
+  at::Tensor weight_;            // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;             // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;       // [] float32, "input_scale" (fp8_tensor only)
+  bool nan_codes_ = false;       // finalize(): the weight holds a NaN code (0x7f / 0xff)
+  int64_t weight_version_ = -2;  // finalize(): weight_'s version counter then
 #if TP_WITH_CUDA
   std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
 #endif

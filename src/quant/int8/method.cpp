@@ -15,11 +15,15 @@
 //   product q * x is exact and only the float32 accumulation rounds (no rounding of x
 //   to bfloat16), any K. Float64 layers and other devices take the reference:
 //   dequantize to the activation dtype, then at::matmul.
-// - int8_w8a8: x is quantized per token (scale = amax / 127, round to nearest, clamp
-//   to +-127, the same helper quantize_activation uses), at::_int_mm computes the
-//   exact int32 products (no shape rules on the CPU in torch 2.11), then
-//   y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
-//   Off the CPU the products go through a float32 matmul instead.
+// - int8_w8a8: x is quantized per token (scale = amax / 127, round half to even, clamp
+//   to +-127: w8a8_quantize_per_token, bit for bit the ATen helper below that
+//   quantize_activation uses), tp's own kernels compute the exact int32 products
+//   (w8a8_kernels.h: AVX2 / AVX-VNNI / AVX-512 (VNNI) / scalar, chosen at run time),
+//   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
+//   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight changed
+//   in place since (its version counter moved) has them recomputed per call. K past
+//   kW8a8MaxK (int32 could overflow) takes at::_int_mm; off the CPU the products go
+//   through a float32 matmul.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -29,6 +33,7 @@
 #include <utility>
 
 #include "quant/int8/int8.h"
+#include "quant/int8/w8a8_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
@@ -118,7 +123,10 @@ class Int8Method final : public QuantMethod {
   }
 
   void finalize() override {
-    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
+    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
+    row_sums_ = at::Tensor();
+    if (w8a8_ && weight_.is_cpu() && weight_.scalar_type() == at::kChar) row_sums_ = w8a8_row_sums(weight_);
+    weight_version_ = version_of(weight_);
     // The weight-only CPU kernels read the registered weight itself (no copy).
     cpu_wo_ = Int8WoCpuWeight{};
     if (!w8a8_ && weight_.device().is_cpu() && weight_.scalar_type() == at::kChar && weight_.is_contiguous()) {
@@ -143,6 +151,12 @@ class Int8Method final : public QuantMethod {
     at::Tensor y;
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
+    } else if (w8a8_ && x.device().is_cpu() && k_ <= kW8a8MaxK) {
+      const auto xt = x2.scalar_type();
+      const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
+      const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
+      const at::Tensor sums = version_of(weight_) == weight_version_ ? row_sums_ : at::Tensor();
+      y = w8a8_linear_cpu(q, x_scale, weight_, weight_row_scale_.reshape({-1}), sums).to(x.scalar_type());
     } else if (w8a8_) {
       const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
@@ -168,6 +182,12 @@ class Int8Method final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
+
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
   // than compute with it.
   void check_stored() const {
@@ -187,6 +207,8 @@ class Int8Method final : public QuantMethod {
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
   Int8WoCpuWeight cpu_wo_;             // weight-only CPU kernels: weight_ itself + f32 scales
   at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
+  at::Tensor row_sums_;                // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+  int64_t weight_version_ = -2;        // weight_'s version counter when finalize() ran
 };
 
 }  // namespace
