@@ -6,19 +6,14 @@
 // scale groups cover g at a time (and GPTQ's qweight packs eight at a time; g is a
 // multiple of 8), so every boundary is a multiple of g.
 //
-// CPU kernel: at::_weight_int4pack_mm_for_cpu. finalize() unpacks the checkpoint to
-// codes q [N, K] and converts them once with at::_convert_weight_to_int4pack_for_cpu
-// (u8 [N, K/2], independent of the activation dtype), plus scales_and_zeros
-// [K/g, N, 2] in the kernel's dtype. That kernel computes w = (q - 8) * scale + zero_f,
-// so the checkpoint's integer zero point becomes zero_f = (8 - zero) * scale
-// (tested against dequantize_weight). The op needs N % 16 == 0. In torch 2.11 on the
-// CPU only its bfloat16 path is vectorized (AVX512-BF16); float32 and float16 are
-// scalar loops, 5-15x slower than at::linear in float32. So a float32 layer runs the
-// bfloat16 kernel (x rounded to bfloat16, the output converted back): ~2^-9 relative
-// error, far below the weights' own 4-bit rounding. A float16 layer runs the exact
-// (slow) float16 path. Anything else (N of 8 mod 16, a float64 layer, another
-// device) takes a dequantize-and-matmul reference with the weight dequantized once in
-// finalize().
+// CPU kernel: tp's own (quant/int4/cpu_kernels.h). finalize() unpacks the checkpoint
+// to codes q [N, K], scales and zero points, and repacks them once into the kernels'
+// panel layout (independent of the activation dtype and of the ISA, which is chosen
+// per call: scalar, AVX2 or AVX-512 by cpu_isa()). float32, bfloat16 and float16
+// layers run it: x is converted to float32 exactly, every product q * x is exact and
+// only the float32 accumulation rounds (no rounding of x to bfloat16), and the output
+// is rounded once to the layer's dtype. Float64 layers and other devices take a
+// dequantize-and-matmul reference with the weight dequantized once in finalize().
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -26,6 +21,7 @@
 
 #include <cmath>
 
+#include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
 #include "quant/random_weight.h"
@@ -46,7 +42,7 @@ void check_group(const QuantConfig& config) {
                     " is not supported; use 32, 64 or 128");
 }
 
-bool aten_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+bool cpu_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -159,7 +155,8 @@ class Int4Method final : public QuantMethod {
   }
 
   void finalize() override {
-    packed_ = scales_and_zeros_ = dequantized_ = at::Tensor();
+    cpu_ = Int4CpuWeight{};
+    dequantized_ = at::Tensor();
 #if TP_WITH_CUDA
     cuda_.reset();
 #endif
@@ -172,11 +169,8 @@ class Int4Method final : public QuantMethod {
       return;
     }
 #endif
-    if (qweight_.device().is_cpu() && aten_kernel_dtype(dtype_) && n_ % 16 == 0) {
-      // innerKTiles is ignored by the CPU conversion; the layout does not depend on the activation dtype.
-      packed_ = at::_convert_weight_to_int4pack_for_cpu(u.codes, /*innerKTiles=*/1);
-      const auto kernel_dtype = dtype_ == at::kHalf ? at::kHalf : at::kBFloat16;
-      scales_and_zeros_ = at::stack({u.scale, (8 - u.zero) * u.scale}, -1).to(kernel_dtype).contiguous();
+    if (qweight_.device().is_cpu() && cpu_kernel_dtype(dtype_)) {
+      cpu_ = int4_cpu_pack(u.codes, u.scale, u.zero, g_);
     } else {
       dequantized_ = dequantize_unpacked(u, g_).to(qweight_.device(), dtype_);
     }
@@ -193,12 +187,8 @@ class Int4Method final : public QuantMethod {
     at::Tensor y;
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
-    } else if (packed_.defined() && x.device().is_cpu() && aten_kernel_dtype(x.scalar_type())) {
-      // float32 and bfloat16 run the vectorized bfloat16 kernel, float16 its own.
-      const auto kernel_dtype = x.scalar_type() == at::kHalf ? at::kHalf : at::kBFloat16;
-      const auto sz =
-          scales_and_zeros_.scalar_type() == kernel_dtype ? scales_and_zeros_ : scales_and_zeros_.to(kernel_dtype);
-      y = at::_weight_int4pack_mm_for_cpu(x2.to(kernel_dtype), packed_, g_, sz).to(x.scalar_type());
+    } else if (cpu_.codes.defined() && x.device().is_cpu() && cpu_kernel_dtype(x.scalar_type())) {
+      y = int4_cpu_linear(x2, cpu_);
     } else {
       const auto w = dequantized_.defined() ? dequantized_ : dequantize_unpacked(unpack(), g_);
       y = at::matmul(x2, w.to(x.device(), x.scalar_type()).t());
@@ -257,9 +247,8 @@ class Int4Method final : public QuantMethod {
   // Registered on the layer, as stored in the checkpoint (shapes in quant/int4/packing.h).
   at::Tensor qweight_, qzeros_, scales_;
   // Kernel side, built by finalize().
-  at::Tensor packed_;            // u8 [N, K/2]: _convert_weight_to_int4pack_for_cpu(q [N, K])
-  at::Tensor scales_and_zeros_;  // [K/g, N, 2] bf16 (f16 for float16 layers): scale, (8 - zero) * scale
-  at::Tensor dequantized_;       // [N, K] in dtype_, when the ATen kernel does not apply
+  Int4CpuWeight cpu_;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
+  at::Tensor dequantized_;  // [N, K] in dtype_, when the CPU kernels do not apply
 #if TP_WITH_CUDA
   std::optional<cuda::Int4Prepared> cuda_;  // built by finalize() when qweight is on CUDA
 #endif

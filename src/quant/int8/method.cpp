@@ -8,18 +8,13 @@
 // slices weight along K and replicates weight_scale (its split dim has width 1).
 //
 // CPU kernels:
-// - int8_weight_only (W8A16): at::_weight_int8pack_mm(x, weight [N, K], scales [N]),
-//   which dequantizes inside the GEMM so the weight is read as int8. In torch 2.11 on
-//   the CPU only its bfloat16 path is vectorized (AVX512-BF16); the float32 and
-//   float16 paths are scalar loops, several times slower than at::linear in float32
-//   (tp-bench numbers in the closing note of issue 4). So, true to "A16", a float32
-//   layer runs the bfloat16 kernel: x is rounded to bfloat16 and the output
-//   converted back to float32. That adds ~2^-9 relative error, below the weight's own
-//   rounding (half a step of amax / 127 per channel). A float16 layer runs the exact
-//   float16 path (slow). With K not a multiple of 16 the reduced-precision paths
-//   crash in torch 2.11 (seen for K = 8, 33, 40): float32 then takes the exact float32
-//   op, the others the reference. Float64 layers and other devices take the
-//   reference: dequantize to the activation dtype, then at::matmul.
+// - int8_weight_only (W8A16): tp's own kernels (quant/int8/weight_only_cpu_kernels.h),
+//   which read the registered weight [N, K] in place (finalize() only converts the
+//   scales) and choose the ISA per call (scalar, AVX2, AVX-512 by cpu_isa()). float32,
+//   bfloat16 and float16 layers run them: x is converted to float32 exactly, every
+//   product q * x is exact and only the float32 accumulation rounds (no rounding of x
+//   to bfloat16), any K. Float64 layers and other devices take the reference:
+//   dequantize to the activation dtype, then at::matmul.
 // - int8_w8a8: x is quantized per token (scale = amax / 127, round half to even, clamp
 //   to +-127: w8a8_quantize_per_token, bit for bit the ATen helper below that
 //   quantize_activation uses), tp's own kernels compute the exact int32 products
@@ -39,6 +34,7 @@
 
 #include "quant/int8/int8.h"
 #include "quant/int8/w8a8_kernels.h"
+#include "quant/int8/weight_only_cpu_kernels.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
 
@@ -132,12 +128,15 @@ class Int8Method final : public QuantMethod {
   }
 
   void finalize() override {
-    // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
-    scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
     weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
     row_sums_ = at::Tensor();
     if (w8a8_ && weight_.is_cpu() && weight_.scalar_type() == at::kChar) row_sums_ = w8a8_row_sums(weight_);
     weight_version_ = version_of(weight_);
+    // The weight-only CPU kernels read the registered weight itself (no copy).
+    cpu_wo_ = Int8WoCpuWeight{};
+    if (!w8a8_ && weight_.device().is_cpu() && weight_.scalar_type() == at::kChar && weight_.is_contiguous()) {
+      cpu_wo_ = int8_wo_cpu_pack(weight_, weight_scale_);
+    }
 #if TP_WITH_CUDA
     // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
     cuda_.reset();
@@ -168,13 +167,11 @@ class Int8Method final : public QuantMethod {
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
                                            : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
       y = (acc * x_scale * weight_row_scale_).to(x.scalar_type());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && x.scalar_type() == at::kFloat && k_ % 16 != 0) {
-      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kFloat).contiguous());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 &&
-               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
-      y = at::_weight_int8pack_mm(x2.to(at::kBFloat16), weight_, scales_bf16_).to(x.scalar_type());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 && x.scalar_type() == at::kHalf) {
-      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kHalf).contiguous());
+    } else if (x.device().is_cpu() && cpu_wo_.codes.defined() &&
+               cpu_wo_.codes.const_data_ptr() == weight_.const_data_ptr() &&
+               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf)) {
+      // (The data pointer check: a weight replaced since finalize() takes the reference.)
+      y = int8_wo_cpu_linear(x2, cpu_wo_);
     } else {
       const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
       y = at::matmul(x2, w.t());
@@ -219,7 +216,7 @@ class Int8Method final : public QuantMethod {
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
-  at::Tensor scales_bf16_;             // bf16 [N], for _weight_int8pack_mm
+  Int8WoCpuWeight cpu_wo_;             // weight-only CPU kernels: weight_ itself + f32 scales
   at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
   at::Tensor row_sums_;                // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
   int64_t weight_version_ = -2;        // weight_'s version counter when finalize() ran
