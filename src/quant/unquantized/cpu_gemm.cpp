@@ -1,9 +1,7 @@
 #include "quant/unquantized/cpu_gemm.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Config.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
@@ -12,77 +10,52 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "quant/unquantized/cpu_gemm_backends.h"
 
 namespace tp::detail {
-
-// ---- portable kernels (the scalar ISA; also the reference the others are tested against) --------
-
-namespace {
-
-inline float bf16_to_float(uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) { return bf16_to_float(v); }
-
-template <typename W>
-void gemv_portable(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y,
-                   int64_t ld_y, int64_t n0, int64_t n1) {
-  // Eight partial sums per output, so the compiler can keep them in vector lanes.
-  constexpr int kLanes = 8;
-  for (int64_t i = 0; i < m; ++i) {
-    const float* xi = x + i * ld_x;
-    for (int64_t n = n0; n < n1; ++n) {
-      const W* wn = w + n * ld_w;
-      float acc[kLanes] = {};
-      int64_t j = 0;
-      for (; j + kLanes <= k; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] += to_float(wn[j + l]) * xi[j + l];
-      float sum = 0.0f;
-      for (; j < k; ++j) sum += to_float(wn[j]) * xi[j];
-      for (int l = 0; l < kLanes; ++l) sum += acc[l];
-      y[i * ld_y + n] = sum;
-    }
-  }
-}
-
-}  // namespace
-
-void gemv_f32_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
-                     int64_t ld_y, int64_t n0, int64_t n1) {
-  gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
-}
-
-void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1) {
-  gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
-}
-
-// ---- names, problem, table ---------------------------------------------------------------------
 
 namespace {
 
 constexpr std::array<CpuGemmBackend, kCpuGemmBackendCount> kAllBackends{
-    CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles};
+    CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles,
+    CpuGemmBackend::kMklPacked};
 
 std::array<std::atomic<int64_t>, kCpuGemmBackendCount>& global_counts() {
   static std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts{};
   return counts;
 }
 
-bool onednn_in_build() {
-#if AT_MKLDNN_ENABLED()
-  return true;
+bool amd_cpu() {
+  static const bool amd = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
 #else
-  return false;
+    return false;
 #endif
+  }();
+  return amd;
 }
 
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+bool packed_backend(CpuGemmBackend b) { return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked; }
+
 }  // namespace
+
+// ---- names, problem, table ---------------------------------------------------------------
 
 const char* to_string(CpuGemmBackend backend) {
   switch (backend) {
@@ -90,16 +63,17 @@ const char* to_string(CpuGemmBackend backend) {
     case CpuGemmBackend::kOneDnn: return "onednn";
     case CpuGemmBackend::kGemv: return "gemv";
     case CpuGemmBackend::kBf16Tiles: return "bf16_tiles";
+    case CpuGemmBackend::kMklPacked: return "mkl_packed";
   }
   return "unknown";
 }
 
 CpuGemmBackend parse_cpu_gemm_backend(const std::string& name) {
-  std::string lower(name);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string l = lower(name);
   for (const auto b : kAllBackends)
-    if (lower == to_string(b)) return b;
-  TORCH_CHECK_VALUE(false, "unknown CPU GEMM backend '", name, "'; expected auto, at_linear, onednn, gemv or bf16_tiles");
+    if (l == to_string(b)) return b;
+  TORCH_CHECK_VALUE(false, "unknown CPU GEMM backend '", name,
+                    "'; expected auto, at_linear, onednn, mkl_packed, gemv or bf16_tiles");
 }
 
 CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
@@ -109,7 +83,15 @@ CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType 
   const auto& f = cpu_features();
   // TP_CPU_ISA=avx2 stands for a machine without AVX-512, hence without its bf16 too.
   p.native_bf16 = p.isa == CpuIsa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
+  p.amd = amd_cpu();
   p.threads = at::get_num_threads();
+  p.onednn = onednn_supports(dtype);
+  p.mkl_packed = dtype == at::kFloat && mkl_packed_available();
+  static const bool allow_packs = [] {
+    const char* env = std::getenv("TP_CPU_GEMM_PACK");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  p.allow_packs = allow_packs;
   return p;
 }
 
@@ -117,139 +99,74 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
   const bool floating = p.dtype == at::kFloat || p.dtype == at::kBFloat16;
   switch (backend) {
     case CpuGemmBackend::kAtLinear: return true;
-    case CpuGemmBackend::kOneDnn: return floating && onednn_in_build();
+    case CpuGemmBackend::kOneDnn: return floating && p.onednn;
     case CpuGemmBackend::kGemv: return floating;
     case CpuGemmBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
+    case CpuGemmBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
   }
   return false;
 }
 
+// The table. Measured with tp-cpu-gemm-bench (1 thread, thread CPU clock, cold weights,
+// Llama-3-8B layers at TP 1 and 2: 4096 x {6144, 4096, 28672}, 14336 x 4096 and their
+// halves; ratios are at::linear's time / the backend's, same dtype, same run) on a
+// Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
+// (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+// MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
+//   float32, M <= 16: gemv. M = 1: at at::linear's memory rate (0.9-1.04x, one thread;
+//     it threads where MKL does not); M = 4: 1.4-1.9x; M = 8: 1.3-2.5x; M = 16:
+//     1.1-1.7x, at or above oneDNN's on both ISAs.
+//   float32, M > 16, AVX-512: oneDNN, 1.0-1.3x at M = 32-256 (never measurably slower).
+//   float32, 16 < M <= 64, AVX2 (Intel): MKL's packed SGEMM, 1.1-1.3x; oneDNN capped to
+//     AVX2 is 0.7-1.0x there, and at M = 256 the packed SGEMM varies 0.74-1.06x, so
+//     at::linear. On AMD, oneDNN for M > 16: issue 17's Zen 3 figures (oneDNN 1.9x
+//     at::linear at M = 16, vLLM's oneDNN layers 1.1-1.2x at M = 256; MKL's kernels for
+//     AMD trail), not measured here.
+//   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8 gemv,
+//     at::linear and oneDNN agree within noise, so at::linear; above, oneDNN with the
+//     packed weight, 1.0-2.3x.
+//   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
+//     gemv up to M = 16 (2.1-3.5x at::linear bf16, and faster than at::linear float32),
+//     then bf16_tiles (3-5.8x at::linear bf16; 0.82-0.9x at::linear float32 at M >= 64).
+//   Two threads: see README; the crossovers did not move.
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
-  // Measured crossovers: see the table at the end of this file's commit message and
-  // README "CPU GEMM backends". Placeholder until measured.
-  if (!cpu_gemm_supports(CpuGemmBackend::kGemv, p)) return CpuGemmBackend::kAtLinear;
+  if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
   if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
   if (p.m <= kCpuGemvMaxM) return CpuGemmBackend::kGemv;
-  if (p.dtype == at::kBFloat16 && !p.native_bf16) return CpuGemmBackend::kBf16Tiles;
-  if (onednn_in_build()) return CpuGemmBackend::kOneDnn;
-  return CpuGemmBackend::kAtLinear;
+  const bool onednn = p.onednn && p.allow_packs;
+  if (p.dtype == at::kBFloat16) {
+    if (p.native_bf16) {
+      if (p.m <= kCpuBf16LinearMaxM || !onednn) return CpuGemmBackend::kAtLinear;
+      return CpuGemmBackend::kOneDnn;
+    }
+    return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
+  }
+  if (p.m <= kCpuGemvMaxMBlocked) return CpuGemmBackend::kGemv;
+  if (p.isa == CpuIsa::kAvx512 || p.amd) return onednn ? CpuGemmBackend::kOneDnn : CpuGemmBackend::kAtLinear;
+  const bool mkl = p.mkl_packed && p.allow_packs && p.n * p.k * 4 >= kCpuMklPackedMinBytes;
+  return mkl && p.m <= kCpuMklPackedMaxM ? CpuGemmBackend::kMklPacked : CpuGemmBackend::kAtLinear;
 }
 
 std::optional<CpuGemmBackend> forced_cpu_gemm() {
   static const std::optional<CpuGemmBackend> forced = []() -> std::optional<CpuGemmBackend> {
     const char* env = std::getenv("TP_CPU_GEMM");
-    if (env == nullptr || *env == '\0') return std::nullopt;
-    std::string lower(env);
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (lower == "auto") return std::nullopt;
+    if (env == nullptr || *env == '\0' || lower(env) == "auto") return std::nullopt;
     return parse_cpu_gemm_backend(env);
   }();
   return forced;
 }
 
-// ---- the backends ----------------------------------------------------------------------------
-
-namespace {
-
-using ReorderOp = at::Tensor(const at::Tensor&, std::optional<int64_t>);
-using LinearPointwiseOp = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                     c10::string_view, c10::List<std::optional<at::Scalar>>,
-                                     std::optional<c10::string_view>);
-
-// ATen's oneDNN ops (aten/src/ATen/native/mkldnn/Linear.cpp), the ones torch.compile's
-// CPU backend uses for frozen linear weights: registered in libtorch_cpu, no header.
-const c10::TypedOperatorHandle<ReorderOp>& reorder_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
-                             .typed<ReorderOp>();
-  return op;
-}
-const c10::TypedOperatorHandle<LinearPointwiseOp>& linear_pointwise_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                             .typed<LinearPointwiseOp>();
-  return op;
-}
-
-// The batch size oneDNN's reorder picks the blocked layout for; one layout serves
-// every M (measured: see select_cpu_gemm).
-constexpr int64_t kOneDnnPackBatch = 64;
-
-using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
-                         int64_t);
-using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t,
-                          int64_t, int64_t);
-
-GemvF32 gemv_f32_for(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAvx512: return gemv_f32_avx512;
-    case CpuIsa::kAvx2: return gemv_f32_avx2;
-    case CpuIsa::kScalar: break;
+std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
+  std::map<CpuGemmBackend, int64_t> out;
+  for (const auto b : kAllBackends) {
+    const int64_t c = global_counts()[static_cast<int>(b)].load(std::memory_order_relaxed);
+    if (c > 0) out[b] = c;
   }
-  return gemv_f32_scalar;
-}
-GemvBf16 gemv_bf16_for(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAvx512: return gemv_bf16_avx512;
-    case CpuIsa::kAvx2: return gemv_bf16_avx2;
-    case CpuIsa::kScalar: break;
-  }
-  return gemv_bf16_scalar;
+  return out;
 }
 
-// y = x W^T by the own kernels, threaded over N. x2d: [M, K] contiguous; y: float32.
-at::Tensor run_gemv(const at::Tensor& x2d, const at::Tensor& w) {
-  const auto x = x2d.scalar_type() == at::kFloat ? x2d : x2d.to(at::kFloat);
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), ld_w = w.stride(0);
-  auto y = at::empty({m, n}, x.options().dtype(at::kFloat));
-  const float* xp = x.const_data_ptr<float>();
-  float* yp = y.mutable_data_ptr<float>();
-  // At least ~64 KiB of weight per task, so the pool's hand-off stays small next to it.
-  const int64_t grain = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, k * w.element_size()));
-  const CpuIsa isa = cpu_isa();
-  if (w.scalar_type() == at::kBFloat16) {
-    const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
-    const GemvBf16 kernel = gemv_bf16_for(isa);
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { kernel(xp, m, k, k, wp, ld_w, yp, n, n0, n1); });
-  } else {
-    const float* wp = w.const_data_ptr<float>();
-    const GemvF32 kernel = gemv_f32_for(isa);
-    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { kernel(xp, m, k, k, wp, ld_w, yp, n, n0, n1); });
-  }
-  return y;
-}
-
-// Rows of W per bf16 tile: the float32 tile (rows x K) stays within ~1 MiB, so it is
-// converted and consumed while in L2; at least 16 rows so the GEMM on it stays efficient.
-int64_t bf16_tile_rows(int64_t k) {
-  return std::clamp<int64_t>((int64_t{1} << 20) / (4 * std::max<int64_t>(1, k)), 16, 256);
-}
-
-// y = x W^T for a bfloat16 W on a machine without bf16 arithmetic: tiles of W rows
-// converted to float32 (exact) and multiplied in float32 by MKL, one tile per task.
-at::Tensor run_bf16_tiles(const at::Tensor& x2d, const at::Tensor& w) {
-  const auto x = x2d.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  auto y = at::empty({m, n}, x.options());
-  const int64_t rows = bf16_tile_rows(k);
-  const int64_t tiles = (n + rows - 1) / rows;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    auto tile = at::empty({rows, k}, x.options());
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r0 = t * rows, r = std::min(rows, n - r0);
-      auto wt = tile.narrow(0, 0, r);
-      wt.copy_(w.narrow(0, r0, r));
-      auto yt = y.narrow(1, r0, r);  // [M, r] with row stride N: BLAS writes it in place
-      at::mm_out(yt, x, wt.t());
-    }
-  });
-  return y;
-}
-
-}  // namespace
-
-// ---- CpuGemm ---------------------------------------------------------------------------------
+// ---- CpuGemm ---------------------------------------------------------------------------
 
 CpuGemm::Key CpuGemm::key_of(const at::Tensor& w) {
   Key key;
@@ -261,30 +178,61 @@ CpuGemm::Key CpuGemm::key_of(const at::Tensor& w) {
   return key;
 }
 
-void CpuGemm::prepare(const at::Tensor& weight) {
+void CpuGemm::bind(const at::Tensor& weight) {
   TORCH_INTERNAL_ASSERT(weight.dim() == 2, "CpuGemm: weight must be [N, K], got ", weight.sizes());
   std::lock_guard<std::mutex> lock(mutex_);
   weight_ = weight;
-  onednn_ = at::Tensor();
+  for (auto& p : packs_by_backend_) p = Pack{};
   packs_ = 0;
   for (auto& c : counts_) c = 0;
-  if (!weight.is_cpu() || !serves(at::empty({0, weight.size(1)}, weight.options()))) return;
-  // Pack now if the table picks oneDNN for this weight at some M (or it is forced),
-  // so the first forward does not pay for it.
-  const auto forced = forced_cpu_gemm();
-  bool wanted = forced == CpuGemmBackend::kOneDnn;
-  for (const int64_t m : {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024}) {
-    if (wanted) break;
-    wanted = select_cpu_gemm(cpu_gemm_problem(m, weight.size(0), weight.size(1), weight.scalar_type())) ==
-             CpuGemmBackend::kOneDnn;
-  }
-  if (wanted && cpu_gemm_supports(CpuGemmBackend::kOneDnn,
-                                  cpu_gemm_problem(1, weight.size(0), weight.size(1), weight.scalar_type()))) {
-    at::NoGradGuard no_grad;
-    onednn_ = reorder_op().call(weight_.contiguous(), kOneDnnPackBatch);
-    onednn_key_ = key_of(weight_);
+}
+
+void CpuGemm::prepare(const at::Tensor& weight) {
+  bind(weight);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!serves(at::empty({0, weight.size(1)}, weight.options())) || weight.numel() == 0) return;
+  // Pack now what the table (or TP_CPU_GEMM) picks for this weight at some M, so the
+  // first forward does not pay for it.
+  std::vector<CpuGemmBackend> wanted;
+  if (const auto forced = forced_cpu_gemm()) wanted.push_back(*forced);
+  for (int64_t m = 1; m <= 4096; m *= 2)
+    wanted.push_back(select_cpu_gemm(cpu_gemm_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
+  const auto p = cpu_gemm_problem(1, weight.size(0), weight.size(1), weight.scalar_type());
+  for (const auto b : wanted) {
+    auto& pack = packs_by_backend_[static_cast<int>(b)];
+    if (!packed_backend(b) || pack.data.defined() || !cpu_gemm_supports(b, p)) continue;
+    pack.data = make_pack(b);
+    pack.key = key_of(weight_);
     ++packs_;
   }
+}
+
+at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
+  at::NoGradGuard no_grad;
+  return backend == CpuGemmBackend::kOneDnn ? onednn_pack(weight_) : mkl_pack(weight_);
+}
+
+at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& pack = packs_by_backend_[static_cast<int>(backend)];
+  Key now = key_of(weight_);
+  if (!pack.data.defined() || !(pack.key == now)) {
+    pack.data = at::Tensor();  // free the stale copy before making the new one
+    pack.data = make_pack(backend);
+    pack.key = std::move(now);
+    ++packs_;
+  }
+  return pack.data;
+}
+
+int64_t CpuGemm::packed_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  const auto& onednn = packs_by_backend_[static_cast<int>(CpuGemmBackend::kOneDnn)].data;
+  const auto& mkl = packs_by_backend_[static_cast<int>(CpuGemmBackend::kMklPacked)].data;
+  if (onednn.defined()) bytes += onednn_packed_bytes(onednn);
+  if (mkl.defined()) bytes += mkl.numel() * static_cast<int64_t>(mkl.element_size());
+  return bytes;
 }
 
 bool CpuGemm::serves(const at::Tensor& x) const {
@@ -295,34 +243,14 @@ bool CpuGemm::serves(const at::Tensor& x) const {
   return weight_.stride(1) == 1 && weight_.stride(0) >= weight_.size(1);
 }
 
-at::Tensor CpuGemm::onednn_weight() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const Key now = key_of(weight_);
-  if (!onednn_.defined() || !(onednn_key_ == now)) {
-    at::NoGradGuard no_grad;
-    onednn_ = reorder_op().call(weight_.contiguous(), kOneDnnPackBatch);
-    onednn_key_ = now;
-    ++packs_;
-  }
-  return onednn_;
-}
-
-int64_t CpuGemm::packed_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!onednn_.defined()) return 0;
-  static const auto nbytes = c10::Dispatcher::singleton()
-                                 .findSchemaOrThrow("mkldnn::_nbytes", "")
-                                 .typed<int64_t(const at::Tensor&)>();
-  return nbytes.call(onednn_);
-}
-
 bool CpuGemm::can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
   if (!serves(x)) return false;
   const bool has_bias = bias && bias->defined();
   // The backends here have no backward: a call that records a graph takes at::linear.
-  if (at::GradMode::is_enabled() && (x.requires_grad() || weight_.requires_grad() || (has_bias && bias->requires_grad())))
+  if (at::GradMode::is_enabled() &&
+      (x.requires_grad() || weight_.requires_grad() || (has_bias && bias->requires_grad())))
     return false;
-  // A bias at::linear would refuse (or broadcast) goes there, which reports or handles it.
+  // A bias at::linear would refuse or broadcast goes there, which reports or handles it.
   if (has_bias && (!bias->is_cpu() || bias->scalar_type() != weight_.scalar_type() || bias->dim() != 1 ||
                    bias->size(0) != weight_.size(0)))
     return false;
@@ -358,28 +286,19 @@ at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>&
 
 at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const {
   const bool has_bias = bias && bias->defined();
+  at::Tensor y;  // float32 unless the backend produced the layer's dtype
   switch (backend) {
     case CpuGemmBackend::kOneDnn:
-      return linear_pointwise_op().call(x2d, onednn_weight(), has_bias ? bias : std::nullopt, "none",
-                                        c10::List<std::optional<at::Scalar>>(), std::nullopt);
-    case CpuGemmBackend::kGemv:
-    case CpuGemmBackend::kBf16Tiles: {
-      auto y = backend == CpuGemmBackend::kGemv ? run_gemv(x2d, weight_) : run_bf16_tiles(x2d, weight_);
-      if (has_bias) y.add_(*bias);
-      return y.scalar_type() == weight_.scalar_type() ? y : y.to(weight_.scalar_type());
-    }
-    case CpuGemmBackend::kAtLinear: break;
+      return onednn_linear(x2d, packed(backend), has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
+    case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
+    case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
+    case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;
+    case CpuGemmBackend::kAtLinear: return at::linear(x2d, weight_, bias);
   }
-  return at::linear(x2d, weight_, bias);
-}
-
-std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
-  std::map<CpuGemmBackend, int64_t> out;
-  for (const auto b : kAllBackends) {
-    const int64_t c = global_counts()[static_cast<int>(b)].load(std::memory_order_relaxed);
-    if (c > 0) out[b] = c;
-  }
-  return out;
+  if (has_bias) y.add_(*bias);
+  if (y.scalar_type() == weight_.scalar_type()) return y.contiguous();
+  auto out = at::empty(y.sizes(), y.options().dtype(weight_.scalar_type()));
+  return out.copy_(y);  // one rounding to the layer's dtype, into a contiguous result
 }
 
 std::map<CpuGemmBackend, int64_t> CpuGemm::counts() const {

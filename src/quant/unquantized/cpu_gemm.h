@@ -6,14 +6,18 @@
 //
 //   backend      what runs                                          prepacked weight
 //   at_linear    at::linear (MKL sgemm; ATen's / oneDNN's bf16 GEMM)  -
-//   onednn       oneDNN inner product on a weight reordered once     a second copy of W,
-//                to oneDNN's blocked layout (mkldnn::_linear_        in oneDNN's layout
-//                pointwise, shipped in LibTorch)
+//   onednn       oneDNN inner product on a weight reordered once     a copy of W in oneDNN's
+//                (mkldnn::_reorder_linear_weight / _linear_pointwise) blocked layout (1.0x W)
+//   mkl_packed   MKL's packed SGEMM (cblas_sgemm_pack / _compute,    a copy of W in MKL's
+//                exported by LibTorch's MKL, found at run time)      panels (1.15-1.3x W)
 //   gemv         own AVX2 / AVX-512 kernel for small M, threaded      -
-//                over N (cpu_gemm_kernels.h): streams W once
-//   bf16_tiles   bfloat16 W converted to float32 one tile of rows     -
-//                at a time, float32 GEMM on the tile (machines
-//                without native bf16 arithmetic)
+//                over N (cpu_gemm_kernels.h): reads W once
+//   bf16_tiles   bfloat16 W widened to float32 one tile of rows at    -
+//                a time, float32 GEMM (at::mm) on the tile (machines
+//                without bf16 arithmetic)
+//
+// At most one packed copy is made per layer: the one the table picks for its shape on
+// this machine (forcing another backend packs for it on first use).
 //
 // The prepacked weight is made by prepare() (the method's finalize) and made again
 // whenever the weight changed since: another storage, shape or dtype, or a newer
@@ -46,10 +50,11 @@ enum class CpuGemmBackend {
   kOneDnn,     ///< oneDNN inner product with a weight reordered once ("onednn")
   kGemv,       ///< own small-M kernel, AVX2 / AVX-512 / portable ("gemv")
   kBf16Tiles,  ///< bfloat16 weight converted per tile, float32 GEMM ("bf16_tiles")
+  kMklPacked,  ///< MKL's packed SGEMM with the weight packed once ("mkl_packed")
 };
-constexpr int kCpuGemmBackendCount = 4;
+constexpr int kCpuGemmBackendCount = 5;
 
-/// "at_linear", "onednn", "gemv", "bf16_tiles".
+/// "at_linear", "onednn", "gemv", "bf16_tiles", "mkl_packed".
 const char* to_string(CpuGemmBackend backend);
 
 /// Parses the names above (case-insensitive); c10::ValueError naming the valid ones otherwise.
@@ -61,18 +66,23 @@ struct CpuGemmProblem {
   at::ScalarType dtype = at::kFloat;     ///< of x and W (float32 or bfloat16)
   CpuIsa isa = CpuIsa::kScalar;          ///< cpu_isa(): what own kernels may use
   bool native_bf16 = false;              ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
-  int threads = 1;                       ///< at::get_num_threads()
+  bool amd = false;                      ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
+  int threads = 1;                       ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
+  bool onednn = false;                   ///< ATen's oneDNN ops take this dtype here
+  bool mkl_packed = false;               ///< MKL's packed SGEMM found (float32 only)
+  bool allow_packs = true;               ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
 };
 
-/// The problem for a call made now: cpu_isa(), cpu_features(), at::get_num_threads().
+/// The problem for a call made now: cpu_isa(), cpu_features(), at::get_num_threads(),
+/// the libraries' capabilities and TP_CPU_GEMM_PACK.
 CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype);
 
-/// Whether `backend` can compute `p` at all (dtype, oneDNN in this build). at_linear
-/// can compute everything.
+/// Whether `backend` can compute `p` at all here (dtype; oneDNN's bf16 support; MKL's
+/// packed SGEMM found). at_linear can compute everything.
 bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p);
 
-/// The built-in table's choice: a pure function of `p`, from the measurements in
-/// cpu_gemm.cpp.
+/// The built-in table's choice: a pure function of `p` (no environment, no state), from
+/// the measurements quoted in cpu_gemm.cpp.
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p);
 
 /// The backend forced by TP_CPU_GEMM (read once; unset, empty or "auto": none). An
@@ -84,17 +94,28 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 /// Communicator::all_reduce_counts for strategies.
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
-/// Largest M the gemv backend is chosen for (it reads W once per 4 rows of x).
+/// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
+/// (one streaming pass over W), up to kCpuGemvMaxMBlocked where no bf16 arithmetic
+/// competes (W blocks reused from L2); MKL's packed SGEMM up to kCpuMklPackedMaxM rows,
+/// for weights of at least kCpuMklPackedMinBytes (its ~8 MB of fixed overhead).
 constexpr int64_t kCpuGemvMaxM = 4;
+constexpr int64_t kCpuGemvMaxMBlocked = 16;
+constexpr int64_t kCpuBf16LinearMaxM = 8;
+constexpr int64_t kCpuMklPackedMaxM = 64;
+constexpr int64_t kCpuMklPackedMinBytes = int64_t{16} << 20;
 
 /// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may
 /// run concurrently; a stale prepacked weight is rebuilt under a lock.
 class CpuGemm {
  public:
   /// Binds `weight` ([N, K], the layer's parameter: shares its storage) and prepacks it
-  /// for the backends the table may pick for it on this machine. Calling it again
-  /// re-binds and re-packs.
+  /// for the backend the table picks for it on this machine. Calling it again re-binds
+  /// and re-packs (the method's finalize).
   void prepare(const at::Tensor& weight);
+
+  /// Binds `weight` without packing: a pack is made on first use (a freshly created
+  /// layer, whose weight reset_parameters or a load is about to fill).
+  void bind(const at::Tensor& weight);
 
   /// Whether `x` (any CPU dtype) against the bound weight is a call the backends here
   /// serve: CPU, float32 or bfloat16, matching dtypes, unit-stride weight rows.
@@ -134,13 +155,18 @@ class CpuGemm {
   };
   static Key key_of(const at::Tensor& w);
   bool can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const;  // else at::linear
-  at::Tensor onednn_weight() const;  // the current oneDNN pack, rebuilt when stale
+  // The current pack for `backend` (kOneDnn or kMklPacked), made or re-made when stale.
+  at::Tensor packed(CpuGemmBackend backend) const;
+  at::Tensor make_pack(CpuGemmBackend backend) const;
   at::Tensor run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const;
 
+  struct Pack {
+    at::Tensor data;  // undefined: none
+    Key key;          // of the weight it was made from
+  };
   at::Tensor weight_;  // [N, K], shares the layer's parameter
   mutable std::mutex mutex_;
-  mutable at::Tensor onednn_;  // oneDNN's blocked copy of weight_, or undefined
-  mutable Key onednn_key_;
+  mutable std::array<Pack, kCpuGemmBackendCount> packs_by_backend_;
   mutable std::atomic<int64_t> packs_{0};
   mutable std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts_{};
 };

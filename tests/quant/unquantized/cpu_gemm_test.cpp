@@ -90,7 +90,8 @@ const std::vector<Shape> kEdgeShapes{{1, 1}, {5, 7}, {3, 8}, {17, 16}, {33, 17},
 const std::vector<int64_t> kMs{1, 3, 17};
 
 const std::vector<CpuGemmBackend> kBackends{CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn,
-                                            CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles};
+                                            CpuGemmBackend::kMklPacked, CpuGemmBackend::kGemv,
+                                            CpuGemmBackend::kBf16Tiles};
 
 }  // namespace
 
@@ -123,6 +124,24 @@ TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and
           REQUIRE(outside.isnan().all().item<bool>());
         }
       }
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: each per-ISA bf16 widening is exact on strided blocks", "[quant][cpu_kernels]") {
+  using Widen = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
+  for (const CpuIsa isa : isas_here()) {
+    const Widen widen = isa == CpuIsa::kAvx512 ? tp::detail::bf16_to_f32_avx512
+                        : isa == CpuIsa::kAvx2 ? tp::detail::bf16_to_f32_avx2
+                                               : tp::detail::bf16_to_f32_scalar;
+    for (const int64_t cols : {1, 7, 8, 15, 16, 17, 33, 100}) {
+      INFO("isa " << tp::detail::to_string(isa) << " cols " << cols);
+      const auto src = tp::test::randn({5, cols + 3}, 40 + cols).to(at::kBFloat16);
+      auto dst = at::full({5, cols + 2}, -7.0f, at::kFloat);
+      widen(reinterpret_cast<const uint16_t*>(src.data_ptr<at::BFloat16>()), 5, cols, cols + 3, dst.data_ptr<float>(),
+            cols + 2);
+      REQUIRE(at::equal(dst.narrow(1, 0, cols), src.narrow(1, 0, cols).to(at::kFloat)));
+      REQUIRE((dst.narrow(1, cols, 2) == -7.0f).all().item<bool>());
     }
   }
 }
@@ -195,28 +214,57 @@ TEST_CASE("cpu_gemm: batched inputs keep their leading dimensions", "[quant][cpu
   REQUIRE(gemm.linear(empty, std::nullopt).sizes() == c10::IntArrayRef({0, 37}));
 }
 
-TEST_CASE("cpu_gemm: the oneDNN weight is re-packed when the weight changes", "[quant][cpu_kernels]") {
+TEST_CASE("cpu_gemm: a packed weight is re-packed when the weight changes", "[quant][cpu_kernels]") {
   at::NoGradGuard no_grad;
-  auto w = tp::test::randn({24, 48}, 11).to(at::kFloat);
-  const auto x = tp::test::randn({5, 48}, 12).to(at::kFloat);
-  CpuGemm gemm;
-  gemm.prepare(w);
-  require_within_bound(gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn), x, w);
-  const int64_t packs = gemm.packs();
-  REQUIRE(packs >= 1);
-  // Same weight: no new pack.
-  (void)gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn);
-  REQUIRE(gemm.packs() == packs);
+  for (const auto backend : {CpuGemmBackend::kOneDnn, CpuGemmBackend::kMklPacked}) {
+    if (!tp::detail::cpu_gemm_supports(backend, tp::detail::cpu_gemm_problem(5, 24, 48, at::kFloat))) continue;
+    INFO(tp::detail::to_string(backend));
+    auto w = tp::test::randn({24, 48}, 11).to(at::kFloat);
+    const auto x = tp::test::randn({5, 48}, 12).to(at::kFloat);
+    CpuGemm gemm;
+    gemm.prepare(w);
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    const int64_t packs = gemm.packs();
+    REQUIRE(packs >= 1);
+    (void)gemm.linear(x, std::nullopt, backend);  // same weight: no new pack
+    REQUIRE(gemm.packs() == packs);
 
-  SECTION("copy_ (load_state_dict)") {
-    w.copy_(tp::test::randn({24, 48}, 13));
+    w.copy_(tp::test::randn({24, 48}, 13));  // as load_state_dict writes it
+    REQUIRE(gemm.packs() == packs);           // nothing is re-packed before it is used
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    REQUIRE(gemm.packs() == packs + 1);
+    w.narrow(0, 3, 4).add_(1.0);  // an optimizer step through a view
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    REQUIRE(gemm.packs() == packs + 2);
   }
-  SECTION("an optimizer step on a view") {
-    w.narrow(0, 3, 4).add_(1.0);
+}
+
+TEST_CASE("cpu_gemm: prepare() packs at most the one copy the table uses", "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& s : std::vector<Shape>{{256, 512}, {2048, 2048}}) {
+      const auto w = tp::test::randn({s.n, s.k}, 51).to(dtype);
+      CpuGemm gemm;
+      gemm.prepare(w);
+      INFO(c10::toString(dtype) << " " << s.n << "x" << s.k << ": " << gemm.packed_bytes() << " packed bytes");
+      REQUIRE(gemm.packs() <= 1);
+      // MKL's packs carry ~8 MB of fixed overhead (the table keeps them to large weights).
+      REQUIRE(gemm.packed_bytes() <= 3 * w.numel() * w.element_size() / 2);
+    }
   }
-  REQUIRE(gemm.packs() == packs);  // nothing is re-packed before it is used
+}
+
+TEST_CASE("cpu_gemm: bind() packs nothing until a packed backend runs", "[quant][cpu_kernels]") {
+  at::NoGradGuard no_grad;
+  auto w = at::empty({40, 24}, at::kFloat);  // as create_weights registers it
+  CpuGemm gemm;
+  gemm.bind(w);
+  REQUIRE(gemm.packs() == 0);
+  REQUIRE(gemm.packed_bytes() == 0);
+  w.copy_(tp::test::randn({40, 24}, 61));  // reset_parameters / load fill it later
+  const auto x = tp::test::randn({6, 24}, 62).to(at::kFloat);
   require_within_bound(gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn), x, w);
-  REQUIRE(gemm.packs() == packs + 1);
+  REQUIRE(gemm.packs() == 1);
 }
 
 TEST_CASE("cpu_gemm: an inference-tensor weight edited in place is re-packed by prepare()", "[quant][cpu_kernels]") {
@@ -264,22 +312,45 @@ TEST_CASE("cpu_gemm: a call that needs autograd runs at::linear and its gradient
 }
 
 TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
+  // A pure function of the problem: machines described, not detected.
   CpuGemmProblem p;
-  p.n = 4096, p.k = 4096, p.threads = 2;
-  auto pick = [&](int64_t m, at::ScalarType dtype, CpuIsa isa, bool native_bf16) {
-    p.m = m, p.dtype = dtype, p.isa = isa, p.native_bf16 = native_bf16;
+  p.n = 4096, p.k = 4096, p.threads = 2, p.onednn = true, p.mkl_packed = true;
+  auto pick = [&](int64_t m, at::ScalarType dtype, CpuIsa isa, bool native_bf16, bool amd = false) {
+    p.m = m, p.dtype = dtype, p.isa = isa, p.native_bf16 = native_bf16, p.amd = amd;
+    p.onednn = dtype == at::kFloat || native_bf16;
     return tp::detail::select_cpu_gemm(p);
   };
   // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes.
   for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
-    for (const auto dtype : {at::kFloat, at::kBFloat16}) REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+    for (const auto dtype : {at::kFloat, at::kBFloat16})
+      for (const int64_t m : {1, 4}) REQUIRE(pick(m, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
-  // bf16 without bf16 arithmetic never reaches ATen's / oneDNN's bf16 GEMMs.
-  for (const int64_t m : {8, 16, 64, 256, 2048}) {
+  // float32: gemv to M = 16, then oneDNN (AVX-512, AMD) or MKL's packed SGEMM (Intel AVX2) to M = 64.
+  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kGemv);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kMklPacked);
+  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kOneDnn);
+  // Small weights keep MKL's pack (~8 MB of overhead) away.
+  p.n = 512;
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  p.n = 4096;
+  // No packed copies allowed (TP_CPU_GEMM_PACK=0): the unpacked backends only.
+  p.allow_packs = false;
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  p.allow_packs = true;
+  // bf16 with bf16 arithmetic: oneDNN above M = 8.
+  REQUIRE(pick(8, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs.
+  for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
     const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
     INFO("M=" << m << " -> " << tp::detail::to_string(b));
-    REQUIRE((b == CpuGemmBackend::kBf16Tiles || b == CpuGemmBackend::kGemv));
+    REQUIRE(b == (m <= 16 ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles));
   }
   // Other dtypes: at::linear.
   REQUIRE(pick(1, at::kDouble, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
@@ -291,5 +362,5 @@ TEST_CASE("cpu_gemm: backend names parse and an unknown one is an error naming t
   for (const auto b : kBackends) REQUIRE(tp::detail::parse_cpu_gemm_backend(tp::detail::to_string(b)) == b);
   REQUIRE(tp::detail::parse_cpu_gemm_backend("OneDNN") == CpuGemmBackend::kOneDnn);
   REQUIRE_THROWS_WITH(tp::detail::parse_cpu_gemm_backend("mkl"),
-                      Catch::Contains("unknown CPU GEMM backend 'mkl'") && Catch::Contains("at_linear, onednn, gemv"));
+                      Catch::Contains("unknown CPU GEMM backend 'mkl'") && Catch::Contains("at_linear, onednn, mkl_packed, gemv or bf16_tiles"));
 }
