@@ -8,7 +8,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "layer_bench.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quantize.h"
 
 namespace tp::bench {

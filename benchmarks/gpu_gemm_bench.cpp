@@ -25,7 +25,7 @@
 #include <torch/cuda.h>
 
 #include "bench_util.h"
-#include "cuda/gemm.h"
+#include "gpu/gemm.h"
 
 using namespace tp;
 using tp::bench::format;

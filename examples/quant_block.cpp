@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
                 << ((want - float_block).norm() / float_block.norm()).item<double>() << "\n";
 
       // The weight-only INT formats run ATen's bfloat16 kernel on the CPU even for a
-      // float32 block (the only vectorized one; src/quant/int4.cpp), so activations are
+      // float32 block (the only vectorized one; src/quant/int4/method.cpp), so activations are
       // rounded to bf16 (2^-9) before each projection: ~4e-3 through the block. FP8
       // computes in float32 against its float64 model.
       const bool bf16_kernel = quant.format == tp::QuantFormat::kInt4Gptq || quant.format == tp::QuantFormat::kInt4Awq ||

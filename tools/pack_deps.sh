@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Copies the header-only build dependencies (Catch2 and its CMake files, gloo's
-# headers) from this machine's Debian packages into .deps/ (git-ignored), for a
-# machine that has no Debian -dev packages: the GPU machine gets them through the
-# device tool's `carry`, and CMake looks in .deps/ first (TP_DEPS_DIR).
+# headers) from this machine's Debian packages into .header-deps/ (git-ignored), so
+# that the tree builds on a machine without Debian's -dev packages (a GPU machine with
+# only torch, nvcc and CMake): copy the folder along, and CMake looks there first
+# (TP_HEADER_DEPS_DIR).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-deps="$root/.deps"
+deps="$root/.header-deps"
 for p in catch2 libgloo-dev; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
     { echo "pack_deps: Debian package $p is missing (tools/setup.sh installs it)" >&2; exit 1; }

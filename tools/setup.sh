@@ -4,7 +4,7 @@
 #   tools/setup.sh            # idempotent: installs what is missing, builds incrementally
 #
 # What it does, and why each step is cheap the second time:
-#   1. Debian packages (compiler tools, Catch2, gloo headers): installed only if missing.
+#   1. Debian packages (compiler tools, Catch2, gloo headers, clang-format): installed only if missing.
 #   2. LibTorch from PyPI's torch wheel, in a virtual environment kept OUTSIDE the clone
 #      (default ~/.cache/tp/venv-torch-<version>-py<X.Y>), so a fresh clone (CI) reuses
 #      it instead of downloading several GB again; `.venv` in the clone links to it.
@@ -21,7 +21,7 @@ cd "$root"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 # ---- 1. Debian packages -------------------------------------------------------------
-debian_packages=(cmake ninja-build ccache g++ lld catch2 libgloo-dev python3-venv python3-dev)
+debian_packages=(cmake ninja-build ccache g++ lld catch2 libgloo-dev python3-venv python3-dev clang-format)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,15 +18,9 @@ namespace py = pybind11;
 namespace tp::python {
 
 void init_config(py::module_& m) {
-  py::enum_<QuantFormat>(m, "QuantFormat", "Weight formats (none: the layer's dtype, GEMM by at::linear).")
-      .value("none", QuantFormat::kNone)
-      .value("fp8_tensor", QuantFormat::kFp8PerTensor)
-      .value("fp8_channel", QuantFormat::kFp8PerChannel)
-      .value("fp8_block", QuantFormat::kFp8Block)
-      .value("int8_w8a8", QuantFormat::kInt8W8A8)
-      .value("int8_weight_only", QuantFormat::kInt8WeightOnly)
-      .value("int4_gptq", QuantFormat::kInt4Gptq)
-      .value("int4_awq", QuantFormat::kInt4Awq);
+  // The values come from the library's format table, so a new format needs no binding.
+  py::enum_<QuantFormat> formats(m, "QuantFormat", "Weight formats (none: the layer's dtype, GEMM by at::linear).");
+  for (QuantFormat f : all_quant_formats()) formats.value(to_string(f), f);
 
   py::class_<QuantConfig>(m, "QuantConfig", "Selects a layer's weight format (INT4: group_size and symmetric).")
       .def(py::init([](QuantFormat format, int64_t group_size, bool symmetric) {

@@ -21,7 +21,7 @@
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/split.h"
 
@@ -118,7 +118,8 @@ void bind_row(py::module_& m) {
 
   bind_layer<RowParallelLinearImpl, RowParallelLinearOptions>(
       m, "RowParallelLinear", "y = x W^T + b with W's columns sharded; partial sums reduced over ranks.")
-      .def("local_range", &RowParallelLinearImpl::local_range);
+      .def("local_range", &RowParallelLinearImpl::local_range)
+      .def("ranges", &RowParallelLinearImpl::ranges);
 }
 
 void bind_qkv(py::module_& m) {

@@ -7,9 +7,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
-#include "tp/loader/checkpoint_dir.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors_writer.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 
 namespace py = pybind11;
 

@@ -40,29 +40,25 @@ def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
     raise TypeError(f"quant: expected None, a format name, QuantFormat or QuantConfig, got {type(quant).__name__}")
 
 
-def _fill_options(options, *, bias, quant, split, dtype, device, **fields):
-    options.bias = bias
-    options.quant = _quant_config(quant)
-    if split is not None:
-        options.split = split
-    options.dtype = torch.get_default_dtype() if dtype is None else dtype
-    options.device = torch.device("cpu" if device is None else device)
-    for name, value in fields.items():
-        setattr(options, name, value)
-    return options
-
-
-def _resolve_communicator(group, comm) -> "_C.Communicator":
-    if comm is not None and group is not None:
-        raise ValueError("pass either group= or communicator=, not both")
-    return comm if comm is not None else make_communicator(group)
-
-
 class _ParallelLinear(nn.Module):
     """What the four layers share: the C++ module and its tensors as parameters."""
 
-    def __init__(self, impl):
+    def __init__(self, impl_type, options, *, bias, quant, split, dtype, device, group, communicator, **fields):
+        """Fills the C++ ``options`` from the keywords every layer takes (and the layer's
+        own ``fields``), resolves the communicator, and builds ``impl_type(options, comm)``."""
         super().__init__()
+        options.bias = bias
+        options.quant = _quant_config(quant)
+        if split is not None:
+            options.split = split
+        options.dtype = torch.get_default_dtype() if dtype is None else dtype
+        options.device = torch.device("cpu" if device is None else device)
+        for name, value in fields.items():
+            setattr(options, name, value)
+        if communicator is not None and group is not None:
+            raise ValueError("pass either group= or communicator=, not both")
+        comm = communicator if communicator is not None else make_communicator(group)
+        impl = impl_type(options, comm)
         self._impl = impl
         for name, tensor in impl.named_parameters():
             if type(tensor) is not nn.Parameter:
@@ -169,11 +165,11 @@ class ColumnParallelLinear(_ParallelLinear):
         group: Optional["dist.ProcessGroup"] = None,
         communicator: Optional["_C.Communicator"] = None,
     ):
-        options = _fill_options(
-            _C.ColumnParallelLinearOptions(in_features, out_features),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        super().__init__(
+            _C.ColumnParallelLinear, _C.ColumnParallelLinearOptions(in_features, out_features),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
+            gather_output=gather_output,
         )
-        super().__init__(_C.ColumnParallelLinear(options, _resolve_communicator(group, communicator)))
 
     in_features = property(lambda self: self._impl.options.in_features)
     out_features = property(lambda self: self._impl.options.out_features)
@@ -214,13 +210,12 @@ class RowParallelLinear(_ParallelLinear):
         group: Optional["dist.ProcessGroup"] = None,
         communicator: Optional["_C.Communicator"] = None,
     ):
-        options = _fill_options(
-            _C.RowParallelLinearOptions(in_features, out_features),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device,
+        super().__init__(
+            _C.RowParallelLinear, _C.RowParallelLinearOptions(in_features, out_features),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
             input_is_parallel=input_is_parallel, reduce_output=reduce_output,
             all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire),
         )
-        super().__init__(_C.RowParallelLinear(options, _resolve_communicator(group, communicator)))
 
     in_features = property(lambda self: self._impl.options.in_features)
     out_features = property(lambda self: self._impl.options.out_features)
@@ -228,6 +223,10 @@ class RowParallelLinear(_ParallelLinear):
     def local_range(self) -> Tuple[int, int]:
         """This rank's columns of the global weight (its slice of the input), (begin, end)."""
         return tuple(self._impl.local_range())
+
+    def ranges(self):
+        """Every rank's input (begin, end), in rank order."""
+        return [tuple(r) for r in self._impl.ranges()]
 
 
 class QKVParallelLinear(_ParallelLinear):
@@ -256,11 +255,11 @@ class QKVParallelLinear(_ParallelLinear):
         communicator: Optional["_C.Communicator"] = None,
     ):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        options = _fill_options(
-            _C.QKVParallelLinearOptions(hidden_size, head_dim, num_heads, num_kv_heads),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        super().__init__(
+            _C.QKVParallelLinear, _C.QKVParallelLinearOptions(hidden_size, head_dim, num_heads, num_kv_heads),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
+            gather_output=gather_output,
         )
-        super().__init__(_C.QKVParallelLinear(options, _resolve_communicator(group, communicator)))
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) views of a forward output, each [..., heads * head_dim]."""
@@ -297,11 +296,11 @@ class GateUpParallelLinear(_ParallelLinear):
         group: Optional["dist.ProcessGroup"] = None,
         communicator: Optional["_C.Communicator"] = None,
     ):
-        options = _fill_options(
-            _C.GateUpParallelLinearOptions(hidden_size, intermediate_size),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, gather_output=gather_output,
+        super().__init__(
+            _C.GateUpParallelLinear, _C.GateUpParallelLinearOptions(hidden_size, intermediate_size),
+            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
+            gather_output=gather_output,
         )
-        super().__init__(_C.GateUpParallelLinear(options, _resolve_communicator(group, communicator)))
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(gate, up) views of a forward output."""

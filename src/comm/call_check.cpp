@@ -1,4 +1,5 @@
 #include "comm/call_check.h"
+#include "comm/run_collective.h"
 
 #include <algorithm>
 #include <sstream>

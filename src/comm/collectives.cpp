@@ -1,5 +1,5 @@
 // The collectives other than all_reduce (all_gather, reduce_scatter, broadcast,
-// barrier) over the process group, and the failure handling they all share.
+// barrier) over the process group.
 
 #include <algorithm>
 #include <numeric>
@@ -11,28 +11,14 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "comm/call_check.h"
+#include "comm/collectives.h"
 #include "comm/communicator_state.h"
+#include "comm/run_collective.h"
+#include "comm/all_reduce/front_end.h"
+#include "comm/host_identity.h"
 
 namespace tp {
 namespace detail {
-
-std::string op_name(const char* op) { return std::string("tp::Communicator::") + op; }
-
-void collective_failed(const CommunicatorState& s, const char* op, const std::string& original) {
-  TORCH_CHECK(false, op_name(op), " failed on rank ", s.rank, " of world_size ", s.world, " (timeout ",
-              s.options.timeout.count(),
-              " ms). Likely causes: a peer rank died or stopped calling collectives, or the ranks "
-              "passed different shapes or dtypes to the same collective. The timeout is "
-              "CommunicatorOptions::timeout (default from TP_COMM_TIMEOUT_MS). Do not use this "
-              "communicator's group again: its connections are in an unknown state. Original "
-              "error: ",
-              original);
-}
-
-std::mutex& cpu_start_mutex() {
-  static std::mutex m;
-  return m;
-}
 
 void broadcast_impl(const CommunicatorState& s, at::Tensor& t, int64_t root) {
   const char* op = "broadcast";

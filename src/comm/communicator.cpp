@@ -12,7 +12,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/communicator_state.h"
-#include "comm/env.h"
+#include "common/env.h"
+#include "comm/host_identity.h"
 
 namespace tp {
 namespace {

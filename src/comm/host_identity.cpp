@@ -14,6 +14,8 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "comm/communicator_state.h"
+#include "comm/host_identity.h"
+#include "comm/run_collective.h"
 
 namespace tp::detail {
 namespace {

@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/env.h"
+#include "common/env.h"
 
 namespace tp {
 namespace {

@@ -6,14 +6,22 @@
 #include <algorithm>
 
 #include "layers/layer_common.h"
+#include "tp/loader/load_shard.h"
 
 namespace tp::detail {
 
-std::vector<SegmentPlan> plans_for_all_ranks(int64_t world, const std::function<SegmentPlan(int64_t)>& plan_of) {
-  std::vector<SegmentPlan> plans;
-  plans.reserve(world);
-  for (int64_t r = 0; r < world; ++r) plans.push_back(plan_of(r));
-  return plans;
+std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec,
+                                             const Communicator& comm, const ColumnPlanner& plan_of,
+                                             torch::nn::Module& owner) {
+  const auto method = make_quant_method(spec.quant);
+  const auto policy = aligned_policy(layer, spec.split, *method, ShardMode::kColumn);
+  auto plans = with_layer_context(layer, [&] {
+    std::vector<SegmentPlan> all;
+    for (int64_t r = 0; r < comm.world_size(); ++r) all.push_back(plan_of(r, policy));
+    return all;
+  });
+  return std::make_shared<ColumnCore>(layer, comm, std::move(plans), spec.in_features, method, spec.bias,
+                                      at::TensorOptions().dtype(spec.dtype).device(spec.device), owner);
 }
 
 ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,

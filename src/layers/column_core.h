@@ -14,9 +14,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
+#include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
 #include "tp/shard/segments.h"
+#include "tp/shard/split.h"
 
 namespace torch::nn {
 class Module;
@@ -71,7 +73,26 @@ class ColumnCore {
   at::Tensor bias_;  // [local_out] or undefined
 };
 
-/// Every rank's plan, from a function of the rank.
-std::vector<SegmentPlan> plans_for_all_ranks(int64_t world, const std::function<SegmentPlan(int64_t)>& plan_of);
+/// What the column layers' options share (their sizes differ; these do not).
+struct ColumnSpec {
+  int64_t in_features = 0;
+  bool bias = false;
+  QuantConfig quant;
+  SplitPolicy split;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+};
+
+/// Rank `rank`'s plan of the output dimension under `policy` (the layer's split policy
+/// with the format's alignment already combined in).
+using ColumnPlanner = std::function<SegmentPlan(int64_t rank, const SplitPolicy& policy)>;
+
+/// Every column layer's reset(): makes the QuantMethod of spec.quant, combines its
+/// alignment with spec.split, plans every rank's output with `plan_of` (a ShardError
+/// becomes a c10::ValueError naming `layer`), and registers the weights and bias on
+/// `owner` with this rank's local shapes.
+std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec,
+                                             const Communicator& comm, const ColumnPlanner& plan_of,
+                                             torch::nn::Module& owner);
 
 }  // namespace tp::detail

@@ -21,21 +21,16 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
 }
 
 void ColumnParallelLinearImpl::reset() {
-  TORCH_CHECK_VALUE(options.in_features() > 0 && options.out_features() > 0, kLayer,
-                    ": in_features and out_features must be positive; got in_features=", options.in_features(),
-                    ", out_features=", options.out_features());
-  detail::check_common_options(kLayer, options.dtype());
-  const auto method = make_quant_method(options.quant());
-  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
-  auto plans = detail::with_layer_context(kLayer, [&] {
-    return detail::plans_for_all_ranks(comm.world_size(), [&](int64_t r) {
-      return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
-    });
-  });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.in_features(), method,
-                                               options.bias(),
-                                               at::TensorOptions().dtype(options.dtype()).device(options.device()),
-                                               *this);
+  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                        options.dtype());
+  const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
+                                options.split(),       options.dtype(), options.device()};
+  core_ = detail::make_column_core(
+      kLayer, spec, comm,
+      [&](int64_t r, const SplitPolicy& policy) {
+        return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
+      },
+      *this);
   weight = core_->weight();
   bias = core_->bias();
   reset_parameters();
@@ -45,11 +40,8 @@ void ColumnParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
 
 void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::ColumnParallelLinear(in_features=" << options.in_features()
-         << ", out_features=" << options.out_features() << ", local_out=" << local_range()
-         << ", bias=" << (options.bias() ? "true" : "false");
-  if (options.gather_output()) stream << ", gather_output=true";
-  if (core_->method().name() != "none") stream << ", quant=" << core_->method().name();
-  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+         << ", out_features=" << options.out_features() << ", local_out=" << local_range();
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }

@@ -21,22 +21,16 @@ GateUpParallelLinearImpl::GateUpParallelLinearImpl(GateUpParallelLinearOptions o
 }
 
 void GateUpParallelLinearImpl::reset() {
-  TORCH_CHECK_VALUE(options.hidden_size() > 0 && options.intermediate_size() > 0, kLayer,
-                    ": sizes must be positive; got hidden_size=", options.hidden_size(),
-                    ", intermediate_size=", options.intermediate_size());
-  detail::check_common_options(kLayer, options.dtype());
-  const auto method = make_quant_method(options.quant());
+  detail::check_options(kLayer,
+                        {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
+                        options.dtype());
   const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
-  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
-  auto plans = detail::with_layer_context(kLayer, [&] {
-    return detail::plans_for_all_ranks(comm.world_size(), [&](int64_t r) {
-      return plan_segments(segments, comm.world_size(), r, policy);
-    });
-  });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(), method,
-                                               options.bias(),
-                                               at::TensorOptions().dtype(options.dtype()).device(options.device()),
-                                               *this);
+  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                options.split(),       options.dtype(), options.device()};
+  core_ = detail::make_column_core(
+      kLayer, spec, comm,
+      [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
+      *this);
   weight = core_->weight();
   bias = core_->bias();
   reset_parameters();
@@ -46,11 +40,8 @@ void GateUpParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
 
 void GateUpParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::GateUpParallelLinear(hidden_size=" << options.hidden_size()
-         << ", intermediate_size=" << options.intermediate_size() << ", local_intermediate=" << local_range()
-         << ", bias=" << (options.bias() ? "true" : "false");
-  if (options.gather_output()) stream << ", gather_output=true";
-  if (core_->method().name() != "none") stream << ", quant=" << core_->method().name();
-  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+         << ", intermediate_size=" << options.intermediate_size() << ", local_intermediate=" << local_range();
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
 }
 
 at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }

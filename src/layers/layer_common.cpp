@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
+#include <sstream>
 
 namespace tp::detail {
 
@@ -39,9 +40,28 @@ void reset_bias(at::Tensor& bias, int64_t global_in_features) {
   bias.uniform_(-bound, bound);
 }
 
-void check_common_options(const std::string& layer, at::ScalarType dtype) {
+void check_options(const std::string& layer, std::initializer_list<NamedSize> sizes, at::ScalarType dtype) {
+  bool positive = true;
+  std::ostringstream names, got;
+  size_t i = 0;
+  for (const auto& s : sizes) {
+    positive = positive && s.value > 0;
+    names << (i == 0 ? "" : i + 1 == sizes.size() ? " and " : ", ") << s.name;
+    got << (i == 0 ? "" : ", ") << s.name << "=" << s.value;
+    ++i;
+  }
+  // "in_features and out_features must be positive; got in_features=0, out_features=6"
+  TORCH_CHECK_VALUE(positive, layer, ": ", names.str(), " must be positive; got ", got.str());
   TORCH_CHECK_TYPE(at::isFloatingType(dtype), layer, ": dtype ", dtype,
                    " is not a floating-point type (use float32, float64, bfloat16 or float16)");
+}
+
+void print_tail(std::ostream& stream, bool bias, bool gather_output, const QuantMethod& method,
+                const Communicator& comm) {
+  stream << ", bias=" << (bias ? "true" : "false");
+  if (gather_output) stream << ", gather_output=true";
+  if (method.name() != "none") stream << ", quant=" << method.name();
+  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 
 }  // namespace tp::detail

@@ -1,14 +1,18 @@
 #pragma once
 // Private helpers shared by the layer implementations.
 
+#include <cstdint>
+#include <initializer_list>
+#include <ostream>
 #include <string>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include "tp/loader/load_shard.h"
+#include "tp/comm/communicator.h"
 #include "tp/quant/quant_method.h"
+#include "tp/shard/shard_mode.h"
 #include "tp/shard/split.h"
 
 namespace tp::detail {
@@ -40,7 +44,18 @@ std::vector<int64_t> with_last_dim(const at::Tensor& x, int64_t last);
 /// The random initialisation torch::nn::Linear gives a bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 void reset_bias(at::Tensor& bias, int64_t global_in_features);
 
-/// Validates options shared by every layer (positive sizes, floating dtype).
-void check_common_options(const std::string& layer, at::ScalarType dtype);
+/// One named size of a layer's options, for check_options.
+struct NamedSize {
+  const char* name;
+  int64_t value;
+};
+
+/// Validates what every layer's options share: every size positive (the message lists
+/// them all), and a floating-point dtype.
+void check_options(const std::string& layer, std::initializer_list<NamedSize> sizes, at::ScalarType dtype);
+
+/// The end every pretty_print shares: ", bias=..., [gather_output=true, ][quant=..., ]rank=r/w)".
+void print_tail(std::ostream& stream, bool bias, bool gather_output, const QuantMethod& method,
+                const Communicator& comm);
 
 }  // namespace tp::detail

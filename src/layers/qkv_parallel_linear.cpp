@@ -25,26 +25,23 @@ QKVParallelLinearImpl::QKVParallelLinearImpl(QKVParallelLinearOptions options_, 
 }
 
 void QKVParallelLinearImpl::reset() {
-  TORCH_CHECK_VALUE(options.hidden_size() > 0 && options.head_dim() > 0 && options.num_heads() > 0 &&
-                        options.num_kv_heads() > 0,
-                    kLayer, ": sizes must be positive; got hidden_size=", options.hidden_size(),
-                    ", head_dim=", options.head_dim(), ", num_heads=", options.num_heads(),
-                    ", num_kv_heads=", options.num_kv_heads());
-  detail::check_common_options(kLayer, options.dtype());
-  const auto method = make_quant_method(options.quant());
-  const auto policy = detail::aligned_policy(kLayer, options.split(), *method, ShardMode::kColumn);
-  const int64_t world = comm.world_size();
-  auto plan_of_rank = [&](int64_t r) {
-    return plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), world, r, policy);
-  };
-  head_plan_ = detail::with_layer_context(kLayer, [&] { return plan_of_rank(comm.rank()); });
-  auto plans = detail::with_layer_context(kLayer, [&] {
-    return detail::plans_for_all_ranks(world, [&](int64_t r) { return plan_of_rank(r).qkv_plan(); });
-  });
-  core_ = std::make_shared<detail::ColumnCore>(kLayer, comm, std::move(plans), options.hidden_size(), method,
-                                               options.bias(),
-                                               at::TensorOptions().dtype(options.dtype()).device(options.device()),
-                                               *this);
+  detail::check_options(kLayer,
+                        {{"hidden_size", options.hidden_size()},
+                         {"head_dim", options.head_dim()},
+                         {"num_heads", options.num_heads()},
+                         {"num_kv_heads", options.num_kv_heads()}},
+                        options.dtype());
+  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                options.split(),       options.dtype(), options.device()};
+  core_ = detail::make_column_core(
+      kLayer, spec, comm,
+      [&](int64_t r, const SplitPolicy& policy) {
+        auto plan = plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(),
+                               r, policy);
+        if (r == comm.rank()) head_plan_ = plan;
+        return plan.qkv_plan();
+      },
+      *this);
   weight = core_->weight();
   bias = core_->bias();
   reset_parameters();
@@ -57,10 +54,7 @@ void QKVParallelLinearImpl::pretty_print(std::ostream& stream) const {
          << ", num_heads=" << options.num_heads() << ", num_kv_heads=" << options.num_kv_heads()
          << ", local_q_heads=" << head_plan_.q_heads << ", local_kv_heads=" << head_plan_.kv_heads;
   if (head_plan_.kv_replicas > 1) stream << ", kv_replicas=" << head_plan_.kv_replicas;
-  stream << ", bias=" << (options.bias() ? "true" : "false");
-  if (options.gather_output()) stream << ", gather_output=true";
-  if (core_->method().name() != "none") stream << ", quant=" << core_->method().name();
-  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
 }
 
 at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }

@@ -4,6 +4,8 @@
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
+#include "tp/loader/load_shard.h"
+#include "tp/quant/quant_method.h"
 
 namespace tp {
 
@@ -20,15 +22,13 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options_, 
 }
 
 void RowParallelLinearImpl::reset() {
-  TORCH_CHECK_VALUE(options.in_features() > 0 && options.out_features() > 0, kLayer,
-                    ": in_features and out_features must be positive; got in_features=", options.in_features(),
-                    ", out_features=", options.out_features());
-  detail::check_common_options(kLayer, options.dtype());
+  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                        options.dtype());
   method_ = make_quant_method(options.quant());
   const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
-  range_ = detail::with_layer_context(kLayer, [&] {
-    return split_for_rank(options.in_features(), comm.world_size(), comm.rank(), policy, "in_features");
-  });
+  ranges_ = detail::with_layer_context(
+      kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
+  range_ = ranges_.at(comm.rank());
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
   weight = method_->weight();
@@ -43,14 +43,12 @@ void RowParallelLinearImpl::reset_parameters() {
 
 void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::RowParallelLinear(in_features=" << options.in_features()
-         << ", out_features=" << options.out_features() << ", local_in=" << range_
-         << ", bias=" << (options.bias() ? "true" : "false");
+         << ", out_features=" << options.out_features() << ", local_in=" << range_;
   if (!options.input_is_parallel()) stream << ", input_is_parallel=false";
   if (!options.reduce_output()) stream << ", reduce_output=false";
   if (options.all_reduce() != AllReduceStrategy::kAuto) stream << ", all_reduce=" << to_string(options.all_reduce());
   if (options.wire() != WirePrecision::kDefault) stream << ", wire=" << to_string(options.wire());
-  if (method_->name() != "none") stream << ", quant=" << method_->name();
-  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
+  detail::print_tail(stream, options.bias(), /*gather_output=*/false, *method_, comm);
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {

@@ -5,8 +5,6 @@
 
 namespace tp {
 
-const char* to_string(ShardMode mode) { return mode == ShardMode::kColumn ? "COLUMN" : "ROW"; }
-
 namespace {
 
 // The dimension of the stored tensor that `mode` splits, after flip_tp.

@@ -5,7 +5,7 @@
 
 #include "loader/safetensors_format.h"
 
-#include "loader/json_reader.h"
+#include "common/json_reader.h"
 
 #include <algorithm>
 #include <cstring>

@@ -16,16 +16,14 @@
 #include <utility>
 #include <vector>
 
+#include "common/json_reader.h"
+
 namespace tp::detail {
 
-/// A malformed file or index. The message names the tensor and the numbers; the
-/// torch-facing caller prefixes the file name and throws c10::Error. No other
-/// exception type leaves the parser (std::bad_alloc aside, which the size caps
-/// make unreachable for any input under the header cap).
-class FormatError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// FormatError (common/json_reader.h): a malformed file or index. The message names
+// the tensor and the numbers; the torch-facing caller prefixes the file name and
+// throws c10::Error. No other exception type leaves the parser (std::bad_alloc
+// aside, which the size caps make unreachable for any input under the header cap).
 
 /// The dtypes torch can hold, by their safetensors names.
 enum class StDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2 };

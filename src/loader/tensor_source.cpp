@@ -56,39 +56,4 @@ at::Tensor InMemorySource::read(int64_t dim, Range range) const {
   return slice.is_cpu() ? slice.clone(at::MemoryFormat::Contiguous) : slice.to(at::kCPU).contiguous();
 }
 
-void Checkpoint::add(std::shared_ptr<const TensorSource> source) {
-  TORCH_CHECK_VALUE(source != nullptr, "Checkpoint::add: null source");
-  const auto& name = source->name();
-  TORCH_CHECK_VALUE(!sources_.count(name), "Checkpoint::add: a tensor named '", name, "' is already present");
-  sources_.emplace(name, std::move(source));
-}
-
-void Checkpoint::add(const std::string& name, const at::Tensor& tensor) {
-  add(std::make_shared<InMemorySource>(name, tensor));
-}
-
-bool Checkpoint::contains(const std::string& name) const { return sources_.count(name) != 0; }
-
-const TensorSource& Checkpoint::get(const std::string& name, const std::string& where) const {
-  auto it = sources_.find(name);
-  if (it != sources_.end()) return *it->second;
-  // Name a few neighbours: a wrong prefix is the usual mistake.
-  std::ostringstream near;
-  size_t shown = 0;
-  const auto dot = name.rfind('.');
-  const std::string stem = dot == std::string::npos ? name : name.substr(0, dot);
-  for (const auto& [n, _] : sources_) {
-    if (shown < 5 && n.rfind(stem.substr(0, stem.rfind('.') + 1), 0) == 0) near << (shown++ ? ", " : "") << n;
-  }
-  TORCH_CHECK_VALUE(false, where.empty() ? "" : where + ": ", "checkpoint has no tensor '", name, "' (",
-                    sources_.size(), " tensors", shown ? "; similar: " + near.str() : std::string(), ")");
-}
-
-std::vector<std::string> Checkpoint::names() const {
-  std::vector<std::string> out;
-  out.reserve(sources_.size());
-  for (const auto& kv : sources_) out.push_back(kv.first);
-  return out;
-}
-
 }  // namespace tp

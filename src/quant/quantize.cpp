@@ -5,7 +5,8 @@
 
 #include <cmath>
 
-#include "quant/formats.h"
+#include "quant/format_table.h"
+#include "quant/random_weight.h"
 
 namespace tp {
 
@@ -14,38 +15,15 @@ QuantizedTensors quantize_weight(const at::Tensor& weight, const QuantConfig& co
                     "quantize_weight(", to_string(config), "): expected a floating-point [out_features, in_features] "
                     "weight; got ", weight.defined() ? weight.sizes() : at::IntArrayRef{}, " ",
                     weight.defined() ? c10::toString(weight.scalar_type()) : "undefined");
-  const at::Tensor w = weight.cpu();
-  switch (detail::family_of(config.format)) {
-    case detail::FormatFamily::kNone: return {{"weight", w}};
-    case detail::FormatFamily::kFp8: return detail::quantize_fp8(w, config);
-    case detail::FormatFamily::kInt8: return detail::quantize_int8(w, config);
-    case detail::FormatFamily::kInt4: return detail::quantize_int4(w, config);
-  }
-  TORCH_CHECK_VALUE(false, "quantize_weight: unknown format");
+  return detail::format_entry(config.format).quantize(weight.cpu(), config);
 }
 
 at::Tensor dequantize_weight(const QuantizedTensors& tensors, const QuantConfig& config) {
-  switch (detail::family_of(config.format)) {
-    case detail::FormatFamily::kNone: {
-      const auto it = tensors.find("weight");
-      TORCH_CHECK_VALUE(it != tensors.end(), "dequantize_weight(none): no 'weight' tensor");
-      return it->second.to(at::kFloat);
-    }
-    case detail::FormatFamily::kFp8: return detail::dequantize_fp8(tensors, config);
-    case detail::FormatFamily::kInt8: return detail::dequantize_int8(tensors, config);
-    case detail::FormatFamily::kInt4: return detail::dequantize_int4(tensors, config);
-  }
-  TORCH_CHECK_VALUE(false, "dequantize_weight: unknown format");
+  return detail::format_entry(config.format).dequantize(tensors, config);
 }
 
 at::Tensor quantize_activation(const at::Tensor& x, const QuantizedTensors& tensors, const QuantConfig& config) {
-  switch (detail::family_of(config.format)) {
-    case detail::FormatFamily::kNone:
-    case detail::FormatFamily::kInt4: return x.to(at::kFloat);
-    case detail::FormatFamily::kFp8: return detail::quantize_activation_fp8(x, tensors, config);
-    case detail::FormatFamily::kInt8: return detail::quantize_activation_int8(x, tensors, config);
-  }
-  TORCH_CHECK_VALUE(false, "quantize_activation: unknown format");
+  return detail::format_entry(config.format).quantize_activation(x, tensors, config);
 }
 
 namespace detail {

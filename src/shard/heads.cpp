@@ -1,4 +1,4 @@
-// Attention heads over ranks (DESIGN.md §3, "Attention heads").
+// Attention heads over ranks (docs/DESIGN.md §3, "Attention heads").
 //
 // Shards are whole heads, and a rank's query heads are exactly the ones that read
 // its KV heads, so attention needs no communication. Two regimes:

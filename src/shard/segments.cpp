@@ -1,4 +1,4 @@
-// Fused dimensions as named segments, each split on its own (DESIGN.md §3).
+// Fused dimensions as named segments, each split on its own (docs/DESIGN.md §3).
 //
 // Splitting each segment separately (rather than the fused total) is what keeps a
 // rank's q rows q rows: a split of the fused [Q|K|V] would hand rank 1 the tail of Q

@@ -1,20 +1,22 @@
-// Splitting one dimension over ranks (DESIGN.md §3 "Sharding").
+// Splitting one dimension over ranks (docs/DESIGN.md §3 "Sharding").
 //
 // Everything is counted in whole units of `granularity` and turned back into
 // elements only at the end, so every boundary is a multiple of it by construction.
-// Even splits use exact integer arithmetic; weighted splits use the largest
-// remainder method, which is the only floating-point step.
+// Even and weighted splits (the largest remainder method) are both exact integer
+// arithmetic.
 
 #include "tp/shard/split.h"
 
 #include "shard/shard_fail.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <cstddef>
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <vector>
 
 namespace tp {
 namespace {
@@ -72,49 +74,153 @@ std::vector<int64_t> even_units(int64_t units, int64_t world, int64_t rotation) 
   return n;
 }
 
+// A weight w > 0 as the odd integer m and exponent e with w = m * 2^e (every finite
+// double is one exactly).
+struct Dyadic {
+  uint64_t m = 0;
+  int e = 0;
+};
+
+Dyadic dyadic(double w) {
+  int exp = 0;
+  const double frac = std::frexp(w, &exp);  // w = frac * 2^exp, frac in [0.5, 1)
+  Dyadic d{static_cast<uint64_t>(std::ldexp(frac, 53)), exp - 53};
+  while ((d.m & 1) == 0) {
+    d.m >>= 1;
+    ++d.e;
+  }
+  return d;
+}
+
+// A non-negative integer of any size, little-endian 32-bit limbs: just what the
+// weighted split needs (weights as integers span up to ~2100 bits when their
+// exponents are far apart).
+class BigUint {
+ public:
+  BigUint() = default;
+  /// v * 2^shift.
+  BigUint(uint64_t v, int shift) {
+    limbs_.assign(static_cast<size_t>(shift / 32) + 3, 0);
+    const unsigned __int128 wide = static_cast<unsigned __int128>(v) << (shift % 32);
+    for (size_t k = 0; k < 3; ++k) limbs_[static_cast<size_t>(shift / 32) + k] = static_cast<uint32_t>(wide >> (32 * k));
+    trim();
+  }
+  void add(const BigUint& o) {
+    limbs_.resize(std::max(limbs_.size(), o.limbs_.size()) + 1, 0);
+    uint64_t carry = 0;
+    for (size_t k = 0; k < limbs_.size(); ++k) {
+      carry += static_cast<uint64_t>(limbs_[k]) + (k < o.limbs_.size() ? o.limbs_[k] : 0);
+      limbs_[k] = static_cast<uint32_t>(carry);
+      carry >>= 32;
+    }
+    trim();
+  }
+  void mul(uint64_t f) {  // f < 2^63
+    limbs_.resize(limbs_.size() + 2, 0);
+    unsigned __int128 carry = 0;
+    for (auto& limb : limbs_) {
+      carry += static_cast<unsigned __int128>(limb) * f;
+      limb = static_cast<uint32_t>(carry);
+      carry >>= 32;
+    }
+    trim();
+  }
+  int compare(const BigUint& o) const {
+    if (limbs_.size() != o.limbs_.size()) return limbs_.size() < o.limbs_.size() ? -1 : 1;
+    for (size_t k = limbs_.size(); k-- > 0;) {
+      if (limbs_[k] != o.limbs_[k]) return limbs_[k] < o.limbs_[k] ? -1 : 1;
+    }
+    return 0;
+  }
+  /// *this = *this mod d, returning the quotient, which must fit in int64.
+  int64_t divmod(const BigUint& d) {
+    BigUint r;
+    uint64_t q = 0;
+    for (size_t bit = limbs_.size() * 32; bit-- > 0;) {
+      r.shift_left_one((limbs_[bit / 32] >> (bit % 32)) & 1u);
+      q <<= 1;
+      if (r.compare(d) >= 0) {
+        r.subtract(d);
+        q |= 1;
+      }
+    }
+    *this = r;
+    return static_cast<int64_t>(q);
+  }
+
+ private:
+  void shift_left_one(uint32_t low_bit) {
+    uint32_t carry = low_bit;
+    for (auto& limb : limbs_) {
+      const uint32_t next = limb >> 31;
+      limb = (limb << 1) | carry;
+      carry = next;
+    }
+    if (carry) limbs_.push_back(carry);
+  }
+  void subtract(const BigUint& o) {  // requires *this >= o
+    int64_t borrow = 0;
+    for (size_t k = 0; k < limbs_.size(); ++k) {
+      int64_t v = static_cast<int64_t>(limbs_[k]) - (k < o.limbs_.size() ? o.limbs_[k] : 0) - borrow;
+      borrow = v < 0 ? 1 : 0;
+      limbs_[k] = static_cast<uint32_t>(v + (borrow << 32));
+    }
+    trim();
+  }
+  void trim() {
+    while (!limbs_.empty() && limbs_.back() == 0) limbs_.pop_back();
+  }
+  std::vector<uint32_t> limbs_;  // empty: zero
+};
+
 // Largest remainder: every rank first gets floor(ideal); the units left over go one
 // each to the ranks with the largest fractional parts, equal fractions in rotation
 // order. So every share is floor(ideal) or ceil(ideal), and equal weights give
-// exactly the even split. long double keeps units * w exact for any realistic size.
+// exactly the even split. All in exact integer arithmetic: the weights, scaled by
+// one power of two to integers W[r], give ideal = units * W[r] / S with S = sum W,
+// whose floor and remainder are computed exactly - so ties are real ties (weights
+// 1, 4, 1 over 2 units: three fractions of exactly 1/3, broken by rotation), never
+// decided by a rounding error.
 std::vector<int64_t> weighted_units(int64_t units, const std::vector<double>& weights, int64_t rotation) {
   const int64_t world = static_cast<int64_t>(weights.size());
-  long double sum = 0;
-  for (double w : weights) sum += w;
+  std::vector<Dyadic> d(weights.size());
+  int min_e = std::numeric_limits<int>::max();
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] == 0) continue;
+    d[i] = dyadic(weights[i]);
+    min_e = std::min(min_e, d[i].e);
+  }
+  BigUint sum;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] != 0) sum.add(BigUint(d[i].m, d[i].e - min_e));
+  }
 
   std::vector<int64_t> n(weights.size(), 0);
-  std::vector<long double> frac(weights.size(), 0);
-  std::vector<int64_t> order;  // ranks that may receive leftover units
+  std::vector<BigUint> rem(weights.size());  // units * W mod S: the fraction times S
+  std::vector<int64_t> order;                // ranks that may receive leftover units
   int64_t assigned = 0;
   for (int64_t r = 0; r < world; ++r) {
     const size_t i = static_cast<size_t>(r);
     if (weights[i] == 0) continue;  // a weight of 0 owns nothing, not even a leftover
-    const long double ideal = static_cast<long double>(units) * weights[i] / sum;
-    const long double whole = std::min(std::floor(ideal), static_cast<long double>(units));
-    n[i] = static_cast<int64_t>(whole);
-    frac[i] = ideal - whole;
+    rem[i] = BigUint(d[i].m, d[i].e - min_e);
+    rem[i].mul(static_cast<uint64_t>(units));
+    n[i] = rem[i].divmod(sum);  // <= units, since W <= S
     assigned += n[i];
     order.push_back(r);
   }
   std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
     const size_t ia = static_cast<size_t>(a), ib = static_cast<size_t>(b);
-    if (frac[ia] != frac[ib]) return frac[ia] > frac[ib];
+    const int c = rem[ia].compare(rem[ib]);
+    if (c != 0) return c > 0;
     return queue_position(a, world, rotation) < queue_position(b, world, rotation);
   });
-
-  // In exact arithmetic the leftover is below the number of ranks with a nonzero
-  // fraction, so one pass suffices; the loops only guard against rounding.
-  for (size_t k = 0; assigned < units; k = (k + 1) % order.size()) {
-    ++n[static_cast<size_t>(order[k])];
-    ++assigned;
+  // The leftover, units - sum(floor), is the sum of the fractions: an integer below
+  // the number of ranks with a nonzero fraction, so each gets at most one.
+  const int64_t leftover = units - assigned;
+  if (leftover < 0 || leftover > static_cast<int64_t>(order.size())) {
+    shard_fail("split: internal error: ", leftover, " leftover units for ", order.size(), " ranks");
   }
-  for (size_t k = order.size(); assigned > units;) {
-    k = (k == 0 ? order.size() : k) - 1;  // smallest fractions give back first
-    int64_t& nk = n[static_cast<size_t>(order[k])];
-    if (nk > 0) {
-      --nk;
-      --assigned;
-    }
-  }
+  for (int64_t k = 0; k < leftover; ++k) ++n[static_cast<size_t>(order[static_cast<size_t>(k)])];
   return n;
 }
 

@@ -1,13 +1,13 @@
 // Layers composed the way a Llama block uses them, at TP=3 (uneven), against the
 // same computation on one device from the same global weights.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
 #include <vector>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/tp.h"
 
 using namespace tp;

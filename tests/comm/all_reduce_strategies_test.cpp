@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_test_util.h"
+#include "support/comm_test_util.h"
 
 using Catch::Contains;
 using tp::AllReduceStrategy;

@@ -17,7 +17,7 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "comm/comm_test_util.h"
+#include "support/comm_test_util.h"
 
 using Catch::Contains;
 using tp::AllReduceRule;

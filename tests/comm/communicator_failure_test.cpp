@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include "comm/comm_test_util.h"
+#include "support/comm_test_util.h"
 
 using Catch::Contains;
 using tp::AllReduceStrategy;

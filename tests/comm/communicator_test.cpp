@@ -7,7 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
 
-#include "comm/comm_test_util.h"
+#include "support/comm_test_util.h"
 
 using Catch::Contains;
 using tp::AllReduceStrategy;

@@ -3,7 +3,7 @@
 // threads on that GPU over Gloo, and a layer forward (GEMM + NCCL allreduce) captured
 // in a CUDA graph and replayed. Tagged [cuda]: excluded where torch sees no GPU.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -13,8 +13,8 @@
 
 #include <vector>
 
-#include "test_util.h"
-#include "tp/comm/nccl.h"
+#include "support/test_util.h"
+#include "tp/comm/nccl_communicator.h"
 #include "tp/tp.h"
 
 #if TP_WITH_CUDA

@@ -2,7 +2,7 @@
 // errors when they cannot run (CPU tensors, no NCCL group, no GPU). The GPU behaviour
 // itself is in cuda_comm_test.cpp ([cuda]).
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "test_util.h"
-#include "tp/comm/nccl.h"
+#include "support/test_util.h"
+#include "tp/comm/nccl_communicator.h"
 #include "tp/tp.h"
 
 using namespace tp;

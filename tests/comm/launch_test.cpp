@@ -8,8 +8,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
 
-#include "comm/spawn.h"
-#include "comm/comm_test_util.h"
+#include "support/spawn.h"
+#include "support/comm_test_util.h"
 
 using Catch::Contains;
 using tp::AllReduceStrategy;

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
-#include "comm/spawn.h"
-#include "comm/worker_ranks_check.h"
+#include "support/spawn.h"
+#include "support/worker_ranks_check.h"
 
 #ifndef TP_PROCESS_WORKER
 #error "TP_PROCESS_WORKER (the path of tp_process_worker) must be defined"

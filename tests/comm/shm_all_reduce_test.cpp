@@ -7,15 +7,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
 
-#include "comm/comm_test_util.h"
-#include "comm/spawn.h"
-#include "comm/worker_ranks_check.h"
+#include "support/comm_test_util.h"
+#include "support/spawn.h"
+#include "support/worker_ranks_check.h"
 
 #ifndef TP_PROCESS_WORKER
 #error "TP_PROCESS_WORKER (the path of tp_process_worker) must be defined"
@@ -31,7 +32,7 @@ namespace {
 
 constexpr auto kOneShot = AllReduceStrategy::kSharedMemoryOneShot;
 constexpr auto kTwoShot = AllReduceStrategy::kSharedMemoryTwoShot;
-// One data buffer, a library-private constant (src/comm/shm_all_reduce.h; tests see
+// One data buffer, a library-private constant (src/comm/all_reduce/shared_memory.h; tests see
 // only the public headers). Should it change, the sizes below still run, but sit at
 // different places relative to the boundaries.
 constexpr int64_t kBufferBytes = int64_t{2} << 20;
@@ -268,4 +269,18 @@ TEST_CASE("a peer process that exits makes the shared-memory all_reduce fail at 
   CHECK(results[0].exit_code == 0);
   CHECK_THAT(results[0].output, Contains("rank 0 ok"));
   CHECK(results[1].exit_code == 0);
+}
+
+TEST_CASE("a rank killed while creating the shared-memory segment leaves no segment behind", "[comm][process]") {
+  // TP_COMM_VERIFY=0: no fingerprint exchange first, so rank 0 is killed inside the
+  // segment's setup, with rank 1 half-way through joining it.
+  const auto results = tp::test::run_ranks_as_processes(
+      TP_PROCESS_WORKER, {"shm_creator_killed"}, 2, std::chrono::seconds(90),
+      {{"TP_COMM_TIMEOUT_MS", "5000"}, {"TP_COMM_VERIFY", "0"}});
+  REQUIRE(results.size() == 2);
+  INFO("rank 0 output:\n" << results[0].output << "\nrank 1 output:\n" << results[1].output);
+  CHECK(results[0].exit_code == -SIGKILL);
+  CHECK_FALSE(results[1].timed_out);
+  CHECK(results[1].exit_code == 0);
+  CHECK_THAT(results[1].output, Contains("rank 1 ok"));
 }

@@ -1,14 +1,14 @@
 // ColumnParallelLinear and RowParallelLinear against at::linear on the full weights,
 // at world sizes 1-4 (ranks as threads over Gloo), random shapes, all CPU dtypes.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
 #include <mutex>
 #include <vector>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"

@@ -2,14 +2,14 @@
 // (which moves CUDA tensors through host memory). Tagged [cuda]: the test runner
 // excludes them where torch sees no GPU.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
 #include <vector>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/tp.h"
 
 using namespace tp;

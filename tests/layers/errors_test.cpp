@@ -1,10 +1,10 @@
 // Bad input gets a clear error naming the layer, the tensor and the numbers.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"

@@ -1,13 +1,13 @@
 // QKVParallelLinear and GateUpParallelLinear: fused layers loaded from separate
 // q/k/v and gate/up checkpoint tensors, against the single-device projections.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
 #include <vector>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"

@@ -3,18 +3,18 @@
 // load into identical layers at TP 1-4, from safetensors files; each rank reads
 // only its rows; a layout that does not fit the shapes is an error.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
 #include <mutex>
 
-#include "loader/loader_test_util.h"
-#include "test_util.h"
+#include "support/loader_test_util.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"
-#include "tp/loader/checkpoint_dir.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors_writer.h"
 
 using namespace tp;

@@ -1,12 +1,12 @@
 // load_shard's rules, each with a test that fails if the rule is broken.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
-#include "test_util.h"
+#include "support/test_util.h"
 #include "tp/loader/load_shard.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 
 using namespace tp;
 using Catch::Contains;

@@ -4,7 +4,7 @@
 // tests/loader/safetensors_interop.py, run with TP_PYTHON (the project's venv);
 // a missing interpreter or package fails the test, it never passes silently.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "loader/loader_test_util.h"
+#include "support/loader_test_util.h"
 #include "tp/loader/safetensors.h"
 #include "tp/loader/safetensors_writer.h"
 

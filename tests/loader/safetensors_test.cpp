@@ -1,15 +1,15 @@
 // SafetensorsFile, the writer and open_checkpoint: round trips of every dtype,
 // slices against at::narrow, sharded folders, and every kind of broken file.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
-#include "loader/loader_test_util.h"
+#include "support/loader_test_util.h"
 #include "tp/layers/column_parallel_linear.h"
-#include "tp/loader/checkpoint_dir.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors.h"
 #include "tp/loader/safetensors_writer.h"
 

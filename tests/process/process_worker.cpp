@@ -7,6 +7,7 @@
 // mode, write `int run_xxx()` and add it to modes().
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -29,7 +31,7 @@
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 
 namespace {
 
@@ -180,6 +182,53 @@ int run_shm_peer_exits() {
   return 0;
 }
 
+/// The names in /dev/shm that start with `prefix`.
+std::vector<std::string> shm_names(const std::string& prefix) {
+  std::vector<std::string> names;
+  DIR* dir = ::opendir("/dev/shm");
+  while (dir != nullptr) {
+    const dirent* e = ::readdir(dir);
+    if (e == nullptr) break;
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) names.push_back(e->d_name);
+  }
+  if (dir != nullptr) ::closedir(dir);
+  return names;
+}
+
+/// Rank 0 is killed (SIGKILL, by rank 1) the moment its shared-memory segment appears,
+/// while rank 1 is still joining: rank 1's all_reduce must fail, and leave no segment
+/// of rank 0's behind (the name is unlinked by the surviving rank).
+int run_shm_creator_killed() {
+  tp::Communicator comm = tp::communicator_from_env();
+  const at::Tensor pid = at::tensor({static_cast<int64_t>(::getpid())}, at::kLong);
+  const at::Tensor pids = comm.all_gather(pid, 0, std::vector<int64_t>(comm.world_size(), 1));
+  const auto pid0 = static_cast<pid_t>(pids[0].item<int64_t>());
+  const std::string prefix = "tp-" + std::to_string(pid0) + "-";
+  std::thread killer;
+  if (comm.rank() == 1) {
+    killer = std::thread([&] {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (shm_names(prefix).empty() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      ::kill(pid0, SIGKILL);
+    });
+  }
+  at::Tensor t = at::ones({64});
+  std::string error;
+  try {
+    comm.all_reduce(t, tp::AllReduceStrategy::kSharedMemoryOneShot);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  if (killer.joinable()) killer.join();
+  TORCH_CHECK(comm.rank() == 1, "shm_creator_killed: rank 0 outlived its SIGKILL");
+  TORCH_CHECK(!error.empty(), "shm_creator_killed: rank 1's all_reduce succeeded although rank 0 was killed");
+  const auto left = shm_names(prefix);
+  TORCH_CHECK(left.empty(), "shm_creator_killed: /dev/shm/", left.empty() ? "" : left.front(),
+              " of the killed rank 0 is still linked (rank 1's error: ", error, ")");
+  std::cout << "rank 1 ok (its all_reduce failed: " << error.substr(0, 120) << ")" << std::endl;
+  return 0;
+}
+
 /// A Llama MLP (gate_up -> SiLU(gate) * up -> down) and a gathered column layer,
 /// each rank loading its shard of the same global weights, vs one-device float64.
 int run_mlp() {
@@ -223,6 +272,7 @@ const std::map<std::string, std::function<int()>>& modes() {
       {"comm", run_comm},
       {"mlp", run_mlp},
       {"shm", run_shm},
+      {"shm_creator_killed", run_shm_creator_killed},
       {"shm_peer_exits", run_shm_peer_exits},
   };
   return kModes;

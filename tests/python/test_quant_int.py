@@ -1,7 +1,7 @@
 """INT4 layers (GPTQ, AWQ) at TP=2 over gloo against torch on the dequantized weights.
 
 The checkpoints are packed here in plain torch, independently of tp's C++ packing
-(quantize.h / src/quant/int4_packing.h), the way AutoGPTQ (v1: zero - 1) and AutoAWQ
+(quantize.h / src/quant/int4/packing.h), the way AutoGPTQ (v1: zero - 1) and AutoAWQ
 (nibble order 0,2,4,6,1,3,5,7) write them; the reference is F.linear on the weight
 those tensors represent.
 """

@@ -7,13 +7,13 @@
 // the reference does; a value on a rounding boundary may round the other way); the
 // weight-only paths accumulate in fp32 like the reference.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
-#include "quant/quant_layer_check.h"
-#include "test_util.h"
+#include "support/quant_layer_check.h"
+#include "support/test_util.h"
 #include "tp/quant/quant_config.h"
 
 using namespace tp;

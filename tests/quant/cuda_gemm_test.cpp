@@ -1,8 +1,8 @@
-// The CUDA GEMM entry points (src/cuda/gemm.h) against float64 references built from
+// The CUDA GEMM entry points (src/gpu/gemm.h) against float64 references built from
 // the same operands, plus CUDA-graph capture and replay. Tagged [cuda]: the runner
 // excludes them where torch sees no GPU.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #if TP_WITH_CUDA
 
@@ -14,8 +14,8 @@
 
 #include <optional>
 
-#include "cuda/gemm.h"
-#include "test_util.h"
+#include "gpu/gemm.h"
+#include "support/test_util.h"
 
 using namespace tp;
 using tp::test::randn;

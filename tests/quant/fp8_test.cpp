@@ -2,7 +2,7 @@
 // against the float64 reference, the loading rules (scale spans, replicated and
 // per-part scales), partial 128-blocks, and the errors.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "loader/loader_test_util.h"
-#include "quant/quant_layer_check.h"
-#include "test_util.h"
+#include "support/loader_test_util.h"
+#include "support/quant_layer_check.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"

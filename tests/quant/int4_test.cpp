@@ -12,15 +12,15 @@
 // - float16 (the exact float16 kernel): 8e-3, twice the float16 GEMM tolerance, for
 //   the float16 float zero points on top of the float16 GEMM.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include <array>
 
-#include "quant/quant_layer_check.h"
-#include "test_util.h"
+#include "support/quant_layer_check.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"

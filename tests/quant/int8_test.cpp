@@ -14,13 +14,13 @@
 //   amax|x| per element, summed over K with random signs, ~1e-2 of the output scale
 //   at K = 384. bfloat16 adds its GEMM tolerance.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include "quant/quant_layer_check.h"
-#include "test_util.h"
+#include "support/quant_layer_check.h"
+#include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"

@@ -1,11 +1,11 @@
 // QuantConfig names, and the harness the formats share, run on the unquantized method.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
 
-#include "quant/quant_layer_check.h"
-#include "test_util.h"
+#include "support/quant_layer_check.h"
+#include "support/test_util.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quantize.h"
 

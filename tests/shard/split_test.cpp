@@ -119,6 +119,30 @@ TEST_CASE("split: weighted examples", "[shard]") {
         std::vector<Range>{{0, 768}, {768, 1024}});
 }
 
+TEST_CASE("split: exact ties in weighted splits go in rotation order", "[shard]") {
+  // 2 units at weights 1:4:1 are ideal shares 1/3, 4/3, 1/3: floors 0, 1, 0 and three
+  // fractions of exactly 1/3. The spare unit goes to the rotation's first rank - in
+  // floating point 4/3's fraction could round above 1/3 and win for every rotation.
+  for (int64_t rotation = 0; rotation < 3; ++rotation) {
+    INFO("rotation " << rotation);
+    std::vector<int64_t> expected{0, 1, 0};
+    ++expected[static_cast<size_t>(rotation)];
+    CHECK(sizes(tp::split(2, 3, SplitPolicy{}.with_weights({1, 4, 1}).with_rotation(rotation))) == expected);
+  }
+  // The same ties with the weights scaled by a power of two, and shares that divide
+  // exactly (no leftover to place).
+  CHECK(sizes(tp::split(2, 3, SplitPolicy{}.with_weights({0.25, 1.0, 0.25}).with_rotation(2))) ==
+        std::vector<int64_t>{0, 1, 1});
+  CHECK(sizes(tp::split(4, 3, SplitPolicy{}.with_weights({3, 3, 6}).with_rotation(1))) ==
+        std::vector<int64_t>{1, 1, 2});
+  // Exact however far apart the weights are: 1e-300 against 1e300 (2000 bits apart)
+  // still ties exactly when scaled copies meet.
+  CHECK(sizes(tp::split(3, 3, SplitPolicy{}.with_weights({1e-300, 1e300, 1e300}).with_rotation(0))) ==
+        std::vector<int64_t>{0, 2, 1});
+  CHECK(sizes(tp::split(3, 3, SplitPolicy{}.with_weights({1e-300, 1e300, 1e300}).with_rotation(2))) ==
+        std::vector<int64_t>{0, 1, 2});
+}
+
 TEST_CASE("split_for_rank returns that rank's range of the split", "[shard]") {
   const SplitPolicy p = SplitPolicy{}.with_granularity(16).with_rotation(2);
   const std::vector<Range> all = tp::split(16 * 11, 3, p);

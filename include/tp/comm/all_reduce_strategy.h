@@ -10,7 +10,6 @@ namespace tp {
 
 /// AllReduce algorithms. `kAuto` picks one per call from (device, world size, bytes,
 /// dtype, whether the ranks share one host, the tuning table): see AllReduceTable.
-/// NCCL variants join this enum with the CUDA strategies.
 enum class AllReduceStrategy {
   kAuto,                 ///< let the selector choose (the default everywhere)
   kProcessGroup,         ///< the c10d process group's own allreduce (Gloo ring on CPU)

@@ -58,7 +58,7 @@ struct AllReduceTable {
   std::string source = "built-in";
 
   /// The table built from measurements on the development VM (see the comment in
-  /// src/comm/all_reduce_table.cpp for the numbers).
+  /// src/comm/all_reduce/table.cpp for the numbers).
   static const AllReduceTable& builtin();
   /// Reads and validates a JSON table; errors name the file and what is wrong.
   static AllReduceTable load(const std::string& path);

@@ -16,7 +16,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/loader/fused_layout.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/heads.h"
 #include "tp/shard/split.h"

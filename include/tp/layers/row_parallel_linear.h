@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -17,12 +18,12 @@
 
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
-#include "tp/quant/quant_method.h"
 #include "tp/shard/split.h"
 
 namespace tp {
+class QuantMethod;
 
 /// Options for RowParallelLinear. Sizes are GLOBAL (unsharded).
 /// Example: tp::RowParallelLinear down(tp::RowParallelLinearOptions(11008, 4096).bias(false), comm);
@@ -68,6 +69,8 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
 
   /// This rank's columns of the global weight (= its slice of the input), [begin, end).
   Range local_range() const { return range_; }
+  /// Every rank's input range, in rank order.
+  const std::vector<Range>& ranges() const { return ranges_; }
 
   RowParallelLinearOptions options;
   Communicator comm;
@@ -76,7 +79,8 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
 
  private:
   Range range_;
-  std::shared_ptr<QuantMethod> method_;
+  std::vector<Range> ranges_;
+  std::shared_ptr<QuantMethod> method_;  // the format's weights and GEMM (hidden, as in the column layers)
 };
 
 /// A ModuleHolder for RowParallelLinearImpl.

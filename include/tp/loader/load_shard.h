@@ -9,16 +9,9 @@
 #include "tp/loader/tensor_source.h"
 #include "tp/shard/range.h"
 #include "tp/shard/segments.h"
+#include "tp/shard/shard_mode.h"
 
 namespace tp {
-
-/// Which dimension of an `[out, in]` weight a layer splits.
-enum class ShardMode {
-  kColumn,  ///< split dim 0 (output features): ColumnParallelLinear
-  kRow,     ///< split dim 1 (input features): RowParallelLinear
-};
-
-const char* to_string(ShardMode mode);
 
 /// How a tensor's stored layout relates to the logical weight it belongs to.
 struct LoadOptions {

@@ -14,7 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 
 namespace tp {
 

@@ -3,10 +3,10 @@
 //
 // Loading goes through sources so a rank reads only its shard: peak memory while
 // loading is the shard, not the tensor. Sources are backed by an in-memory tensor
-// (here), and by safetensors files or sharded checkpoint directories.
+// (here), and by safetensors files (tp/loader/safetensors.h); a Checkpoint
+// (tp/loader/checkpoint.h) names them.
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,28 +54,5 @@ class InMemorySource final : public TensorSource {
 /// Checks `dim`/`range` against `source` and throws a c10::Error naming the tensor.
 /// For implementers of TensorSource.
 void check_read_args(const TensorSource& source, int64_t dim, Range range);
-
-/// Name -> source, the way a checkpoint is seen by the layers. Names are the
-/// Hugging Face names ("model.layers.0.self_attn.q_proj.weight").
-/// Example:
-///   tp::Checkpoint ckpt;
-///   ckpt.add("fc.weight", w);                 // an at::Tensor, or a TensorSource
-///   layer->load_weights(ckpt, "fc");
-class Checkpoint {
- public:
-  Checkpoint() = default;
-  /// Adds a source under its own name; a duplicate name is an error.
-  void add(std::shared_ptr<const TensorSource> source);
-  /// Adds an in-memory tensor under `name`.
-  void add(const std::string& name, const at::Tensor& tensor);
-  bool contains(const std::string& name) const;
-  /// The source named `name`; an error naming it (and `where`, e.g. the layer) if absent.
-  const TensorSource& get(const std::string& name, const std::string& where = "") const;
-  std::vector<std::string> names() const;
-  size_t size() const { return sources_.size(); }
-
- private:
-  std::map<std::string, std::shared_ptr<const TensorSource>> sources_;
-};
 
 }  // namespace tp

@@ -3,12 +3,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tp {
 
 /// Weight formats. Tensor names are those of common Hugging Face checkpoints; the
-/// full description of each (stored tensors, TP alignment, CPU kernel) is in the
-/// header of its method (src/quant/) and in include/tp/quant/quantize.h.
+/// stored tensors of each are listed in tp/quant/quantize.h, and each family's
+/// folder (src/quant/<family>/) describes its alignment and kernels.
 enum class QuantFormat {
   kNone,            ///< weights in the layer's dtype, GEMM by at::linear
   kFp8PerTensor,    ///< FP8 E4M3 weight, per-tensor weight_scale, static per-tensor input_scale
@@ -23,6 +24,9 @@ enum class QuantFormat {
 /// The format's short name ("none", "fp8_tensor", "fp8_channel", "fp8_block",
 /// "int8_w8a8", "int8_weight_only", "int4_gptq", "int4_awq").
 const char* to_string(QuantFormat format);
+
+/// Every format, in enum order (the names parse_quant_config accepts).
+std::vector<QuantFormat> all_quant_formats();
 
 /// Selects the QuantMethod of a layer.
 /// Example: tp::ColumnParallelLinearOptions(4096, 11008).quant(tp::QuantConfig{tp::QuantFormat::kInt4Gptq, 64})

@@ -13,26 +13,15 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "tp/loader/load_shard.h"
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
-#include "tp/shard/range.h"
+#include "tp/shard/shard_mode.h"
 
 namespace torch::nn {
 class Module;
 }
 
 namespace tp {
-
-/// One checkpoint weight (e.g. "...q_proj") feeding part of a layer's local weight:
-/// the logical range of the split dimension this rank reads from it, and where
-/// that range lands in the local weight's split dimension.
-struct WeightPart {
-  std::string prefix;       // checkpoint name without ".weight" / ".weight_scale"
-  Range range;              // in the checkpoint tensor's logical split dimension
-  int64_t local_offset = 0; // in the local weight's split dimension
-  int64_t logical_size = -1;// the checkpoint tensor's logical extent of that dimension
-};
 
 class QuantMethod {
  public:

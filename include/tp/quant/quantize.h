@@ -14,14 +14,14 @@
 //   int8_weight_only  weight i8 [N, K], weight_scale f32 [N, 1]
 //   int4_gptq         qweight i32 [K/8, N], scales f16 [K/g, N], qzeros i32 [K/g, N/8]
 //   int4_awq          qweight i32 [K, N/8], scales f16 [K/g, N], qzeros i32 [K/g, N/8]
-// (the INT4 packings and zero-point conventions are described in src/quant/int4_packing.h).
+// (the INT4 packings and zero-point conventions are described in src/quant/int4/packing.h).
 
 #include <map>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
-#include "tp/loader/tensor_source.h"
+#include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 
 namespace tp {

@@ -1,7 +1,7 @@
 #pragma once
 // Splitting one dimension of `total` elements over `world` ranks.
 //
-// No torch here (DESIGN.md §2): errors are tp::ShardError (a std::invalid_argument),
+// No torch here (docs/DESIGN.md §2): errors are tp::ShardError (a std::invalid_argument),
 // which the layers rethrow as c10::ValueError with the layer's name in front.
 
 #include <cstdint>

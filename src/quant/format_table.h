@@ -1,0 +1,44 @@
+#pragma once
+// The format table: one row per QuantFormat, the only place that maps a format to
+// its name, its TP alignment and the functions of its family's folder
+// (src/quant/<family>/). Every switch over formats reads this table; adding a format
+// is a QuantFormat value, its folder, and one row in format_table.cpp.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
+#include "tp/quant/quantize.h"
+#include "tp/shard/shard_mode.h"
+
+namespace tp::detail {
+
+struct FormatEntry {
+  QuantFormat format;
+  /// The name to_string / parse_quant_config use ("fp8_block").
+  const char* name;
+  /// Whether the text form takes ":g<group>" and ":sym|asym" (the INT4 formats).
+  bool group_options;
+  /// The layer's QuantMethod.
+  std::shared_ptr<QuantMethod> (*make_method)(const QuantConfig&);
+  /// tp::quantize_weight: a float [N, K] weight (float32, CPU) -> the stored tensors.
+  QuantizedTensors (*quantize)(const at::Tensor& weight, const QuantConfig&);
+  /// tp::dequantize_weight: the stored tensors -> float32 [N, K].
+  at::Tensor (*dequantize)(const QuantizedTensors&, const QuantConfig&);
+  /// tp::quantize_activation: what the kernel does to x before the GEMM, as float32.
+  at::Tensor (*quantize_activation)(const at::Tensor& x, const QuantizedTensors&, const QuantConfig&);
+  /// Every shard boundary of the split dimension is a multiple of this (QuantMethod::tp_alignment).
+  int64_t (*alignment)(const QuantConfig&, ShardMode);
+};
+
+/// Every format, in QuantFormat order.
+const std::vector<FormatEntry>& format_table();
+
+/// The row of `format`; an error for a value outside the enum.
+const FormatEntry& format_entry(QuantFormat format);
+
+}  // namespace tp::detail

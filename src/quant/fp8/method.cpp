@@ -1,0 +1,401 @@
+// The three FP8 E4M3 formats: quantize / dequantize (the reference semantics the
+// tests are built on) and their QuantMethod.
+//
+//   format       stored (checkpoint)                                   activations
+//   fp8_tensor   weight f8 [N,K], weight_scale f32 [], input_scale []  static: fp8(x / input_scale)
+//   fp8_channel  weight f8 [N,K], weight_scale f32 [N,1]               dynamic per token: amax(row) / 448
+//   fp8_block    weight f8 [N,K], weight_scale_inv [ceil(N/128),       dynamic 1x128 groups along K
+//                ceil(K/128)] (DeepSeek-V3: w = w_f8 * scale_inv)
+//
+// Inside a layer, every format keeps its weight scales PER LOCAL ROW, in the kernel's
+// layout, registered under the checkpoint's name:
+//   fp8_tensor   weight_scale     [out_local, 1]
+//   fp8_channel  weight_scale     [out_local, 1]            (the checkpoint's own shape)
+//   fp8_block    weight_scale_inv [out_local, ceil(in_local / 128)]
+// plus fp8_tensor's input_scale []. Per-row scales make every concatenation exact: a
+// fused QKV whose q, k, v tensors each have their own per-tensor scale, or a fused
+// gate|up whose segments are not multiples of 128 (gate=1000: up's first row sits in
+// the middle of a local 128-row block) - a local block grid could express neither.
+// The cost is out_local * ceil(K/128) floats (~3% of the FP8 weight at K=4096).
+//
+// CPU kernel (all three formats): fp8_linear_f32 in cpu_kernels.cpp - weight chunks
+// decoded to float32 with the scales folded in, then BLAS; activations are
+// quantized-dequantized by the same functions quantize_activation uses, so the layer
+// and the float64 reference see identical activations. cpu_kernels.h has the
+// measurements that rule out at::_scaled_mm and a dequantize-then-linear on CPU.
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "tp/loader/load_shard.h"
+#include "quant/fp8/cpu_kernels.h"
+#include "quant/fp8/fp8.h"
+#include "quant/random_weight.h"
+
+#if TP_WITH_CUDA
+#include "quant/fp8/cuda.h"
+#endif
+
+namespace tp::detail {
+
+namespace {
+
+constexpr double kE4m3Max = 448.0;
+constexpr int64_t kBlock = 128;
+// quantize_weight has no activations to calibrate fp8_tensor's static input_scale
+// on, so it stores the scale that maps |x| <= 16 onto the E4M3 range: wide enough for
+// unit-variance test activations, while values down to ~6e-4 stay normal FP8
+// numbers. Real checkpoints carry a calibrated input_scale; replace this one for
+// real activations.
+constexpr double kDefaultInputAmax = 16.0;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// amax -> scale; an all-zero group gets scale 1 so that it quantizes to zeros
+// instead of 0/0.
+at::Tensor scale_of(const at::Tensor& amax) {
+  return at::where(amax > 0, amax / kE4m3Max, at::ones_like(amax));
+}
+
+// v / scale, saturated to the E4M3 range (the cast alone would give NaN past 448).
+at::Tensor to_e4m3(const at::Tensor& v) { return v.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn); }
+
+// A [ceil(n/128), ceil(k/128)] block grid -> [n, k] (or [n, ceil(k/128)] with
+// expand_cols=false): each block's value on every element it covers, the partial
+// last blocks cut to size.
+at::Tensor expand_block_rows(const at::Tensor& blocks, int64_t n) {
+  return blocks.repeat_interleave(kBlock, 0).narrow(0, 0, n);
+}
+at::Tensor expand_blocks(const at::Tensor& blocks, int64_t n, int64_t k) {
+  return expand_block_rows(blocks, n).repeat_interleave(kBlock, 1).narrow(1, 0, k);
+}
+
+// Quantize-dequantize of activations x [M, K] float32, as every kernel and the
+// reference do it: one function, so both see the same bits.
+at::Tensor fake_quant_static(const at::Tensor& x, const at::Tensor& input_scale) {
+  return to_e4m3(x / input_scale).to(at::kFloat) * input_scale;
+}
+at::Tensor fake_quant_per_token(const at::Tensor& x) {
+  const auto s = scale_of(x.abs().amax(-1, /*keepdim=*/true));  // [M, 1]
+  return to_e4m3(x / s).to(at::kFloat) * s;
+}
+at::Tensor fake_quant_groups(const at::Tensor& x) {
+  // 1x128 groups along K; a partial last group is padded with zeros, which change
+  // no amax.
+  const int64_t m = x.size(0), k = x.size(1), groups = ceil_div(k, kBlock);
+  const at::Tensor padded = groups * kBlock == k ? x : at::constant_pad_nd(x, {0, groups * kBlock - k});
+  const at::Tensor g = padded.reshape({m, groups, kBlock});
+  const auto s = scale_of(g.abs().amax(-1, /*keepdim=*/true));  // [M, groups, 1]
+  return (to_e4m3(g / s).to(at::kFloat) * s).reshape({m, groups * kBlock}).narrow(1, 0, k);
+}
+
+at::Tensor fake_quant_activation(QuantFormat format, const at::Tensor& x2d, const at::Tensor& input_scale) {
+  switch (format) {
+    case QuantFormat::kFp8PerTensor: return fake_quant_static(x2d, input_scale);
+    case QuantFormat::kFp8PerChannel: return fake_quant_per_token(x2d);
+    case QuantFormat::kFp8Block: return fake_quant_groups(x2d);
+    default: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "not an fp8 format: ", to_string(format));
+  return x2d;
+}
+
+const at::Tensor& find(const QuantizedTensors& tensors, const char* suffix, const QuantConfig& config) {
+  const auto it = tensors.find(suffix);
+  TORCH_CHECK_VALUE(it != tensors.end() && it->second.defined(), to_string(config), ": no '", suffix,
+                    "' tensor among the quantized tensors");
+  return it->second;
+}
+
+// The name of the weight scale tensor of `format` in checkpoints and in the layer.
+const char* scale_name(QuantFormat format) {
+  return format == QuantFormat::kFp8Block ? "weight_scale_inv" : "weight_scale";
+}
+
+void check_scale_dtype(const std::string& layer, const TensorSource& source, const QuantConfig& config) {
+  TORCH_CHECK_VALUE(at::isFloatingType(source.dtype()) && !at::isFloat8Type(source.dtype()), layer, ": tensor '",
+                    source.name(), "' has dtype ", source.dtype(), " but ", to_string(config),
+                    " expects a floating-point scale (float32, or bfloat16/float16)");
+}
+
+// One FP8 method; the format decides the scale layout and the activation quantization.
+class Fp8Method final : public QuantMethod {
+ public:
+  explicit Fp8Method(QuantConfig config) : config_(config) {}
+
+  std::string name() const override { return to_string(config_.format); }
+  int64_t tp_alignment(ShardMode mode) const override { return fp8_alignment(config_, mode); }
+  bool allows_partial_block(ShardMode) const override { return block(); }
+
+  void create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
+                      const at::TensorOptions& options) override {
+    TORCH_CHECK_VALUE(options.device().is_cpu(), name(), ": this build runs FP8 layers on CPU only; got device ",
+                      options.device());
+    dtype_ = options.dtype().toScalarType();
+    in_local_ = in_local;
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
+    weight_ = layer.register_parameter(
+        "weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)), /*requires_grad=*/false);
+    scale_ = layer.register_parameter(scale_name(config_.format), at::ones({out_local, groups()}, f32),
+                                      /*requires_grad=*/false);
+    if (config_.format == QuantFormat::kFp8PerTensor)
+      input_scale_ = layer.register_parameter("input_scale", at::ones({}, f32), /*requires_grad=*/false);
+  }
+
+  at::Tensor weight() const override { return weight_; }
+
+  void reset_parameters(int64_t global_in_features) override {
+    if (weight_.numel() == 0) return finalize();
+    at::NoGradGuard no_grad;
+    const auto q = quantize_fp8(random_linear_weight(weight_.size(0), weight_.size(1), global_in_features), config_);
+    weight_.copy_(q.at("weight"));
+    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_.format)), weight_.size(0));
+    if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));
+    finalize();
+  }
+
+  void finalize() override {
+#if TP_WITH_CUDA
+    // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
+    cuda_.reset();
+    if (weight_.is_cuda()) {
+      cuda_ = cuda::prepare_fp8(config_.format, weight_, scale_,
+                                input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt,
+                                dtype_);
+    }
+#endif
+  }
+
+  void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
+            const std::string& layer) override {
+    const bool column = mode == ShardMode::kColumn;
+    at::NoGradGuard no_grad;
+    double input_scale = 0;
+    for (const auto& part : parts) {
+      // The checkpoint tensor's logical [N, K].
+      const int64_t n = column ? part.logical_size : weight_.size(0);
+      const int64_t k = column ? weight_.size(1) : part.logical_size;
+      const auto& wsrc = checkpoint.get(part.prefix + ".weight", layer);
+      TORCH_CHECK_VALUE(wsrc.dtype() == at::kFloat8_e4m3fn, layer, ": tensor '", wsrc.name(), "' has dtype ",
+                        wsrc.dtype(), " but ", name(),
+                        " expects float8_e4m3fn (make it with tp::quantize_weight or a matching exporter)");
+      const auto wshape = wsrc.shape();
+      TORCH_CHECK_VALUE(wshape.size() == 2 && (n < 0 || wshape[0] == n) && (k < 0 || wshape[1] == k), layer,
+                        ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ",
+                        k, "] (weight is [out_features, in_features])");
+      const int64_t n_all = wshape[0], k_all = wshape[1];
+      const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_.format), layer);
+      check_scale_dtype(layer, ssrc, config_);
+      check_scale_shape(layer, ssrc, n_all, k_all);
+      at::Tensor input;
+      if (config_.format == QuantFormat::kFp8PerTensor) {
+        const auto& isrc = checkpoint.get(part.prefix + ".input_scale", layer);
+        check_scale_dtype(layer, isrc, config_);
+        check_scale_shape(layer, isrc, n_all, k_all);
+        LoadOptions flipped;
+        flipped.flip_tp = true;  // input scales follow the input dimension (replicated when 0-d)
+        input = load_shard(isrc, mode, part.range, flipped, layer).to(at::kFloat).reshape({});
+        const double v = input.item<double>();
+        TORCH_CHECK_VALUE(std::isfinite(v) && v > 0, layer, ": tensor '", isrc.name(), "' is ", v,
+                          "; an input_scale must be finite and > 0");
+        // One activation feeds every part of a fused layer, so it can be quantized
+        // with one scale only: the largest, which saturates none of the parts' ranges
+        // (vLLM does the same for fused per-tensor FP8).
+        input_scale = std::max(input_scale, v);
+      }
+      if (part.range.size() == 0) continue;  // a rank past the tail owns nothing of this part
+
+      LoadOptions options;
+      options.logical_size = part.logical_size;
+      const auto w = load_shard(wsrc, mode, part.range, options, layer);
+      if (column) {
+        weight_.narrow(0, part.local_offset, part.range.size()).copy_(w);
+      } else {
+        weight_.copy_(w);
+      }
+
+      if (block()) {
+        options.scale_span = kBlock;  // one scale per 128 weight elements of the split dimension
+      }
+      const auto s = load_shard(ssrc, mode, part.range, options, layer).to(at::kFloat);
+      // Local rows of this part, and the first of them inside its scale block.
+      const int64_t rows = column ? part.range.size() : weight_.size(0);
+      const int64_t first = column ? part.range.begin : 0;
+      const int64_t offset = column ? part.local_offset : 0;
+      set_rows(scale_, offset, rows, s, rows, block() ? first % kBlock : 0);
+    }
+    if (input_scale_.defined()) input_scale_.fill_(input_scale);
+  }
+
+  at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
+#if TP_WITH_CUDA
+    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias).to(dtype_);
+#endif
+    const at::Tensor x2d = x.reshape({-1, in_local_}).to(at::kFloat).contiguous();
+    const at::Tensor xq = fake_quant_activation(config_.format, x2d, input_scale_).contiguous();
+    at::Tensor y = fp8_linear_f32(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1));
+    // Bias in float32, so the output is rounded to the layer dtype once.
+    if (bias) y.add_(bias->to(at::kFloat));
+    auto shape = x.sizes().vec();
+    shape.back() = weight_.size(0);
+    return y.to(dtype_).reshape(shape);
+  }
+
+  at::ScalarType activation_dtype() const override { return dtype_; }
+  at::Device weight_device() const override { return weight_.device(); }
+
+ private:
+  bool block() const { return config_.format == QuantFormat::kFp8Block; }
+  // Scale columns per local row: one, or one per 128-column block of in_local.
+  int64_t groups() const { return block() ? ceil_div(in_local_, kBlock) : 1; }
+
+  // Writes `rows` local rows of the per-row scale starting at `offset` from a scale
+  // tensor as stored: 0-d / [1] (per tensor), [rows, 1] (per channel), or block rows
+  // [ceil((skip + rows) / 128), groups] whose first row block starts `skip` rows
+  // before the first local row.
+  void set_rows(at::Tensor& dst, int64_t offset, int64_t rows, const at::Tensor& src, int64_t n,
+                int64_t skip = 0) const {
+    auto out = dst.narrow(0, offset, rows);
+    const at::Tensor s = src.to(at::kFloat);
+    if (s.numel() == 1 && config_.format == QuantFormat::kFp8PerTensor) {
+      out.fill_(s.reshape({}));
+    } else if (block()) {
+      out.copy_(expand_block_rows(s, skip + n).narrow(0, skip, rows));
+    } else {
+      out.copy_(s.reshape({rows, 1}));
+    }
+  }
+
+  // The checkpoint shape of a scale of a [n, k] weight; wrong shapes name the tensor.
+  void check_scale_shape(const std::string& layer, const TensorSource& source, int64_t n, int64_t k) const {
+    const auto shape = source.shape();
+    std::vector<int64_t> expected;
+    bool ok = false;
+    if (config_.format == QuantFormat::kFp8PerTensor) {
+      ok = shape.empty() || shape == std::vector<int64_t>{1};
+      expected = {};
+    } else if (config_.format == QuantFormat::kFp8PerChannel) {
+      expected = {n, 1};
+      ok = shape == expected;
+    } else {
+      expected = {ceil_div(n, kBlock), ceil_div(k, kBlock)};
+      ok = shape == expected;
+    }
+    TORCH_CHECK_VALUE(ok, layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; ",
+                      name(), " expects ", c10::IntArrayRef(expected),
+                      config_.format == QuantFormat::kFp8PerTensor ? " (or [1]), one scale for the whole weight"
+                      : config_.format == QuantFormat::kFp8PerChannel
+                          ? " (one scale per output row of the [" + std::to_string(n) + ", " + std::to_string(k) +
+                                "] weight)"
+                          : " (one scale per 128x128 block of the [" + std::to_string(n) + ", " +
+                                std::to_string(k) + "] weight)");
+  }
+
+  QuantConfig config_;
+  at::ScalarType dtype_ = at::kFloat;
+  int64_t in_local_ = 0;
+  at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
+#if TP_WITH_CUDA
+  std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
+#endif
+};
+
+void check_fp8(const QuantConfig& config) {
+  const auto f = config.format;
+  TORCH_INTERNAL_ASSERT(
+      f == QuantFormat::kFp8PerTensor || f == QuantFormat::kFp8PerChannel || f == QuantFormat::kFp8Block,
+      "not an fp8 format: ", to_string(config));
+}
+
+}  // namespace
+
+int64_t fp8_alignment(const QuantConfig& config, ShardMode) {
+  // Block scales cover 128 rows (column) and 128 columns (row); per-tensor and
+  // per-channel scales are per row or replicated, so any boundary works.
+  return config.format == QuantFormat::kFp8Block ? kBlock : 1;
+}
+
+std::shared_ptr<QuantMethod> make_fp8_method(const QuantConfig& config) {
+  check_fp8(config);
+  return std::make_shared<Fp8Method>(config);
+}
+
+QuantizedTensors quantize_fp8(const at::Tensor& weight, const QuantConfig& config) {
+  check_fp8(config);
+  const at::Tensor w = weight.to(at::kFloat);
+  const int64_t n = w.size(0), k = w.size(1);
+  switch (config.format) {
+    case QuantFormat::kFp8PerTensor: {
+      const auto s = scale_of(w.numel() ? w.abs().max() : at::zeros({}, at::kFloat));
+      return {{"weight", to_e4m3(w / s)},
+              {"weight_scale", s},
+              {"input_scale", at::scalar_tensor(kDefaultInputAmax / kE4m3Max, at::kFloat)}};
+    }
+    case QuantFormat::kFp8PerChannel: {
+      const auto s = scale_of(k ? w.abs().amax(1, /*keepdim=*/true) : at::zeros({n, 1}, at::kFloat));
+      return {{"weight", to_e4m3(w / s)}, {"weight_scale", s}};
+    }
+    case QuantFormat::kFp8Block: {
+      const int64_t nb = ceil_div(n, kBlock), kb = ceil_div(k, kBlock);
+      // Zero padding to whole blocks changes no block's amax.
+      const auto padded = at::constant_pad_nd(w, {0, kb * kBlock - k, 0, nb * kBlock - n});
+      const auto amax = padded.abs().reshape({nb, kBlock, kb, kBlock}).amax(at::IntArrayRef{1, 3});
+      const auto s = scale_of(amax);  // [nb, kb]
+      return {{"weight", to_e4m3(w / expand_blocks(s, n, k))}, {"weight_scale_inv", s}};
+    }
+    default: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "not an fp8 format: ", to_string(config));
+  return {};
+}
+
+at::Tensor dequantize_fp8(const QuantizedTensors& tensors, const QuantConfig& config) {
+  check_fp8(config);
+  const at::Tensor& w = find(tensors, "weight", config);
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn, to_string(config),
+                    ": 'weight' must be a float8_e4m3fn [out_features, in_features] tensor; got ", w.sizes(), " ",
+                    w.scalar_type());
+  const int64_t n = w.size(0), k = w.size(1);
+  const at::Tensor s = find(tensors, scale_name(config.format), config).to(at::kFloat);
+  switch (config.format) {
+    case QuantFormat::kFp8PerTensor:
+      TORCH_CHECK_VALUE(s.numel() == 1 && s.dim() <= 1, to_string(config), ": 'weight_scale' must be [] or [1]; got ",
+                        s.sizes());
+      return w.to(at::kFloat) * s.reshape({});
+    case QuantFormat::kFp8PerChannel:
+      TORCH_CHECK_VALUE(s.sizes() == at::IntArrayRef({n, 1}), to_string(config), ": 'weight_scale' must be [", n,
+                        ", 1]; got ", s.sizes());
+      return w.to(at::kFloat) * s;
+    case QuantFormat::kFp8Block:
+      TORCH_CHECK_VALUE(s.sizes() == at::IntArrayRef({ceil_div(n, kBlock), ceil_div(k, kBlock)}), to_string(config),
+                        ": 'weight_scale_inv' must be [", ceil_div(n, kBlock), ", ", ceil_div(k, kBlock), "]; got ",
+                        s.sizes());
+      return w.to(at::kFloat) * expand_blocks(s, n, k);
+    default: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "not an fp8 format: ", to_string(config));
+  return {};
+}
+
+at::Tensor quantize_activation_fp8(const at::Tensor& x, const QuantizedTensors& tensors, const QuantConfig& config) {
+  check_fp8(config);
+  TORCH_CHECK_VALUE(x.defined() && x.dim() >= 1, to_string(config), ": expected an activation [..., in_features]");
+  at::Tensor input_scale;
+  if (config.format == QuantFormat::kFp8PerTensor) {
+    input_scale = find(tensors, "input_scale", config).to(at::kFloat);
+    TORCH_CHECK_VALUE(input_scale.numel() == 1, to_string(config), ": 'input_scale' must be [] or [1]; got ",
+                      input_scale.sizes());
+    input_scale = input_scale.reshape({});
+  }
+  const int64_t k = x.size(-1);
+  const at::Tensor x2d = x.reshape({-1, k}).to(at::kFloat).contiguous();
+  return fake_quant_activation(config.format, x2d, input_scale).reshape(x.sizes());
+}
+
+}  // namespace tp::detail

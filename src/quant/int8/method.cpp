@@ -1,0 +1,231 @@
+// INT8 formats: kInt8W8A8 and kInt8WeightOnly.
+//
+// Stored (Hugging Face / compressed-tensors names): weight i8 [N, K] and
+// weight_scale f32 [N, 1] (float16 / bfloat16 and a 1-D [N] are accepted),
+// symmetric per output channel: W[n, k] = weight[n, k] * weight_scale[n].
+//
+// TP alignment: 1 in both modes. COLUMN slices weight and weight_scale along N; ROW
+// slices weight along K and replicates weight_scale (its split dim has width 1).
+//
+// CPU kernels:
+// - int8_weight_only (W8A16): at::_weight_int8pack_mm(x, weight [N, K], scales [N]),
+//   which dequantizes inside the GEMM so the weight is read as int8. In torch 2.11 on
+//   the CPU only its bfloat16 path is vectorized (AVX512-BF16); the float32 and
+//   float16 paths are scalar loops, several times slower than at::linear in float32
+//   (tp-bench numbers in the closing note of issue 4). So, true to "A16", a float32
+//   layer runs the bfloat16 kernel: x is rounded to bfloat16 and the output
+//   converted back to float32. That adds ~2^-9 relative error, below the weight's own
+//   rounding (half a step of amax / 127 per channel). A float16 layer runs the exact
+//   float16 path (slow). With K not a multiple of 16 the reduced-precision paths
+//   crash in torch 2.11 (seen for K = 8, 33, 40): float32 then takes the exact float32
+//   op, the others the reference. Float64 layers and other devices take the
+//   reference: dequantize to the activation dtype, then at::matmul.
+// - int8_w8a8: x is quantized per token (scale = amax / 127, round to nearest, clamp
+//   to +-127, the same helper quantize_activation uses), at::_int_mm computes the
+//   exact int32 products (no shape rules on the CPU in torch 2.11), then
+//   y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
+//   Off the CPU the products go through a float32 matmul instead.
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <utility>
+
+#include "tp/loader/load_shard.h"
+#include "quant/int8/int8.h"
+#include "quant/random_weight.h"
+
+#if TP_WITH_CUDA
+#include "quant/int8/cuda.h"
+#endif
+
+namespace tp::detail {
+
+namespace {
+
+bool is_w8a8(const QuantConfig& config) { return config.format == QuantFormat::kInt8W8A8; }
+
+// Per-token symmetric INT8 of x [M, K] (float32): q = round(x / scale) in -127..127,
+// scale [M, 1] = amax / 127 (1 for an all-zero row).
+std::pair<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x) {
+  const auto amax = x.abs().amax(-1, /*keepdim=*/true);
+  const auto scale = at::where(amax > 0, amax / 127, at::ones_like(amax));
+  return {at::round(x / scale).clamp(-127, 127).to(at::kChar), scale};
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+class Int8Method final : public QuantMethod {
+ public:
+  explicit Int8Method(const QuantConfig& config) : config_(config), w8a8_(is_w8a8(config)) {}
+
+  std::string name() const override { return to_string(config_); }
+  int64_t tp_alignment(ShardMode mode) const override { return int8_alignment(config_, mode); }
+
+  void create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
+                      const at::TensorOptions& options) override {
+    n_ = out_local;
+    k_ = in_local;
+    dtype_ = c10::typeMetaToScalarType(options.dtype());
+    weight_ = layer.register_parameter("weight", at::zeros({n_, k_}, options.dtype(at::kChar)), false);
+    weight_scale_ = layer.register_parameter("weight_scale", at::ones({n_, 1}, options.dtype(at::kFloat)), false);
+  }
+
+  at::Tensor weight() const override { return weight_; }
+
+  void reset_parameters(int64_t global_in_features) override {
+    if (n_ > 0 && k_ > 0) {
+      const auto q = quantize_int8(random_linear_weight(n_, k_, global_in_features), config_);
+      at::NoGradGuard no_grad;
+      weight_.copy_(q.at("weight"));
+      weight_scale_.copy_(q.at("weight_scale"));
+    }
+    finalize();
+  }
+
+  void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
+            const std::string& layer) override {
+    const bool column = mode == ShardMode::kColumn;
+    const int64_t split = column ? 0 : 1;
+    at::NoGradGuard no_grad;
+    for (const auto& part : parts) {
+      if (part.range.size() == 0) continue;
+      TORCH_INTERNAL_ASSERT(part.logical_size >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
+      const int64_t n = column ? part.logical_size : n_;
+      const int64_t k = column ? k_ : part.logical_size;
+
+      const auto& w = checkpoint.get(part.prefix + ".weight", layer);
+      TORCH_CHECK_TYPE(w.dtype() == at::kChar, layer, ": tensor '", w.name(), "' has dtype ", w.dtype(), "; ",
+                       name(), " stores the weight as int8");
+      TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
+                        shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
+      weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
+
+      const auto& s = checkpoint.get(part.prefix + ".weight_scale", layer);
+      const auto sd = s.dtype();
+      TORCH_CHECK_TYPE(sd == at::kFloat || sd == at::kHalf || sd == at::kBFloat16, layer, ": tensor '", s.name(),
+                       "' has dtype ", sd, "; ", name(), " expects a float32 (or float16 / bfloat16) weight_scale");
+      const auto shape = s.shape();
+      TORCH_CHECK_VALUE(shape == std::vector<int64_t>({n, 1}) || shape == std::vector<int64_t>({n}), layer,
+                        ": tensor '", s.name(), "' has shape ", shape_str(shape), "; expected [", n,
+                        ", 1] (one scale per output channel)");
+      // COLUMN slices the scales with the rows; ROW replicates them (split dim of width 1, or 1-D along dim 1).
+      const auto scale = load_shard(s, mode, part.range, {}, layer).reshape({-1, 1});
+      weight_scale_.narrow(0, column ? part.local_offset : 0, column ? part.range.size() : n_).copy_(scale);
+    }
+  }
+
+  void finalize() override {
+    // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
+    scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
+    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
+#if TP_WITH_CUDA
+    // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
+    cuda_.reset();
+    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar) cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
+#endif
+  }
+
+  at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
+    check_stored();
+#if TP_WITH_CUDA
+    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias);
+#endif
+    auto out_shape = x.sizes().vec();
+    out_shape.back() = n_;
+    const auto x2 = x.reshape({-1, k_}).contiguous();
+    at::Tensor y;
+    if (x2.size(0) == 0 || n_ == 0) {
+      y = at::zeros({x2.size(0), n_}, x.options());
+    } else if (w8a8_) {
+      const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
+      const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
+                                           : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
+      y = (acc * x_scale * weight_row_scale_).to(x.scalar_type());
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && x.scalar_type() == at::kFloat && k_ % 16 != 0) {
+      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kFloat).contiguous());
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 &&
+               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
+      y = at::_weight_int8pack_mm(x2.to(at::kBFloat16), weight_, scales_bf16_).to(x.scalar_type());
+    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 && x.scalar_type() == at::kHalf) {
+      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kHalf).contiguous());
+    } else {
+      const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
+      y = at::matmul(x2, w.t());
+    }
+    if (bias) y = y + *bias;
+    return y.view(out_shape);
+  }
+
+  at::ScalarType activation_dtype() const override {
+    check_stored();
+    return dtype_;
+  }
+  at::Device weight_device() const override { return weight_.device(); }
+
+ private:
+  // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
+  // than compute with it.
+  void check_stored() const {
+    TORCH_CHECK_TYPE(weight_.scalar_type() == at::kChar, name(), ": 'weight' is ", weight_.scalar_type(),
+                     ", not int8: Module::to(dtype) converts integer parameters too. Build the layer with "
+                     "Options.dtype(...) and load the checkpoint instead of converting the layer");
+  }
+
+  QuantConfig config_;
+  bool w8a8_;
+#if TP_WITH_CUDA
+  std::optional<cuda::Int8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
+#endif
+  at::ScalarType dtype_ = at::kFloat;  // the layer's activation and output dtype
+  int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
+  at::Tensor weight_;                  // i8 [N, K], registered as "weight"
+  at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
+  at::Tensor scales_bf16_;             // bf16 [N], for _weight_int8pack_mm
+  at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
+};
+
+}  // namespace
+
+// Per-channel scales are sliced with the rows (COLUMN) or replicated (ROW): any boundary works.
+int64_t int8_alignment(const QuantConfig&, ShardMode) { return 1; }
+
+std::shared_ptr<QuantMethod> make_int8_method(const QuantConfig& config) {
+  return std::make_shared<Int8Method>(config);
+}
+
+QuantizedTensors quantize_int8(const at::Tensor& weight, const QuantConfig&) {
+  // Symmetric per output channel: scale = amax / 127 (1 for an all-zero row).
+  const auto w = weight.to(at::kFloat);
+  const auto amax = w.abs().amax(1, /*keepdim=*/true);
+  const auto scale = at::where(amax > 0, amax / 127, at::ones_like(amax));
+  return {{"weight", at::round(w / scale).clamp(-127, 127).to(at::kChar)}, {"weight_scale", scale}};
+}
+
+at::Tensor dequantize_int8(const QuantizedTensors& tensors, const QuantConfig& config) {
+  const auto get = [&](const char* suffix) {
+    const auto it = tensors.find(suffix);
+    TORCH_CHECK_VALUE(it != tensors.end(), "dequantize_weight(", to_string(config), "): no '", suffix, "' tensor");
+    return it->second.cpu();
+  };
+  const auto w = get("weight"), s = get("weight_scale");
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && s.numel() == w.size(0), "dequantize_weight(",
+                    to_string(config), "): expected an int8 [N, K] weight and an [N, 1] weight_scale; got ",
+                    w.sizes(), " ", w.scalar_type(), " and ", s.sizes());
+  return w.to(at::kFloat) * s.to(at::kFloat).reshape({-1, 1});
+}
+
+at::Tensor quantize_activation_int8(const at::Tensor& x, const QuantizedTensors&, const QuantConfig& config) {
+  const auto xf = x.to(at::kFloat);
+  if (!is_w8a8(config) || xf.numel() == 0) return xf;
+  const auto [q, scale] = quantize_per_token(xf.reshape({-1, xf.size(-1)}));
+  return (q.to(at::kFloat) * scale).view(xf.sizes());
+}
+
+}  // namespace tp::detail

@@ -1,0 +1,80 @@
+#include "tp/loader/load_shard.h"
+#include "quant/unquantized/method.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+
+#if TP_WITH_CUDA
+#include "gpu/gemm.h"
+#endif
+
+namespace tp::detail {
+
+void UnquantizedMethod::create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
+                                       const at::TensorOptions& options) {
+  weight_ = layer.register_parameter("weight", at::empty({out_local, in_local}, options));
+}
+
+void UnquantizedMethod::reset_parameters(int64_t global_in_features) {
+  // torch::nn::Linear's kaiming_uniform(a=sqrt(5)) is U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
+  at::NoGradGuard no_grad;
+  weight_.uniform_(-bound, bound);
+}
+
+void UnquantizedMethod::load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
+                             const std::string& layer) {
+  const int64_t split = mode == ShardMode::kColumn ? 0 : 1;
+  const int64_t other = 1 - split;
+  at::NoGradGuard no_grad;
+  for (const auto& part : parts) {
+    const auto& source = checkpoint.get(part.prefix + ".weight", layer);
+    const auto shape = source.shape();
+    TORCH_CHECK_VALUE(at::isFloatingType(source.dtype()), layer, ": tensor '", source.name(), "' has dtype ",
+                      source.dtype(), " but the layer's quant format is none, which loads floating-point weights");
+    TORCH_CHECK_VALUE(shape.size() == 2 && shape[other] == weight_.size(other) &&
+                          (part.logical_size < 0 || shape[split] == part.logical_size),
+                      layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape),
+                      "; expected [", split == 0 ? part.logical_size : weight_.size(0), ", ",
+                      split == 1 ? part.logical_size : weight_.size(1), "] (weight is [out_features, in_features])");
+    LoadOptions options;
+    options.logical_size = part.logical_size;
+    const auto shard = load_shard(source, mode, part.range, options, layer);
+    weight_.narrow(split, part.local_offset, part.range.size()).copy_(shard);
+  }
+}
+
+at::Tensor UnquantizedMethod::apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+#if TP_WITH_CUDA
+  // cuBLASLt with the bias epilogue and our heuristic cache; float64 (and anything
+  // else cuBLASLt does not take) stays on at::linear.
+  const auto t = weight_.scalar_type();
+  if (x.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16)) {
+    return cuda::linear(x, weight_, bias);
+  }
+#endif
+  return at::linear(x, weight_, bias);
+}
+
+std::shared_ptr<QuantMethod> make_unquantized_method(const QuantConfig&) {
+  return std::make_shared<UnquantizedMethod>();
+}
+
+QuantizedTensors quantize_unquantized(const at::Tensor& weight, const QuantConfig&) { return {{"weight", weight}}; }
+
+at::Tensor dequantize_unquantized(const QuantizedTensors& tensors, const QuantConfig&) {
+  const auto it = tensors.find("weight");
+  TORCH_CHECK_VALUE(it != tensors.end(), "dequantize_weight(none): no 'weight' tensor");
+  return it->second.to(at::kFloat);
+}
+
+at::Tensor quantize_activation_unquantized(const at::Tensor& x, const QuantizedTensors&, const QuantConfig&) {
+  return x.to(at::kFloat);
+}
+
+int64_t unquantized_alignment(const QuantConfig&, ShardMode) { return 1; }
+
+}  // namespace tp::detail
