@@ -14,6 +14,7 @@
 #include <cpuid.h>
 #endif
 
+#include "common/kernel_counts.h"
 #include "quant/unquantized/cpu_gemm_backends.h"
 
 namespace tp::detail {
@@ -49,6 +50,13 @@ bool amd_cpu() {
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
+}
+
+// The name benchmarks print: the backend, with the ISA for the own kernels.
+std::string kernel_name(CpuGemmBackend b) {
+  std::string name = to_string(b);
+  if (b == CpuGemmBackend::kGemv || b == CpuGemmBackend::kBf16Tiles) name += std::string("/") + to_string(cpu_isa());
+  return name;
 }
 
 bool packed_backend(CpuGemmBackend b) { return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked; }
@@ -277,6 +285,7 @@ at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>&
     backend = CpuGemmBackend::kAtLinear;
   counts_[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
   global_counts()[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+  count_kernel(kernel_name(backend));
   if (backend == CpuGemmBackend::kAtLinear) return at::linear(x, weight_, bias);
   const auto x2d = x.reshape({-1, x.size(-1)}).contiguous();
   auto out_sizes = x.sizes().vec();

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Config.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
@@ -290,7 +291,11 @@ at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa
   // through at::mm, it forms y^T[tile rows, :] = W_tile x^T, one contiguous block each.
   auto out = blas ? at::empty({m, n}, x.options()) : at::empty({n, m}, x.options());
   const auto x_t = x.t();
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = out.mutable_data_ptr<float>();  // taken here: the pool's threads are not in this one's InferenceMode
+  const at::ThreadLocalState state;           // ... which the at::mm_out fallback needs there
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    at::ThreadLocalStateGuard guard(state);
     auto tile = at::empty({rows, k}, x.options());
     float* tp = tile.mutable_data_ptr<float>();
     for (int64_t t = t0; t < t1; ++t) {
@@ -298,8 +303,7 @@ at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa
       widen(wp + r0 * ld_w, r, k, ld_w, tp, k);
       if (blas) {
         mkl->gemm(kRowMajor, kNoTrans, kTrans, static_cast<int>(m), static_cast<int>(r), static_cast<int>(k), 1.0f,
-                  x.const_data_ptr<float>(), static_cast<int>(k), tp, static_cast<int>(k), 0.0f,
-                  out.mutable_data_ptr<float>() + r0, static_cast<int>(n));
+                  xp, static_cast<int>(k), tp, static_cast<int>(k), 0.0f, yp + r0, static_cast<int>(n));
       } else {
         auto block = out.narrow(0, r0, r);
         at::mm_out(block, tile.narrow(0, 0, r), x_t);  // MKL runs single-threaded inside the task

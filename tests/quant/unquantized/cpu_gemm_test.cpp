@@ -3,8 +3,9 @@
 // per-ISA kernels called directly for every ISA this CPU has; the selection table; the
 // re-pack when the weight changes; autograd falling back to at::linear.
 
-#include "tp_catch.h"
+#include "support/tp_catch.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
@@ -15,7 +16,7 @@
 #include "common/cpu_features.h"
 #include "quant/unquantized/cpu_gemm.h"
 #include "quant/unquantized/cpu_gemm_kernels.h"
-#include "test_util.h"
+#include "support/test_util.h"
 
 using tp::detail::CpuGemm;
 using tp::detail::CpuGemmBackend;
@@ -194,6 +195,39 @@ TEST_CASE("cpu_gemm: every backend forced matches float64 within bounds (bfloat1
       }
     }
   }
+}
+
+TEST_CASE("cpu_gemm: backends threaded over N agree with float64, in InferenceMode too", "[quant][cpu_kernels]") {
+  // Shapes that split into several tasks of ATen's pool, whose threads do not share the
+  // caller's InferenceMode.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(2, threads));
+  for (const bool inference : {false, true}) {
+    std::optional<c10::InferenceMode> guard;
+    if (inference) guard.emplace();
+    at::NoGradGuard no_grad;
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const auto w = tp::test::randn({1100, 1000}, 71).to(dtype);
+      CpuGemm gemm;
+      gemm.prepare(w);
+      for (const int64_t m : {1, 5, 40}) {
+        const auto x = tp::test::randn({m, 1000}, 72 + m).to(dtype);
+        for (const auto backend : {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked,
+                                   CpuGemmBackend::kOneDnn}) {
+          INFO(tp::detail::to_string(backend) << " " << c10::toString(dtype) << " M=" << m
+                                              << (inference ? " inference" : ""));
+          const auto y = gemm.linear(x, std::nullopt, backend);
+          if (dtype == at::kFloat || backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
+            require_within_bound(y, x, w);
+          } else {
+            REQUIRE(tp::test::relative_error(y, at::matmul(x.to(at::kDouble), w.to(at::kDouble).t())) <=
+                    tp::test::tolerance(at::kBFloat16));
+          }
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 TEST_CASE("cpu_gemm: batched inputs keep their leading dimensions", "[quant][cpu_kernels]") {
