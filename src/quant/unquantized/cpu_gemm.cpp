@@ -121,22 +121,21 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 // Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
 // (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 // MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
-//   float32, M <= 16: gemv. M = 1: at at::linear's memory rate (0.9-1.04x, one thread;
-//     it threads where MKL does not); M = 4: 1.4-1.9x; M = 8: 1.3-2.5x; M = 16:
-//     1.1-1.7x, at or above oneDNN's on both ISAs.
-//   float32, M > 16, AVX-512: oneDNN, 1.0-1.3x at M = 32-256 (never measurably slower).
-//   float32, 16 < M <= 64, AVX2 (Intel): MKL's packed SGEMM, 1.1-1.3x; oneDNN capped to
+//   float32, M <= 16: gemv. M = 1: at at::linear's memory rate (0.9-1.04x on one
+//     thread; it also threads where MKL's GEMV does not); M = 4: 1.4-1.9x; M = 8-16:
+//     1.1-2.5x, at or above oneDNN's on both ISAs.
+//   float32, M > 16, AVX-512: oneDNN, 1.2-1.3x at M = 32-64, 1.0-1.15x at M = 256.
+//   float32, 16 < M <= 64, AVX2 (Intel): MKL's packed SGEMM, 1.03-1.3x; oneDNN capped to
 //     AVX2 is 0.7-1.0x there, and at M = 256 the packed SGEMM varies 0.74-1.06x, so
 //     at::linear. On AMD, oneDNN for M > 16: issue 17's Zen 3 figures (oneDNN 1.9x
 //     at::linear at M = 16, vLLM's oneDNN layers 1.1-1.2x at M = 256; MKL's kernels for
 //     AMD trail), not measured here.
-//   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8 gemv,
-//     at::linear and oneDNN agree within noise, so at::linear; above, oneDNN with the
-//     packed weight, 1.0-2.3x.
+//   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
+//     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
+//     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
 //   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
-//     gemv up to M = 16 (2.1-3.5x at::linear bf16, and faster than at::linear float32),
-//     then bf16_tiles (3-5.8x at::linear bf16; 0.82-0.9x at::linear float32 at M >= 64).
-//   Two threads: see README; the crossovers did not move.
+//     gemv up to M = 16 (2.1-3.6x at::linear bf16, and faster than at::linear float32),
+//     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.

@@ -100,7 +100,7 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 /// for weights of at least kCpuMklPackedMinBytes (its ~8 MB of fixed overhead).
 constexpr int64_t kCpuGemvMaxM = 4;
 constexpr int64_t kCpuGemvMaxMBlocked = 16;
-constexpr int64_t kCpuBf16LinearMaxM = 8;
+constexpr int64_t kCpuBf16LinearMaxM = 16;
 constexpr int64_t kCpuMklPackedMaxM = 64;
 constexpr int64_t kCpuMklPackedMinBytes = int64_t{16} << 20;
 

@@ -377,9 +377,10 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   p.allow_packs = true;
-  // bf16 with bf16 arithmetic: oneDNN above M = 8.
+  // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above.
   REQUIRE(pick(8, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
-  REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(32, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
   // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs.
   for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
     const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
