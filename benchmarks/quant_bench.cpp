@@ -177,7 +177,10 @@ int main(int argc, char** argv) {
                                   args.seconds);
         const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
         const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
-        const double mb = static_cast<double>(stored_bytes(stored)) / 1e6;
+        // Format none keeps the weight in the layer's dtype (the checkpoint holds float32).
+        const double mb = config.format == QuantFormat::kNone
+                              ? static_cast<double>(args.n) * args.k * c10::elementSize(dtype) / 1e6
+                              : static_cast<double>(stored_bytes(stored)) / 1e6;
         const auto kernels_before = tp::detail::kernel_counts();
         (void)layer->forward(x);
         const auto kernel = tp::detail::kernels_between(kernels_before, tp::detail::kernel_counts());
