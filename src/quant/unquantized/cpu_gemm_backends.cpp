@@ -31,8 +31,8 @@ inline float to_float(float v) { return v; }
 inline float to_float(uint16_t v) { return bf16_to_float(v); }
 
 template <typename W>
-void gemv_portable(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y,
-                   int64_t ld_y, int64_t n0, int64_t n1) {
+void gemv_portable(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y, int64_t ld_y,
+                   int64_t n0, int64_t n1) {
   constexpr int kLanes = 8;  // partial sums the compiler can keep in vector lanes
   for (int64_t i = 0; i < m; ++i) {
     const float* xi = x + i * ld_x;
@@ -57,8 +57,8 @@ void gemv_f32_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const f
   gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
 }
 
-void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1) {
+void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1) {
   gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
 }
 
@@ -100,10 +100,8 @@ bool onednn_supports(at::ScalarType dtype) {
 #if AT_MKLDNN_ENABLED()
   if (dtype == at::kFloat) return true;
   if (dtype != at::kBFloat16) return false;
-  static const bool bf16 = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "")
-                               .typed<bool()>()
-                               .call();
+  static const bool bf16 =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "").typed<bool()>().call();
   return bf16;
 #else
   (void)dtype;
@@ -136,9 +134,19 @@ struct MklPackedApi {
                float* dest) = nullptr;
   void (*compute)(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda, const float* b,
                   int ldb, float beta, float* c, int ldc) = nullptr;
-  void (*gemm)(int layout, int transa, int transb, int m, int n, int k, float alpha, const float* a, int lda,
-               const float* b, int ldb, float beta, float* c, int ldc) = nullptr;
+  // The Fortran SGEMM (column-major; LibTorch's MKL exports sgemm_, not cblas_sgemm):
+  // optional, bf16_tiles uses at::mm without it.
+  void (*sgemm)(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+                const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                const int* ldc) = nullptr;
 };
+
+// y[:, r0 : r0 + r] (row-major, row stride ldy) = x [m, k] * tile [r, k]^T through the
+// column-major SGEMM: that block is the column-major r x m matrix tile * x^T.
+void sgemm_rows(const MklPackedApi& api, const float* x, int m, int k, const float* tile, int r, float* y, int ldy) {
+  const float one = 1.0f, zero = 0.0f;
+  api.sgemm("T", "N", &r, &m, &k, &one, tile, &k, x, &k, &zero, y, &ldy);
+}
 
 // The library that defines ATen's own functions (libtorch_cpu), already loaded.
 void* aten_library() {
@@ -170,8 +178,8 @@ const MklPackedApi* mkl_api() {
     a.get_size = reinterpret_cast<decltype(a.get_size)>(dlsym(lib, "cblas_sgemm_pack_get_size"));
     a.pack = reinterpret_cast<decltype(a.pack)>(dlsym(lib, "cblas_sgemm_pack"));
     a.compute = reinterpret_cast<decltype(a.compute)>(dlsym(lib, "cblas_sgemm_compute"));
-    a.gemm = reinterpret_cast<decltype(a.gemm)>(dlsym(lib, "cblas_sgemm"));
-    if (!a.get_size || !a.pack || !a.compute || !a.gemm) return std::nullopt;
+    if (!a.get_size || !a.pack || !a.compute) return std::nullopt;
+    a.sgemm = reinterpret_cast<decltype(a.sgemm)>(dlsym(lib, "sgemm_"));
     // Self-check on a small product (packed for one M, used at others), so an MKL with
     // another integer width or semantics disables the backend instead of miscomputing.
     const auto w = at::arange(1, 3 * 37 + 1, at::kFloat).reshape({37, 3}).div_(16.0);
@@ -181,10 +189,11 @@ const MklPackedApi* mkl_api() {
       auto y = at::empty({m, 37}, at::kFloat);
       compute_with(a, x.const_data_ptr<float>(), m, 37, 3, packed, y.mutable_data_ptr<float>());
       if (!at::equal(y, at::mm(x, w.t()))) return std::nullopt;  // small integers / 16: exact in float32
-      auto y2 = at::zeros({m, 40}, at::kFloat);  // the plain SGEMM, into a wider row stride
-      a.gemm(kRowMajor, kNoTrans, kTrans, m, 37, 3, 1.0f, x.const_data_ptr<float>(), 3, w.const_data_ptr<float>(), 3,
-             0.0f, y2.mutable_data_ptr<float>(), 40);
-      if (!at::equal(y2.narrow(1, 0, 37), y)) return std::nullopt;
+      if (a.sgemm != nullptr) {  // the plain SGEMM, into a wider row stride; dropped if it disagrees
+        auto y2 = at::zeros({m, 40}, at::kFloat);
+        sgemm_rows(a, x.const_data_ptr<float>(), m, 3, w.const_data_ptr<float>(), 37, y2.mutable_data_ptr<float>(), 40);
+        if (!at::equal(y2.narrow(1, 0, 37), y)) a.sgemm = nullptr;
+      }
     }
     return a;
   }();
@@ -194,6 +203,12 @@ const MklPackedApi* mkl_api() {
 }  // namespace
 
 bool mkl_packed_available() { return mkl_api() != nullptr; }
+
+bool mkl_packed_exported() {
+  void* lib = aten_library();
+  return lib != nullptr && dlsym(lib, "cblas_sgemm_pack") != nullptr && dlsym(lib, "cblas_sgemm_compute") != nullptr &&
+         dlsym(lib, "cblas_sgemm_pack_get_size") != nullptr;
+}
 
 at::Tensor mkl_pack(const at::Tensor& w) {
   const auto* api = mkl_api();
@@ -219,8 +234,8 @@ namespace {
 
 using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                          int64_t);
-using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t,
-                          int64_t, int64_t);
+using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                          int64_t);
 using Bf16ToF32 = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
 
 GemvF32 gemv_f32_for(CpuIsa isa) {
@@ -286,7 +301,7 @@ at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa
   const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
   const Bf16ToF32 widen = bf16_to_f32_for(isa);
   const auto* mkl = mkl_api();
-  const bool blas = mkl != nullptr && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX;
+  const bool blas = mkl != nullptr && mkl->sgemm != nullptr && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX;
   // With MKL's SGEMM at hand each task writes its columns of y in place (ldc = N);
   // through at::mm, it forms y^T[tile rows, :] = W_tile x^T, one contiguous block each.
   auto out = blas ? at::empty({m, n}, x.options()) : at::empty({n, m}, x.options());
@@ -302,8 +317,8 @@ at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa
       const int64_t r0 = t * rows, r = std::min(rows, n - r0);
       widen(wp + r0 * ld_w, r, k, ld_w, tp, k);
       if (blas) {
-        mkl->gemm(kRowMajor, kNoTrans, kTrans, static_cast<int>(m), static_cast<int>(r), static_cast<int>(k), 1.0f,
-                  xp, static_cast<int>(k), tp, static_cast<int>(k), 0.0f, yp + r0, static_cast<int>(n));
+        sgemm_rows(*mkl, xp, static_cast<int>(m), static_cast<int>(k), tp, static_cast<int>(r), yp + r0,
+                   static_cast<int>(n));
       } else {
         auto block = out.narrow(0, r0, r);
         at::mm_out(block, tile.narrow(0, 0, r), x_t);  // MKL runs single-threaded inside the task

@@ -30,6 +30,9 @@ int64_t onednn_packed_bytes(const at::Tensor& packed);
 /// self-check (found by dlsym in the loaded libtorch_cpu: no header, no link-time
 /// dependency; a LibTorch without MKL simply lacks the backend).
 bool mkl_packed_available();
+/// Whether the loaded libtorch_cpu exports the three functions at all (tests: then the
+/// self-check must have passed).
+bool mkl_packed_exported();
 /// float32 W packed by cblas_sgemm_pack as the B operand (one pack serves every M).
 at::Tensor mkl_pack(const at::Tensor& w);
 /// y = x W^T by cblas_sgemm_compute on the pack; float32.
@@ -40,7 +43,8 @@ at::Tensor mkl_packed_linear(const at::Tensor& x, const at::Tensor& packed, int6
 /// y = x W^T by the small-M kernel of `isa`; y float32 (x is widened if bfloat16).
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, CpuIsa isa);
 /// y = x W^T for a bfloat16 W: tiles of rows widened to float32 by `isa`'s kernel and
-/// multiplied by MKL (at::mm) in float32; y float32.
+/// multiplied in float32 by MKL's SGEMM into y's columns (at::mm where LibTorch does not
+/// export it); y float32.
 at::Tensor bf16_tiles_linear(const at::Tensor& x, const at::Tensor& w, CpuIsa isa);
 
 }  // namespace tp::detail

@@ -15,6 +15,7 @@
 
 #include "common/cpu_features.h"
 #include "quant/unquantized/cpu_gemm.h"
+#include "quant/unquantized/cpu_gemm_backends.h"
 #include "quant/unquantized/cpu_gemm_kernels.h"
 #include "support/test_util.h"
 
@@ -62,8 +63,8 @@ std::vector<CpuIsa> isas_here() {
 
 using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
                          int64_t);
-using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t,
-                          int64_t, int64_t);
+using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                          int64_t);
 
 GemvF32 f32_kernel(CpuIsa isa) {
   switch (isa) {
@@ -212,10 +213,10 @@ TEST_CASE("cpu_gemm: backends threaded over N agree with float64, in InferenceMo
       gemm.prepare(w);
       for (const int64_t m : {1, 5, 40}) {
         const auto x = tp::test::randn({m, 1000}, 72 + m).to(dtype);
-        for (const auto backend : {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked,
-                                   CpuGemmBackend::kOneDnn}) {
-          INFO(tp::detail::to_string(backend) << " " << c10::toString(dtype) << " M=" << m
-                                              << (inference ? " inference" : ""));
+        for (const auto backend :
+             {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked, CpuGemmBackend::kOneDnn}) {
+          INFO(tp::detail::to_string(backend)
+               << " " << c10::toString(dtype) << " M=" << m << (inference ? " inference" : ""));
           const auto y = gemm.linear(x, std::nullopt, backend);
           if (dtype == at::kFloat || backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
             require_within_bound(y, x, w);
@@ -264,7 +265,7 @@ TEST_CASE("cpu_gemm: a packed weight is re-packed when the weight changes", "[qu
     REQUIRE(gemm.packs() == packs);
 
     w.copy_(tp::test::randn({24, 48}, 13));  // as load_state_dict writes it
-    REQUIRE(gemm.packs() == packs);           // nothing is re-packed before it is used
+    REQUIRE(gemm.packs() == packs);          // nothing is re-packed before it is used
     require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
     REQUIRE(gemm.packs() == packs + 1);
     w.narrow(0, 3, 4).add_(1.0);  // an optimizer step through a view
@@ -282,8 +283,13 @@ TEST_CASE("cpu_gemm: prepare() packs at most the one copy the table uses", "[qua
       gemm.prepare(w);
       INFO(c10::toString(dtype) << " " << s.n << "x" << s.k << ": " << gemm.packed_bytes() << " packed bytes");
       REQUIRE(gemm.packs() <= 1);
-      // MKL's packs carry ~8 MB of fixed overhead (the table keeps them to large weights).
-      REQUIRE(gemm.packed_bytes() <= 3 * w.numel() * w.element_size() / 2);
+      // One copy: oneDNN's blocked W is W's size; MKL's panels are at most ~1.25x W plus
+      // a fixed ~8 MB (measured 1.05-1.42x at the Llama shapes, 1.50x at 2048 x 2048),
+      // which the table spends only on weights of kCpuMklPackedMinBytes or more.
+      const int64_t w_bytes = w.numel() * w.element_size();
+      const int64_t limit =
+          w_bytes >= tp::detail::kCpuMklPackedMinBytes ? 5 * w_bytes / 4 + (int64_t{9} << 20) : 3 * w_bytes / 2;
+      REQUIRE(gemm.packed_bytes() <= limit);
     }
   }
 }
@@ -332,9 +338,8 @@ TEST_CASE("cpu_gemm: a call that needs autograd runs at::linear and its gradient
     const auto before = gemm.counts();
     auto y = gemm.linear(x, std::nullopt, backend);
     const auto after = gemm.counts();
-    REQUIRE(after.at(CpuGemmBackend::kAtLinear) == (before.count(CpuGemmBackend::kAtLinear)
-                                                        ? before.at(CpuGemmBackend::kAtLinear) + 1
-                                                        : 1));
+    REQUIRE(after.at(CpuGemmBackend::kAtLinear) ==
+            (before.count(CpuGemmBackend::kAtLinear) ? before.at(CpuGemmBackend::kAtLinear) + 1 : 1));
     REQUIRE(y.requires_grad());
     y.sum().backward();
     REQUIRE(at::allclose(w.grad(), x.sum(0, true).expand({9, 20}).detach()));
@@ -342,7 +347,8 @@ TEST_CASE("cpu_gemm: a call that needs autograd runs at::linear and its gradient
   }
   // Without grad mode the same weight takes the table's backend.
   at::NoGradGuard no_grad;
-  REQUIRE(gemm.backend_for(x.detach()) == tp::detail::select_cpu_gemm(tp::detail::cpu_gemm_problem(3, 9, 20, at::kFloat)));
+  REQUIRE(gemm.backend_for(x.detach()) ==
+          tp::detail::select_cpu_gemm(tp::detail::cpu_gemm_problem(3, 9, 20, at::kFloat)));
 }
 
 TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
@@ -392,10 +398,17 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   REQUIRE(pick(64, at::kHalf, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
 }
 
+TEST_CASE("cpu_gemm: MKL's packed SGEMM is available wherever LibTorch exports it", "[quant][cpu_kernels]") {
+  // Its self-check failing would silently drop the backend (and skip it in every test above).
+  INFO("exported: " << tp::detail::mkl_packed_exported());
+  REQUIRE(tp::detail::mkl_packed_available() == tp::detail::mkl_packed_exported());
+}
+
 TEST_CASE("cpu_gemm: backend names parse and an unknown one is an error naming the valid ones",
           "[quant][cpu_kernels]") {
   for (const auto b : kBackends) REQUIRE(tp::detail::parse_cpu_gemm_backend(tp::detail::to_string(b)) == b);
   REQUIRE(tp::detail::parse_cpu_gemm_backend("OneDNN") == CpuGemmBackend::kOneDnn);
   REQUIRE_THROWS_WITH(tp::detail::parse_cpu_gemm_backend("mkl"),
-                      Catch::Contains("unknown CPU GEMM backend 'mkl'") && Catch::Contains("at_linear, onednn, mkl_packed, gemv or bf16_tiles"));
+                      Catch::Contains("unknown CPU GEMM backend 'mkl'") &&
+                          Catch::Contains("at_linear, onednn, mkl_packed, gemv or bf16_tiles"));
 }
