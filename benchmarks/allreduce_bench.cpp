@@ -103,15 +103,24 @@ Config parse_args(int argc, char** argv) {
     }
     TORCH_CHECK_VALUE(i + 1 < argc, "tp-allreduce-bench: ", flag, " needs a value\n", kUsage);
     const std::string value = argv[++i];
-    if (flag == "--world") c.worlds = parse_list(value);
-    else if (flag == "--min-kib") c.min_kib = std::stoll(value);
-    else if (flag == "--max-kib") c.max_kib = std::stoll(value);
-    else if (flag == "--step") c.step = std::stoll(value);
-    else if (flag == "--wire") c.wire = tp::parse_wire_precision(value);
-    else if (flag == "--verify") c.verify = value == "1";
-    else if (flag == "--from-env") c.from_env = value == "1";
-    else if (flag == "--tune") c.tune = value;
-    else TORCH_CHECK_VALUE(false, "tp-allreduce-bench: unknown option ", flag, "\n", kUsage);
+    if (flag == "--world")
+      c.worlds = parse_list(value);
+    else if (flag == "--min-kib")
+      c.min_kib = std::stoll(value);
+    else if (flag == "--max-kib")
+      c.max_kib = std::stoll(value);
+    else if (flag == "--step")
+      c.step = std::stoll(value);
+    else if (flag == "--wire")
+      c.wire = tp::parse_wire_precision(value);
+    else if (flag == "--verify")
+      c.verify = value == "1";
+    else if (flag == "--from-env")
+      c.from_env = value == "1";
+    else if (flag == "--tune")
+      c.tune = value;
+    else
+      TORCH_CHECK_VALUE(false, "tp-allreduce-bench: unknown option ", flag, "\n", kUsage);
   }
   TORCH_CHECK_VALUE(c.min_kib >= 1 && c.max_kib >= c.min_kib, "tp-allreduce-bench: need 1 <= --min-kib <= --max-kib");
   TORCH_CHECK_VALUE(c.step >= 2, "tp-allreduce-bench: --step ", c.step, " must be at least 2");
@@ -215,9 +224,8 @@ tp::AllReduceTableEntry tuned_entry(const std::vector<int64_t>& sizes, const Mea
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (i + 1 < sizes.size() && best[i + 1] == best[i]) continue;
-    const int64_t limit = i + 1 < sizes.size()
-                              ? static_cast<int64_t>(std::sqrt(static_cast<double>(sizes[i]) * sizes[i + 1]))
-                              : -1;
+    const int64_t limit =
+        i + 1 < sizes.size() ? static_cast<int64_t>(std::sqrt(static_cast<double>(sizes[i]) * sizes[i + 1])) : -1;
     e.rules.push_back({limit, best[i]});
   }
   return e;
@@ -262,8 +270,9 @@ int main(int argc, char** argv) {
       Measured measured = measure(comm, sizes, config.wire);
       comm.barrier();
       if (comm.rank() == 0) {
-        std::cout << "tp-allreduce-bench: " << what << "; ranks as processes (ranks_on_one_host="
-                  << comm.ranks_on_one_host() << ")\n\n" << table(sizes, measured) << std::flush;
+        std::cout << "tp-allreduce-bench: " << what
+                  << "; ranks as processes (ranks_on_one_host=" << comm.ranks_on_one_host() << ")\n\n"
+                  << table(sizes, measured) << std::flush;
         if (!config.tune.empty()) write_tuned(config.tune, tuned_entry(sizes, measured));
       }
       comm.barrier();
@@ -272,10 +281,13 @@ int main(int argc, char** argv) {
     std::cout << "tp-allreduce-bench: " << what << "; ranks as threads\n" << std::flush;
     for (int64_t world : config.worlds) {
       Measured measured;
-      tp::run_ranks_in_threads(world, [&](tp::Communicator& comm) {
-        Measured m = measure(comm, sizes, config.wire);
-        if (comm.rank() == 0) measured = std::move(m);
-      }, options);
+      tp::run_ranks_in_threads(
+          world,
+          [&](tp::Communicator& comm) {
+            Measured m = measure(comm, sizes, config.wire);
+            if (comm.rank() == 0) measured = std::move(m);
+          },
+          options);
       std::cout << "\n" << table(sizes, measured) << std::flush;
       if (!config.tune.empty()) write_tuned(config.tune, tuned_entry(sizes, measured));
     }

@@ -15,8 +15,7 @@ namespace tp::bench {
 
 inline const std::string kAttn = "model.layers.0.self_attn";
 inline const std::string kMlp = "model.layers.0.mlp";
-inline const std::string kQ = kAttn + ".q_proj", kK = kAttn + ".k_proj", kV = kAttn + ".v_proj",
-                         kO = kAttn + ".o_proj";
+inline const std::string kQ = kAttn + ".q_proj", kK = kAttn + ".k_proj", kV = kAttn + ".v_proj", kO = kAttn + ".o_proj";
 inline const std::string kGate = kMlp + ".gate_proj", kUp = kMlp + ".up_proj", kDown = kMlp + ".down_proj";
 
 /// "float32", "bfloat16", ...: the names tp-bench prints and takes.

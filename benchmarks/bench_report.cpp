@@ -16,9 +16,9 @@ std::string serialize(const BenchResults& results) {
   os.precision(17);
   for (const auto& r : results.rows) {
     os << "row\t" << r.row << "\t" << r.format << "\t" << r.dtype << "\t" << r.allreduce << "\t" << r.allreduce_taken
-       << "\t" << r.tp << "\t" << r.tokens << "\t" << r.in_features << "\t" << r.out_features << "\t" << r.flops
-       << "\t" << r.bytes << "\t" << r.max_abs_err << "\t" << r.rel_err << "\t" << r.reference_s << "\t" << r.tp_s
-       << "\t" << r.gemm_s << "\t" << r.comm_s << "\t" << r.suspicious << "\t" << r.kernel << "\n";
+       << "\t" << r.tp << "\t" << r.tokens << "\t" << r.in_features << "\t" << r.out_features << "\t" << r.flops << "\t"
+       << r.bytes << "\t" << r.max_abs_err << "\t" << r.rel_err << "\t" << r.reference_s << "\t" << r.tp_s << "\t"
+       << r.gemm_s << "\t" << r.comm_s << "\t" << r.suspicious << "\t" << r.kernel << "\n";
   }
   for (const auto& l : results.loads) {
     os << "load\t" << l.format << "\t" << l.dtype << "\t" << l.checkpoint << "\t" << l.written << "\t" << l.write_s
@@ -69,8 +69,8 @@ std::string row_table(const std::vector<RowResult>& rows) {
   std::stable_sort(sorted.begin(), sorted.end(), [&](const RowResult& a, const RowResult& b) {
     return std::make_tuple(order(a.row), a.tp, a.tokens) < std::make_tuple(order(b.row), b.tp, b.tokens);
   });
-  Table table({"row", "TP", "M", "max_abs_err", "rel_err", "ref ms", "TP ms", "GEMM ms", "comm ms", "TP/ref",
-               "GB/s", "GFLOP/s", "limit", "allreduce", "kernel"});
+  Table table({"row", "TP", "M", "max_abs_err", "rel_err", "ref ms", "TP ms", "GEMM ms", "comm ms", "TP/ref", "GB/s",
+               "GFLOP/s", "limit", "allreduce", "kernel"});
   for (const auto& r : sorted) {
     table.add({r.row, std::to_string(r.tp), std::to_string(r.tokens), format("%.2e", r.max_abs_err),
                format("%.2e%s", r.rel_err, r.suspicious ? " !" : ""), format("%.3f", r.reference_s * 1e3),
@@ -104,17 +104,19 @@ std::string to_json(const BenchConfig& config, const BenchResults& results, cons
   const auto& s = config.shape;
   os << "{\n  \"settings\": {\"machine\": " << json_string(machine) << ", \"preset\": " << json_string(s.name)
      << ", \"hidden\": " << s.hidden << ", \"intermediate\": " << s.intermediate << ", \"heads\": " << s.heads
-     << ", \"kv_heads\": " << s.kv_heads << ", \"head_dim\": " << s.head_dim << ", \"device\": "
-     << json_string(config.device.str()) << ", \"ranks\": " << json_string(config.ranks_are_processes ? "processes" : "threads")
+     << ", \"kv_heads\": " << s.kv_heads << ", \"head_dim\": " << s.head_dim
+     << ", \"device\": " << json_string(config.device.str())
+     << ", \"ranks\": " << json_string(config.ranks_are_processes ? "processes" : "threads")
      << ", \"intra_op_threads\": " << at::get_num_threads()
      << ", \"verify_calls\": " << (config.verify_calls ? "true" : "false")
      << ", \"block\": " << json_string(block_description()) << "},\n  \"loads\": [";
   for (size_t i = 0; i < results.loads.size(); ++i) {
     const auto& l = results.loads[i];
     os << (i ? ",\n" : "\n") << "    {\"format\": " << json_string(l.format) << ", \"dtype\": " << json_string(l.dtype)
-       << ", \"tp\": " << l.tp << ", \"ranks\": " << json_string(l.ranks) << ", \"load_s\": " << l.load_s << ", \"shard_bytes\": " << l.shard_bytes
-       << ", \"peak_rss_delta_bytes\": " << l.peak_rss_delta << ", \"checkpoint\": " << json_string(l.checkpoint)
-       << ", \"written\": " << (l.written ? "true" : "false") << "}";
+       << ", \"tp\": " << l.tp << ", \"ranks\": " << json_string(l.ranks) << ", \"load_s\": " << l.load_s
+       << ", \"shard_bytes\": " << l.shard_bytes << ", \"peak_rss_delta_bytes\": " << l.peak_rss_delta
+       << ", \"checkpoint\": " << json_string(l.checkpoint) << ", \"written\": " << (l.written ? "true" : "false")
+       << "}";
   }
   os << "\n  ],\n  \"results\": [";
   for (size_t i = 0; i < results.rows.size(); ++i) {
@@ -143,8 +145,8 @@ std::string to_csv(const BenchConfig& config, const BenchResults& results) {
        << r.allreduce << "," << r.allreduce_taken << "," << r.tp << "," << r.tokens << "," << r.in_features << ","
        << r.out_features << "," << r.flops << "," << r.bytes << "," << r.max_abs_err << "," << r.rel_err << ","
        << r.reference_s * 1e3 << "," << r.tp_s * 1e3 << "," << r.gemm_s * 1e3 << "," << r.comm_s * 1e3 << ","
-       << r.ratio() << "," << r.gbytes_per_s() << "," << r.gflops() << "," << r.limit_fraction << "," << r.limit
-       << "," << r.kernel << "\n";
+       << r.ratio() << "," << r.gbytes_per_s() << "," << r.gflops() << "," << r.limit_fraction << "," << r.limit << ","
+       << r.kernel << "\n";
   }
   return os.str();
 }

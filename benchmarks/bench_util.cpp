@@ -89,15 +89,19 @@ std::string json_string(const std::string& s) {
       case '\n': out += "\\n"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) out += format("\\u%04x", c);
-        else out += c;
+        if (static_cast<unsigned char>(c) < 0x20)
+          out += format("\\u%04x", c);
+        else
+          out += c;
     }
   }
   return out + "\"";
 }
 
 Progress::Progress(int64_t total, double quiet_seconds)
-    : total_(total), quiet_seconds_(quiet_seconds), tty_(::isatty(STDERR_FILENO) != 0),
+    : total_(total),
+      quiet_seconds_(quiet_seconds),
+      tty_(::isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 void Progress::step(const std::string& what) {

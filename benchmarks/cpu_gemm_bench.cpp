@@ -47,15 +47,15 @@ struct NamedShape {
 struct Args {
   std::vector<NamedShape> shapes = {
       // Llama-3-8B: hidden 4096, intermediate 14336, 32 heads / 8 KV heads of 128.
-      {"qkv", 6144, 4096},    {"o", 4096, 4096},      {"gate_up", 28672, 4096}, {"down", 4096, 14336},
-      {"qkv/2", 3072, 4096},  {"o/2", 4096, 2048},    {"gate_up/2", 14336, 4096}, {"down/2", 4096, 7168}};
+      {"qkv", 6144, 4096},   {"o", 4096, 4096},   {"gate_up", 28672, 4096},   {"down", 4096, 14336},
+      {"qkv/2", 3072, 4096}, {"o/2", 4096, 2048}, {"gate_up/2", 14336, 4096}, {"down/2", 4096, 7168}};
   std::vector<int64_t> m = {1, 4, 16, 64, 256};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   std::vector<std::string> backends = {"at_linear", "onednn", "mkl_packed", "gemv", "bf16_tiles"};
   double seconds = 0.25;  // measuring per side and case
   bool cold = true;
   double limits_seconds = 1.5;
-  int threads = 0;  // 0: ATen's default
+  int threads = 0;         // 0: ATen's default
   bool cpu_clock = false;  // time by the thread's CPU clock (1 thread only)
 };
 
@@ -68,14 +68,15 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 [[noreturn]] void usage(const std::string& error) {
-  std::fprintf(stderr,
-               "tp-cpu-gemm-bench: %s\n"
-               "usage: tp-cpu-gemm-bench [--shapes NxK,...] [--m 1,4,16,64,256] [--dtypes float32,bfloat16]\n"
-               "                         [--backends at_linear,onednn,mkl_packed,gemv,bf16_tiles] [--seconds S] [--cold 0|1]\n"
-               "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
-               "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
-               "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
-               error.c_str());
+  std::fprintf(
+      stderr,
+      "tp-cpu-gemm-bench: %s\n"
+      "usage: tp-cpu-gemm-bench [--shapes NxK,...] [--m 1,4,16,64,256] [--dtypes float32,bfloat16]\n"
+      "                         [--backends at_linear,onednn,mkl_packed,gemv,bf16_tiles] [--seconds S] [--cold 0|1]\n"
+      "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
+      "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
+      "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
+      error.c_str());
   std::exit(2);
 }
 
@@ -97,17 +98,23 @@ Args parse(int argc, char** argv) {
       } else if (flag == "--m") {
         a.m.clear();
         for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s));
-      } else if (flag == "--dtypes") a.dtypes = split_list(v);
-      else if (flag == "--backends") a.backends = split_list(v);
-      else if (flag == "--seconds") a.seconds = std::stod(v);
-      else if (flag == "--cold") a.cold = std::stoi(v) != 0;
-      else if (flag == "--limits-seconds") a.limits_seconds = std::stod(v);
-      else if (flag == "--threads") a.threads = std::stoi(v);
+      } else if (flag == "--dtypes")
+        a.dtypes = split_list(v);
+      else if (flag == "--backends")
+        a.backends = split_list(v);
+      else if (flag == "--seconds")
+        a.seconds = std::stod(v);
+      else if (flag == "--cold")
+        a.cold = std::stoi(v) != 0;
+      else if (flag == "--limits-seconds")
+        a.limits_seconds = std::stod(v);
+      else if (flag == "--threads")
+        a.threads = std::stoi(v);
       else if (flag == "--clock") {
         if (v != "wall" && v != "cpu") usage("--clock takes wall or cpu");
         a.cpu_clock = v == "cpu";
-      }
-      else usage("unknown flag " + flag);
+      } else
+        usage("unknown flag " + flag);
     } catch (const std::logic_error&) {
       usage("bad value '" + v + "' for " + flag);
     }
@@ -160,16 +167,18 @@ int main(int argc, char** argv) {
               tp::bench::cpu_description().c_str());
   const auto limits = tp::bench::measure_machine_limits(args.limits_seconds);
   std::printf("%s\n", limits.describe().c_str());
-  std::printf("ms: median per call (%s clock) over alternating rounds (~%.2f s per side), %s weights; x lin: at::linear's time\n"
-              "in the same dtype / this row's; x f32: at::linear float32's / this row's; '*': the table's choice;\n"
-              "limit: the row's fraction of the binding limit (mem: GB/s of weight / read GB/s; fp32/bf16: GFLOP/s /\n"
-              "peak). err: max |y - ref| / max |ref| against float64.\n\n",
-              args.cpu_clock ? "thread CPU" : "wall", args.seconds, args.cold ? "cold (copies > 2x LLC)" : "warm (one copy)");
+  std::printf(
+      "ms: median per call (%s clock) over alternating rounds (~%.2f s per side), %s weights; x lin: at::linear's "
+      "time\n"
+      "in the same dtype / this row's; x f32: at::linear float32's / this row's; '*': the table's choice;\n"
+      "limit: the row's fraction of the binding limit (mem: GB/s of weight / read GB/s; fp32/bf16: GFLOP/s /\n"
+      "peak). err: max |y - ref| / max |ref| against float64.\n\n",
+      args.cpu_clock ? "thread CPU" : "wall", args.seconds, args.cold ? "cold (copies > 2x LLC)" : "warm (one copy)");
 
   std::vector<CpuGemmBackend> backends;
   for (const auto& b : args.backends) backends.push_back(tp::detail::parse_cpu_gemm_backend(b));
-  tp::bench::Table table({"shape", "N x K", "dtype", "M", "backend", "ms", "GB/s", "GFLOP/s", "limit", "x lin",
-                          "x f32", "err"});
+  tp::bench::Table table(
+      {"shape", "N x K", "dtype", "M", "backend", "ms", "GB/s", "GFLOP/s", "limit", "x lin", "x f32", "err"});
   tp::bench::Table summary({"shape", "dtype", "M", "chosen", "fastest", "chosen ms", "at::linear ms", "x lin"});
   int wrong = 0, slower = 0;
   for (const auto& shape : args.shapes) {
@@ -178,10 +187,12 @@ int main(int argc, char** argv) {
       const auto w64 = at::randn({shape.n, shape.k}, at::kDouble) / std::sqrt(static_cast<double>(shape.k));
       const double bytes = static_cast<double>(shape.n) * shape.k * c10::elementSize(dtype);
       const double bytes32 = static_cast<double>(shape.n) * shape.k * 4.0;
-      const int copies =
-          args.cold && limits.llc_bytes > 0 ? std::max(1, static_cast<int>(std::ceil(2.0 * limits.llc_bytes / bytes))) : 1;
-      const int copies32 =
-          args.cold && limits.llc_bytes > 0 ? std::max(1, static_cast<int>(std::ceil(2.0 * limits.llc_bytes / bytes32))) : 1;
+      const int copies = args.cold && limits.llc_bytes > 0
+                             ? std::max(1, static_cast<int>(std::ceil(2.0 * limits.llc_bytes / bytes)))
+                             : 1;
+      const int copies32 = args.cold && limits.llc_bytes > 0
+                               ? std::max(1, static_cast<int>(std::ceil(2.0 * limits.llc_bytes / bytes32)))
+                               : 1;
       std::vector<at::Tensor> ws, ws32;
       std::vector<std::unique_ptr<CpuGemm>> gemms;
       for (int c = 0; c < copies; ++c) {
@@ -203,17 +214,28 @@ int main(int argc, char** argv) {
         // Sides: at::linear fp32, at::linear in dtype, each backend forced, auto.
         int c32 = 0, c = 0;
         std::vector<std::string> names{"at::linear f32", "at::linear"};
-        std::vector<std::function<at::Tensor()>> calls{
-            [&] { c32 = (c32 + 1) % copies32; return at::linear(x32, ws32[c32]); },
-            [&] { c = (c + 1) % copies; return at::linear(x, ws[c]); }};
+        std::vector<std::function<at::Tensor()>> calls{[&] {
+                                                         c32 = (c32 + 1) % copies32;
+                                                         return at::linear(x32, ws32[c32]);
+                                                       },
+                                                       [&] {
+                                                         c = (c + 1) % copies;
+                                                         return at::linear(x, ws[c]);
+                                                       }};
         for (const auto b : backends) {
           if (b == CpuGemmBackend::kAtLinear) continue;  // the side above
           if (!tp::detail::cpu_gemm_supports(b, tp::detail::cpu_gemm_problem(m, shape.n, shape.k, dtype))) continue;
           names.push_back(tp::detail::to_string(b));
-          calls.push_back([&, b] { c = (c + 1) % copies; return gemms[c]->linear(x, std::nullopt, b); });
+          calls.push_back([&, b] {
+            c = (c + 1) % copies;
+            return gemms[c]->linear(x, std::nullopt, b);
+          });
         }
         names.push_back("auto");
-        calls.push_back([&] { c = (c + 1) % copies; return gemms[c]->linear(x, std::nullopt); });
+        calls.push_back([&] {
+          c = (c + 1) % copies;
+          return gemms[c]->linear(x, std::nullopt);
+        });
 
         std::vector<double> err;
         for (auto& call : calls) {
@@ -232,13 +254,13 @@ int main(int argc, char** argv) {
           const bool is32 = s == 0;
           const double row_bytes = is32 ? bytes32 : bytes;
           const auto f = tp::bench::limit_fraction(limits, row_bytes, flops, ms[s] * 1e-3, is32 ? at::kFloat : dtype);
-          const bool is_chosen = names[s] == tp::detail::to_string(chosen) ||
-                                 (chosen == CpuGemmBackend::kAtLinear && s == 1);
-          table.add({shape.name, format("%lldx%lld", (long long)shape.n, (long long)shape.k),
-                     is32 ? "float32" : dtype_name, std::to_string(m), names[s] + (is_chosen ? " *" : ""),
-                     format("%.3f", ms[s]), format("%.1f", row_bytes / ms[s] / 1e6), format("%.1f", flops / ms[s] / 1e6),
-                     tp::bench::format_limit(f), format("%.2f", (is32 ? lin32 : lin) / ms[s]), format("%.2f", lin32 / ms[s]),
-                     format("%.1e", err[s])});
+          const bool is_chosen =
+              names[s] == tp::detail::to_string(chosen) || (chosen == CpuGemmBackend::kAtLinear && s == 1);
+          table.add(
+              {shape.name, format("%lldx%lld", (long long)shape.n, (long long)shape.k), is32 ? "float32" : dtype_name,
+               std::to_string(m), names[s] + (is_chosen ? " *" : ""), format("%.3f", ms[s]),
+               format("%.1f", row_bytes / ms[s] / 1e6), format("%.1f", flops / ms[s] / 1e6), tp::bench::format_limit(f),
+               format("%.2f", (is32 ? lin32 : lin) / ms[s]), format("%.2f", lin32 / ms[s]), format("%.1e", err[s])});
           if (!(err[s] <= bound)) {
             std::fprintf(stderr, "tp-cpu-gemm-bench: %s %s M=%lld %s: error %.3g exceeds %.2g\n", shape.name.c_str(),
                          dtype_name.c_str(), static_cast<long long>(m), names[s].c_str(), err[s], bound);
@@ -249,8 +271,8 @@ int main(int argc, char** argv) {
         // 5 %: below that the sides' medians are within this machine's run-to-run noise.
         if (auto_ms > 1.05 * lin) ++slower;
         summary.add({shape.name, dtype_name, std::to_string(m), tp::detail::to_string(chosen), names[fastest],
-                     format("%.3f", auto_ms), format("%.3f", lin), format("%.2f%s", lin / auto_ms,
-                                                                           auto_ms > 1.05 * lin ? " SLOWER" : "")});
+                     format("%.3f", auto_ms), format("%.3f", lin),
+                     format("%.2f%s", lin / auto_ms, auto_ms > 1.05 * lin ? " SLOWER" : "")});
       }
     }
   }

@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
     const double gemm_s = time_gpu([&] { at::matmul(a, b); }, args.seconds * 2);
     const double peak_flops = 2.0 * g * g * g / gemm_s;
     a = b = at::Tensor();
-    std::printf("ceilings: D2D copy %.0f GB/s (1 GiB, read+write); bf16 GEMM %.1f TFLOP/s (8192^3)\n",
-                peak_bw / 1e9, peak_flops / 1e12);
+    std::printf("ceilings: D2D copy %.0f GB/s (1 GiB, read+write); bf16 GEMM %.1f TFLOP/s (8192^3)\n", peak_bw / 1e9,
+                peak_flops / 1e12);
 
     std::vector<Row> rows;
     for (const auto& [K, N] : args.shapes) {
@@ -173,8 +173,8 @@ int main(int argc, char** argv) {
             std::tie(xq, xs) = cuda::quantize_groups(x, at::kFloat8_e4m3fn, group);
             if (sc == cuda::Fp8Scaling::kPerChannel) xs = xs.reshape({M});
           }
-          const double ours = time_gpu([&] { cuda::fp8_gemm(xq, xs, wq, ws, sc, std::nullopt, at::kBFloat16); },
-                                       args.seconds);
+          const double ours =
+              time_gpu([&] { cuda::fp8_gemm(xq, xs, wq, ws, sc, std::nullopt, at::kBFloat16); }, args.seconds);
           double ref = 0;
           std::string note;
           try {
@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
               sb = ws.reshape({1, N});
             } else {
               sa = xs.t().contiguous().t();  // [M, K/128], outer-dim-major (torch's 1x128 layout)
-              sb = ws.t();                    // [K/128, N/128] for mat2 = W^T
+              sb = ws.t();                   // [K/128, N/128] for mat2 = W^T
             }
             ref = time_gpu([&] { at::_scaled_mm(xq, wq.t(), sa, sb, std::nullopt, std::nullopt, at::kBFloat16); },
                            args.seconds);
@@ -203,13 +203,13 @@ int main(int argc, char** argv) {
         {
           auto [xq, xs] = cuda::quantize_groups(x, at::kChar, 0);
           xs = xs.reshape({M});
-          add("int8 w8a8", time_gpu([&] { cuda::int8_gemm(xq, xs, wq_i8, w_scale_i8, std::nullopt, at::kBFloat16); },
-                                    args.seconds),
+          add("int8 w8a8",
+              time_gpu([&] { cuda::int8_gemm(xq, xs, wq_i8, w_scale_i8, std::nullopt, at::kBFloat16); }, args.seconds),
               N * K * 1.0, M * K * 1.0 + M * N * 2.0, t_ref);
         }
         const auto ones = w_scale_i8.view({N, 1});
-        add("int8 weight-only", time_gpu([&] { cuda::weight_only_linear(x, wq_i8, 8, ones, std::nullopt, K, std::nullopt); },
-                                         args.seconds),
+        add("int8 weight-only",
+            time_gpu([&] { cuda::weight_only_linear(x, wq_i8, 8, ones, std::nullopt, K, std::nullopt); }, args.seconds),
             N * K * 1.0 + N * 4.0, act_bytes, t_ref);
         add("int4 weight-only g128",
             time_gpu([&] { cuda::weight_only_linear(x, wq_i4, 4, w_scale_i4, std::nullopt, 128, std::nullopt); },
@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
       }
     }
 
-    bench::Table table({"shape KxN", "M", "format", "time us", "TFLOP/s", "GB/s", "vs ref", "%peak FLOP",
-                        "%peak BW", "note"});
+    bench::Table table(
+        {"shape KxN", "M", "format", "time us", "TFLOP/s", "GB/s", "vs ref", "%peak FLOP", "%peak BW", "note"});
     for (const auto& r : rows) {
       table.add({r.shape, std::to_string(r.m), r.format, format("%.1f", r.seconds * 1e6),
                  format("%.1f", r.flops / r.seconds / 1e12), format("%.0f", r.bytes / r.seconds / 1e9),
@@ -228,8 +228,9 @@ int main(int argc, char** argv) {
                  format("%.0f%%", 100.0 * r.bytes / r.seconds / peak_bw), r.note});
     }
     std::printf("%s", table.str().c_str());
-    std::printf("vs ref: reference time / this time (>1 is faster); reference = at::linear bf16, "
-                "or at::_scaled_mm for fp8 rows\n");
+    std::printf(
+        "vs ref: reference time / this time (>1 is faster); reference = at::linear bf16, "
+        "or at::_scaled_mm for fp8 rows\n");
     return 0;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "tp-gpu-bench: %s\n", e.what_without_backtrace());

@@ -177,9 +177,9 @@ at::Tensor rank_part(const std::string& row, const Layers& l, const BlockShape& 
 struct Reference {
   QuantConfig quant;
   bool quantized = false;
-  at::Tensor w_qkv, w_o, w_gate_up, w_down;  // [out, in] full, dtype under test, on the device
-  at::Tensor w_q;                            // the Q rows of w_qkv
-  std::unique_ptr<Layers> layers;            // quantized formats
+  at::Tensor w_qkv, w_o, w_gate_up, w_down;     // [out, in] full, dtype under test, on the device
+  at::Tensor w_q;                               // the Q rows of w_qkv
+  std::unique_ptr<Layers> layers;               // quantized formats
   QuantizedTensors tq, tk, tv, to, tg, tu, td;  // quantized formats: stored tensors per layer
 
   at::Tensor forward(const std::string& row, const Inputs& in_dev) const {
@@ -270,7 +270,8 @@ std::vector<std::vector<double>> gather(const Communicator& comm, const std::vec
   const auto t = at::tensor(values, at::kDouble);
   const auto all = comm.all_gather(t, 0, std::vector<int64_t>(world, n)).contiguous();
   std::vector<std::vector<double>> out(world);
-  for (int64_t r = 0; r < world; ++r) out[r].assign(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
+  for (int64_t r = 0; r < world; ++r)
+    out[r].assign(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
   return out;
 }
 
@@ -282,7 +283,9 @@ struct Shapes {
 // The global GEMMs of a row (the block: all four), for FLOP and byte counts.
 Shapes row_shapes(const std::string& row, const BlockShape& s, int64_t m, int64_t act_bytes, const Checkpoint& ckpt) {
   const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  struct G { int64_t in, out, weight; };
+  struct G {
+    int64_t in, out, weight;
+  };
   const G qkv{s.hidden, q + 2 * kv, stored_bytes(ckpt, kQ) + stored_bytes(ckpt, kK) + stored_bytes(ckpt, kV)};
   const G o{q, s.hidden, stored_bytes(ckpt, kO)};
   const G gate_up{s.hidden, 2 * s.intermediate, stored_bytes(ckpt, kGate) + stored_bytes(ckpt, kUp)};
@@ -315,7 +318,8 @@ std::string taken_between(const std::map<AllReduceStrategy, int64_t>& before,
   std::string taken;
   for (const auto& [strategy, count] : after) {
     const auto it = before.find(strategy);
-    if (count > (it == before.end() ? 0 : it->second)) taken += (taken.empty() ? "" : "+") + std::string(to_string(strategy));
+    if (count > (it == before.end() ? 0 : it->second))
+      taken += (taken.empty() ? "" : "+") + std::string(to_string(strategy));
   }
   return taken.empty() ? "-" : taken;
 }
@@ -326,9 +330,9 @@ struct TpRun {
   c10::ScalarType dtype;
   const std::string& ckpt_path;
   const Reference& ref;
-  const std::map<int64_t, Inputs>& inputs;                             // by M
+  const std::map<int64_t, Inputs>& inputs;                                // by M
   const std::map<std::pair<int64_t, std::string>, at::Tensor>& expected;  // by (M, row), float64 CPU
-  const Checkpoint& ckpt_meta;  // the same file, for byte counts
+  const Checkpoint& ckpt_meta;                                            // the same file, for byte counts
   int64_t tp;
   Progress& progress;
   std::vector<RowResult>& rows_out;

@@ -52,8 +52,8 @@ struct BenchConfig {
   std::vector<c10::ScalarType> dtypes{c10::kFloat};
   c10::Device device = c10::kCPU;  // on CUDA, TP > 1 ranks share the one GPU
   TimingPolicy timing;
-  std::string ckpt_dir;      // where checkpoints are cached; empty: ~/.cache/tp/bench
-  bool verify_calls = false;  // the communicator's per-collective shape check (costs a small allgather)
+  std::string ckpt_dir;              // where checkpoints are cached; empty: ~/.cache/tp/bench
+  bool verify_calls = false;         // the communicator's per-collective shape check (costs a small allgather)
   bool ranks_are_processes = false;  // set by a RankLauncher that runs each rank in its own process
   uint64_t seed = 1234;
 };
@@ -84,14 +84,14 @@ struct RowResult {
 /// Loading one TP size's shards of one checkpoint.
 struct LoadResult {
   std::string format, dtype, checkpoint;
-  bool written = false;        // this run wrote the checkpoint (else it was cached)
+  bool written = false;  // this run wrote the checkpoint (else it was cached)
   double write_s = 0.0;
   int64_t tp = 1;
   std::string ranks = "threads";  // or "processes"
-  double load_s = 0.0;         // slowest rank: open_checkpoint + constructing and loading the 4 layers
-  int64_t shard_bytes = 0;     // largest rank's parameters and buffers after loading
-  int64_t peak_rss_delta = -1; // VmHWM during the loads minus VmRSS before, of the largest process (ranks as
-                               // threads: one process for all ranks); -1 where the peak could not be reset
+  double load_s = 0.0;            // slowest rank: open_checkpoint + constructing and loading the 4 layers
+  int64_t shard_bytes = 0;        // largest rank's parameters and buffers after loading
+  int64_t peak_rss_delta = -1;    // VmHWM during the loads minus VmRSS before, of the largest process (ranks as
+                                  // threads: one process for all ranks); -1 where the peak could not be reset
 };
 
 struct BenchResults {

@@ -133,7 +133,10 @@ Config parse(int argc, char** argv, std::vector<std::string>* child_args) {
       std::cout << kUsage;
       std::exit(0);
     }
-    if (flag == "--keep") { c.keep = true; continue; }
+    if (flag == "--keep") {
+      c.keep = true;
+      continue;
+    }
     if (flag == "--child") {  // internal: --child PATH DIM
       TORCH_CHECK_VALUE(i + 2 < argc, "tp-load-bench: --child needs PATH DIM");
       child_args->assign({argv[i + 1], argv[i + 2]});
@@ -142,16 +145,29 @@ Config parse(int argc, char** argv, std::vector<std::string>* child_args) {
     }
     TORCH_CHECK_VALUE(i + 1 < argc, "tp-load-bench: ", flag, " needs a value\n", kUsage);
     const std::string value = argv[++i];
-    if (flag == "--dir") { c.dir = value; continue; }
+    if (flag == "--dir") {
+      c.dir = value;
+      continue;
+    }
     int64_t v = 0;
-    try { v = std::stoll(value); } catch (const std::exception&) { v = -1; }
+    try {
+      v = std::stoll(value);
+    } catch (const std::exception&) {
+      v = -1;
+    }
     TORCH_CHECK_VALUE(v >= 0, "tp-load-bench: ", flag, " expects a non-negative integer; got '", value, "'");
-    if (flag == "--rows") c.rows = v;
-    else if (flag == "--cols") c.cols = v;
-    else if (flag == "--world") c.world = v;
-    else if (flag == "--rank") c.rank = v;
-    else if (flag == "--rounds") c.rounds = v;
-    else TORCH_CHECK_VALUE(false, "tp-load-bench: unknown option ", flag, "\n", kUsage);
+    if (flag == "--rows")
+      c.rows = v;
+    else if (flag == "--cols")
+      c.cols = v;
+    else if (flag == "--world")
+      c.world = v;
+    else if (flag == "--rank")
+      c.rank = v;
+    else if (flag == "--rounds")
+      c.rounds = v;
+    else
+      TORCH_CHECK_VALUE(false, "tp-load-bench: unknown option ", flag, "\n", kUsage);
   }
   TORCH_CHECK_VALUE(c.rows > 0 && c.cols > 0 && c.world > 0 && c.rank < c.world && c.rounds > 0,
                     "tp-load-bench: need rows, cols, world, rounds > 0 and rank < world");
@@ -160,8 +176,8 @@ Config parse(int argc, char** argv, std::vector<std::string>* child_args) {
 
 std::string child_flags(const Config& c) {
   std::ostringstream os;
-  os << " --rows " << c.rows << " --cols " << c.cols << " --world " << c.world << " --rank " << c.rank
-     << " --rounds " << c.rounds;
+  os << " --rows " << c.rows << " --cols " << c.cols << " --world " << c.world << " --rank " << c.rank << " --rounds "
+     << c.rounds;
   return os.str();
 }
 
@@ -173,8 +189,8 @@ int main(int argc, char** argv) {
     const Config c = parse(argc, argv, &child_args);
     if (!child_args.empty()) return child(child_args[0], std::stoll(child_args[1]), c);
 
-    const std::string path = c.dir + "/tp_load_bench_" + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
-                             ".safetensors";
+    const std::string path =
+        c.dir + "/tp_load_bench_" + std::to_string(c.rows) + "x" + std::to_string(c.cols) + ".safetensors";
     const double gib = static_cast<double>(c.rows * c.cols * 4) / (1 << 30);
     if (!c.keep || ::access(path.c_str(), R_OK) != 0) {
       std::cerr << "  writing " << path << " (" << format("%.2f", gib) << " GiB)...\n";
@@ -184,18 +200,19 @@ int main(int argc, char** argv) {
       const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       TORCH_CHECK(fd >= 0, "tp-load-bench: cannot open ", path);
       std::vector<uint8_t> buf(size_t{64} << 20);
-      while (::read(fd, buf.data(), buf.size()) > 0) {
-      }
+      while (::read(fd, buf.data(), buf.size()) > 0) {}
       ::close(fd);
     }
     std::cout << "tp-load-bench: rank " << c.rank << " of " << c.world << ", tensor [" << c.rows << ", " << c.cols
-              << "] float32 (" << format("%.2f", gib) << " GiB) in " << path << "; page cache warm; each split in a fresh"
+              << "] float32 (" << format("%.2f", gib) << " GiB) in " << path
+              << "; page cache warm; each split in a fresh"
               << " process; times are medians of " << c.rounds << " alternating rounds\n";
     Table table({"split", "shard MiB", "peak RSS - before, MiB", "limit (shard + 64)", "ok", "load GB/s", "pread GB/s",
                  "load/pread"});
     bool all_ok = true;
     for (int64_t dim : {0, 1}) {
-      const std::string cmd = "'" + self_exe() + "'" + child_flags(c) + " --child '" + path + "' " + std::to_string(dim);
+      const std::string cmd =
+          "'" + self_exe() + "'" + child_flags(c) + " --child '" + path + "' " + std::to_string(dim);
       std::FILE* p = ::popen(cmd.c_str(), "r");
       TORCH_CHECK(p != nullptr, "tp-load-bench: cannot start ", cmd);
       long long peak_kib = 0, shard_bytes = 0;

@@ -67,9 +67,7 @@ uint64_t sum_pass(const uint64_t* p, int64_t n) {
   return total.load();
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 struct Bandwidth {
   double gb_s = 0.0;
@@ -166,21 +164,22 @@ double MachineLimits::peak_gflop_s(c10::ScalarType dtype) const {
 }
 
 std::string MachineLimits::describe() const {
-  return format("limits: read %.1f GB/s (streaming %.2f GiB, LLC %.0f MiB, %d threads); GEMM peak fp32 %.0f GFLOP/s "
-                "(%s, n=%lld), bf16 %.0f GFLOP/s (%s, n=%lld); balance fp32 %.1f flop/B; measured in %.1f s",
-                read_gb_s, read_buffer_bytes / double(1 << 30), llc_bytes / double(1 << 20), threads, fp32_gflop_s,
-                fp32_kernel.c_str(), static_cast<long long>(fp32_size), bf16_gflop_s, bf16_kernel.c_str(),
-                static_cast<long long>(bf16_size), balance(c10::kFloat), seconds);
+  return format(
+      "limits: read %.1f GB/s (streaming %.2f GiB, LLC %.0f MiB, %d threads); GEMM peak fp32 %.0f GFLOP/s "
+      "(%s, n=%lld), bf16 %.0f GFLOP/s (%s, n=%lld); balance fp32 %.1f flop/B; measured in %.1f s",
+      read_gb_s, read_buffer_bytes / double(1 << 30), llc_bytes / double(1 << 20), threads, fp32_gflop_s,
+      fp32_kernel.c_str(), static_cast<long long>(fp32_size), bf16_gflop_s, bf16_kernel.c_str(),
+      static_cast<long long>(bf16_size), balance(c10::kFloat), seconds);
 }
 
 std::string cpu_description() {
   const auto isa = detail::cpu_isa();
-  return format("cpu: %s; isa %s (TP_CPU_ISA=%s); features: %s; ATen %s (ATEN_CPU_CAPABILITY=%s); "
-                "ONEDNN_MAX_CPU_ISA=%s MKL_ENABLE_INSTRUCTIONS=%s; torch threads %d",
-                machine_description().c_str(), detail::to_string(isa), env_or_dash("TP_CPU_ISA"),
-                detail::cpu_features().describe().c_str(), at::get_cpu_capability().c_str(),
-                env_or_dash("ATEN_CPU_CAPABILITY"), env_or_dash("ONEDNN_MAX_CPU_ISA"),
-                env_or_dash("MKL_ENABLE_INSTRUCTIONS"), at::get_num_threads());
+  return format(
+      "cpu: %s; isa %s (TP_CPU_ISA=%s); features: %s; ATen %s (ATEN_CPU_CAPABILITY=%s); "
+      "ONEDNN_MAX_CPU_ISA=%s MKL_ENABLE_INSTRUCTIONS=%s; torch threads %d",
+      machine_description().c_str(), detail::to_string(isa), env_or_dash("TP_CPU_ISA"),
+      detail::cpu_features().describe().c_str(), at::get_cpu_capability().c_str(), env_or_dash("ATEN_CPU_CAPABILITY"),
+      env_or_dash("ONEDNN_MAX_CPU_ISA"), env_or_dash("MKL_ENABLE_INSTRUCTIONS"), at::get_num_threads());
 }
 
 MachineLimits measure_machine_limits(double seconds) {
@@ -199,10 +198,8 @@ MachineLimits measure_machine_limits(double seconds) {
     int64_t& size = dtype == c10::kFloat ? l.fp32_size : l.bf16_size;
     // ATen's oneDNN ops refuse bf16 where oneDNN has no bf16 path (AVX2 machines, or
     // ONEDNN_MAX_CPU_ISA=AVX2).
-    static const bool onednn_bf16 = c10::Dispatcher::singleton()
-                                        .findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "")
-                                        .typed<bool()>()
-                                        .call();
+    static const bool onednn_bf16 =
+        c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "").typed<bool()>().call();
     for (const std::string k : {"at::mm", "onednn"}) {
       if (k == "onednn" && dtype == c10::kBFloat16 && !onednn_bf16) continue;
       const auto r = peak_rate(k, dtype, gemm_budget);

@@ -25,17 +25,17 @@ namespace tp::bench {
 
 /// What this machine can do at most, measured once.
 struct MachineLimits {
-  int threads = 1;                 ///< at::get_num_threads() during the measurement
-  double read_gb_s = 0.0;          ///< streaming read, all threads, best pass (1e9 bytes / s)
-  int64_t read_buffer_bytes = 0;   ///< the buffer it streamed (>= 4x the LLC)
-  int64_t llc_bytes = 0;           ///< last-level cache size from sysfs (0: unknown)
-  double fp32_gflop_s = 0.0;       ///< peak float32 GEMM, best of at::mm and oneDNN
-  std::string fp32_kernel;         ///< which one reached it: "at::mm" or "onednn"
-  int64_t fp32_size = 0;           ///< n of the n x n x n GEMM
-  double bf16_gflop_s = 0.0;       ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
+  int threads = 1;                ///< at::get_num_threads() during the measurement
+  double read_gb_s = 0.0;         ///< streaming read, all threads, best pass (1e9 bytes / s)
+  int64_t read_buffer_bytes = 0;  ///< the buffer it streamed (>= 4x the LLC)
+  int64_t llc_bytes = 0;          ///< last-level cache size from sysfs (0: unknown)
+  double fp32_gflop_s = 0.0;      ///< peak float32 GEMM, best of at::mm and oneDNN
+  std::string fp32_kernel;        ///< which one reached it: "at::mm" or "onednn"
+  int64_t fp32_size = 0;          ///< n of the n x n x n GEMM
+  double bf16_gflop_s = 0.0;      ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
   std::string bf16_kernel;
   int64_t bf16_size = 0;
-  double seconds = 0.0;            ///< how long measuring took
+  double seconds = 0.0;  ///< how long measuring took
 
   /// The GEMM peak a row in `dtype` is held to. bfloat16: the better of the bf16 and
   /// fp32 peaks (a bf16 GEMM can always be run in fp32 after an exact conversion).

@@ -37,8 +37,8 @@ namespace {
 struct Args {
   int64_t k = 4096, n = 11008;
   std::vector<int64_t> m = {1, 16, 256};
-  std::vector<std::string> formats = {"none", "fp8_tensor", "fp8_channel",  "fp8_block",      "int8_w8a8",
-                                      "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
+  std::vector<std::string> formats = {"none",      "fp8_tensor",       "fp8_channel",    "fp8_block",
+                                      "int8_w8a8", "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   double seconds = 0.5;  // measuring per side and M
 };
@@ -69,13 +69,21 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) usage("missing value after " + flag);
     const std::string v = argv[++i];
     try {
-      if (flag == "--k") a.k = std::stoll(v);
-      else if (flag == "--n") a.n = std::stoll(v);
-      else if (flag == "--m") { a.m.clear(); for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s)); }
-      else if (flag == "--formats") a.formats = split_list(v);
-      else if (flag == "--dtypes") a.dtypes = split_list(v);
-      else if (flag == "--seconds") a.seconds = std::stod(v);
-      else usage("unknown flag " + flag);
+      if (flag == "--k")
+        a.k = std::stoll(v);
+      else if (flag == "--n")
+        a.n = std::stoll(v);
+      else if (flag == "--m") {
+        a.m.clear();
+        for (const auto& s : split_list(v)) a.m.push_back(std::stoll(s));
+      } else if (flag == "--formats")
+        a.formats = split_list(v);
+      else if (flag == "--dtypes")
+        a.dtypes = split_list(v);
+      else if (flag == "--seconds")
+        a.seconds = std::stod(v);
+      else
+        usage("unknown flag " + flag);
     } catch (const std::logic_error&) {
       usage("bad value '" + v + "' for " + flag);
     }
@@ -94,7 +102,8 @@ at::ScalarType dtype_of(const std::string& name) {
 // Medians of several callables measured in alternating rounds, so a change in the
 // machine's load hits every side alike.
 std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, double seconds) {
-  for (const auto& f : sides) for (int i = 0; i < 2; ++i) f();  // warm-up
+  for (const auto& f : sides)
+    for (int i = 0; i < 2; ++i) f();  // warm-up
   std::vector<std::vector<double>> samples(sides.size());
   const auto start = std::chrono::steady_clock::now();
   const double budget = seconds * static_cast<double>(sides.size());
@@ -134,13 +143,14 @@ int main(int argc, char** argv) {
   std::printf("%s\n", bench::cpu_description().c_str());
   const auto limits = bench::measure_machine_limits();
   std::printf("%s\n", limits.describe().c_str());
-  std::printf("time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
-              "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
-              "the original float weight; err model: the same against the format's own float64 model; limit: the\n"
-              "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
-              "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak); kernel: what the layer's forward ran ('-': the\n"
-              "format does not report it).\n\n",
-              args.seconds);
+  std::printf(
+      "time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
+      "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
+      "the original float weight; err model: the same against the format's own float64 model; limit: the\n"
+      "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
+      "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak); kernel: what the layer's forward ran ('-': the\n"
+      "format does not report it).\n\n",
+      args.seconds);
 
   const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));
   const auto w32 = w.to(at::kFloat), w16 = w.to(at::kBFloat16);
@@ -153,8 +163,7 @@ int main(int argc, char** argv) {
   // The limit a row is held to: its bytes (weights as stored, x in, y out) and flops.
   auto limit = [&](double weight_bytes, int64_t m, at::ScalarType dtype, double ms) {
     const double bytes = weight_bytes + static_cast<double>(m) * (args.k + args.n) * c10::elementSize(dtype);
-    return bench::format_limit(
-        bench::limit_fraction(limits, bytes, 2.0 * m * args.n * args.k, ms * 1e-3, dtype));
+    return bench::format_limit(bench::limit_fraction(limits, bytes, 2.0 * m * args.n * args.k, ms * 1e-3, dtype));
   };
   for (const auto& fmt : args.formats) {
     const QuantConfig config = parse_quant_config(fmt);
@@ -172,9 +181,9 @@ int main(int argc, char** argv) {
         const auto x64 = at::randn({m, args.k}, at::kDouble);
         const auto x = x64.to(dtype), x32 = x64.to(at::kFloat), x16 = x64.to(at::kBFloat16);
         at::Tensor y;
-        const auto ms = median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); },
-                                   [&] { y = layer->forward(x); }},
-                                  args.seconds);
+        const auto ms =
+            median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); }, [&] { y = layer->forward(x); }},
+                      args.seconds);
         const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
         const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
         // Format none keeps the weight in the layer's dtype (the checkpoint holds float32).
@@ -200,9 +209,8 @@ int main(int argc, char** argv) {
                      format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
                      format("%.1f", 4e-6 * args.n * args.k / ms[0]), limit(4.0 * args.n * args.k, m, at::kFloat, ms[0]),
                      "at::linear", "", ""});
-          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]),
-                     format("%.2f", ms[0] / ms[1]), "1.00", format("%.1f", 2e-6 * args.n * args.k),
-                     format("%.1f", 2e-6 * args.n * args.k / ms[1]),
+          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), format("%.2f", ms[0] / ms[1]),
+                     "1.00", format("%.1f", 2e-6 * args.n * args.k), format("%.1f", 2e-6 * args.n * args.k / ms[1]),
                      limit(2.0 * args.n * args.k, m, at::kBFloat16, ms[1]), "at::linear", "", ""});
         }
       }

@@ -81,8 +81,7 @@ int64_t parse_positive(const std::string& flag, const std::string& item) {
     size_t used = 0;
     const long long v = std::stoll(item, &used);
     if (used == item.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   TORCH_CHECK_VALUE(false, "tp-bench: ", flag, " expects positive integers (comma-separated for lists); got '", item,
                     "'");
 }
@@ -132,22 +131,26 @@ Args parse_args(int argc, char** argv) {
     }
     TORCH_CHECK_VALUE(i + 1 < argc, "tp-bench: ", flag, " needs a value\n", kUsage);
     const std::string value = argv[++i];
-    if (flag == "--preset") config.shape = preset(value);
-    else if (flag == "--tp") config.tp_sizes = parse_ints(flag, value);
-    else if (flag == "--m") config.tokens = parse_ints(flag, value);
-    else if (flag == "--rows" || flag == "--layers") config.rows = split_list(flag, value);
+    if (flag == "--preset")
+      config.shape = preset(value);
+    else if (flag == "--tp")
+      config.tp_sizes = parse_ints(flag, value);
+    else if (flag == "--m")
+      config.tokens = parse_ints(flag, value);
+    else if (flag == "--rows" || flag == "--layers")
+      config.rows = split_list(flag, value);
     else if (flag == "--quant") {
       config.formats.clear();  // canonical names: "int4_gptq" -> "int4_gptq:g128:sym"
       for (const auto& name : split_list(flag, value))
         config.formats.push_back(tp::to_string(tp::parse_quant_config(name)));
-    }
-    else if (flag == "--allreduce") {
+    } else if (flag == "--allreduce") {
       config.allreduce.clear();
       for (const auto& name : split_list(flag, value)) config.allreduce.push_back(tp::parse_all_reduce_strategy(name));
     } else if (flag == "--dtype") {
       config.dtypes.clear();
       for (const auto& name : split_list(flag, value)) config.dtypes.push_back(parse_dtype(name));
-    } else if (flag == "--device") config.device = parse_device(value);
+    } else if (flag == "--device")
+      config.device = parse_device(value);
     else if (flag == "--hidden" || flag == "--intermediate" || flag == "--heads" || flag == "--kv-heads" ||
              flag == "--head-dim")
       custom[flag] = parse_positive(flag, value);
@@ -157,15 +160,20 @@ Args parse_args(int argc, char** argv) {
       } catch (const std::exception&) {
         TORCH_CHECK_VALUE(false, "tp-bench: --seconds expects a number; got '", value, "'");
       }
-    } else if (flag == "--json") args.json = value;
-    else if (flag == "--csv") args.csv = value;
-    else if (flag == "--ckpt-dir") config.ckpt_dir = value;
+    } else if (flag == "--json")
+      args.json = value;
+    else if (flag == "--csv")
+      args.csv = value;
+    else if (flag == "--ckpt-dir")
+      config.ckpt_dir = value;
     else if (flag == "--launch") {
       TORCH_CHECK_VALUE(value == "threads" || value == "processes" || value == "worker", "tp-bench: unknown --launch '",
                         value, "' (threads, processes)");
       args.launch = value;
-    } else if (flag == "--worker-results") args.worker_results = value;
-    else TORCH_CHECK_VALUE(false, "tp-bench: unknown option ", flag, "\n", kUsage);
+    } else if (flag == "--worker-results")
+      args.worker_results = value;
+    else
+      TORCH_CHECK_VALUE(false, "tp-bench: unknown option ", flag, "\n", kUsage);
   }
   if (!custom.empty()) {
     auto& s = config.shape;
@@ -205,9 +213,10 @@ int worker_main(const Args& args) {
   tp::CommunicatorOptions options;
   options.verify_calls = config.verify_calls;
   tp::Communicator comm = tp::communicator_from_env(options);
-  TORCH_CHECK_VALUE(comm.world_size() == config.tp_sizes[0], "tp-bench --launch worker: WORLD_SIZE=",
-                    comm.world_size(), " but --tp ", config.tp_sizes[0]);
-  const auto results = run_bench(config, [&](int64_t, const std::function<void(tp::Communicator&)>& body) { body(comm); });
+  TORCH_CHECK_VALUE(comm.world_size() == config.tp_sizes[0], "tp-bench --launch worker: WORLD_SIZE=", comm.world_size(),
+                    " but --tp ", config.tp_sizes[0]);
+  const auto results =
+      run_bench(config, [&](int64_t, const std::function<void(tp::Communicator&)>& body) { body(comm); });
   if (comm.rank() == 0) write_file(args.worker_results, serialize(results), false);
   return 0;
 }
@@ -215,13 +224,12 @@ int worker_main(const Args& args) {
 // Runs `world` copies of this program as ranks 0..world-1 of one TP group and returns
 // rank 0's results. A rank that fails ends the others.
 BenchResults run_processes(int argc, char** argv, int64_t world) {
-  const std::string results_path =
-      (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) + "/tp-bench-" +
-      std::to_string(::getpid()) + "-tp" + std::to_string(world) + ".txt";
+  const std::string results_path = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
+                                   "/tp-bench-" + std::to_string(::getpid()) + "-tp" + std::to_string(world) + ".txt";
   std::vector<std::string> child_args(argv, argv + argc);
   child_args[0] = "/proc/self/exe";
-  const std::vector<std::string> extra{"--tp", std::to_string(world), "--launch", "worker", "--worker-results",
-                                      results_path};
+  const std::vector<std::string> extra{"--tp",   std::to_string(world), "--launch",
+                                       "worker", "--worker-results",    results_path};
   child_args.insert(child_args.end(), extra.begin(), extra.end());
   std::vector<char*> child_argv;
   for (auto& a : child_args) child_argv.push_back(a.data());
@@ -310,15 +318,14 @@ int main(int argc, char** argv) {
         << " N=" << 2 * s.intermediate << "; down K=" << s.intermediate << " N=" << s.hidden << "\n"
         << "  block: " << block_description() << "\n"
         << "  ranks: " << (args.launch == "processes" ? "one process each" : "threads of this process")
-        << ", Gloo groups" << (config.device.is_cuda() ? " (sharing the one GPU)" : "")
-        << "; allreduce " << strategies.str() << "; per-collective verification "
-        << (config.verify_calls ? "on" : "off") << "\n"
+        << ", Gloo groups" << (config.device.is_cuda() ? " (sharing the one GPU)" : "") << "; allreduce "
+        << strategies.str() << "; per-collective verification " << (config.verify_calls ? "on" : "off") << "\n"
         << "  reference: format none: at::linear on the full weights (errors vs the same in float64); quantized:\n"
         << "    the format's layers on one device (errors vs float64 at::linear on dequantize_weight of the stored\n"
         << "    tensors and quantize_activation of the input)\n"
         << "  times: medians after " << config.timing.warmup << " warm-ups; " << config.timing.rounds
-        << " alternating rounds of ref / TP / GEMM / comm, up to " << config.timing.max_iters
-        << " iterations or ~" << config.timing.max_seconds << " s per side; TP sides: the slowest rank per iteration\n"
+        << " alternating rounds of ref / TP / GEMM / comm, up to " << config.timing.max_iters << " iterations or ~"
+        << config.timing.max_seconds << " s per side; TP sides: the slowest rank per iteration\n"
         << "    TP ms = the forward as a user runs it; GEMM ms = the same forward with reduce_output(false) (no\n"
         << "    AllReduce); comm ms = the AllReduce(s) of [M, hidden] alone; GB/s and GFLOP/s: the global problem\n"
         << "    (weights as stored + activations in and out; 2*M*K*N) over TP ms; rel_err = ||TP - ref|| / ||ref||\n"
@@ -356,7 +363,8 @@ int main(int argc, char** argv) {
 
     if (limits) {
       for (auto& r : results.rows) {
-        const auto f = limit_fraction(*limits, r.bytes, r.flops, r.tp_s, r.dtype == "bfloat16" ? c10::kBFloat16 : c10::kFloat);
+        const auto f =
+            limit_fraction(*limits, r.bytes, r.flops, r.tp_s, r.dtype == "bfloat16" ? c10::kBFloat16 : c10::kFloat);
         r.limit_fraction = f.fraction, r.limit = f.limit;
       }
     }
@@ -375,8 +383,7 @@ int main(int argc, char** argv) {
           suspicious = suspicious || r.suspicious;
         }
       }
-      std::cout << "\n== " << dtype << ", format " << format << ", allreduce " << allreduce << "\n"
-                << row_table(rows);
+      std::cout << "\n== " << dtype << ", format " << format << ", allreduce " << allreduce << "\n" << row_table(rows);
     }
     std::cout << "\nloading (every rank opens the checkpoint and reads its shard; peak RSS growth: VmHWM during the\n"
               << "loads minus VmRSS before, of the largest process; ranks as threads share one process)\n"

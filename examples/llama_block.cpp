@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
     auto w64 = [&](const std::string& name) { return weights.at(kPrefix + name).to(at::kDouble); };
     const auto x = at::randn({c.batch, c.seq, c.hidden}, at::detail::createCPUGenerator(8));
     const auto want = reference_block(
-        c, x.to(at::kDouble), [&](const at::Tensor& in, const std::string& name) { return at::linear(in, w64(name + ".weight")); },
+        c, x.to(at::kDouble),
+        [&](const at::Tensor& in, const std::string& name) { return at::linear(in, w64(name + ".weight")); },
         w64("input_layernorm.weight"), w64("post_attention_layernorm.weight"));
 
     bool ok = true;

@@ -96,8 +96,8 @@ struct DecoderBlock {
   at::Tensor input_norm, post_attention_norm;  // [hidden], whole on every rank
 
   DecoderBlock(const Config& config, const tp::Communicator& comm, const tp::QuantConfig& quant = {}) : c(config) {
-    qkv = tp::QKVParallelLinear(
-        tp::QKVParallelLinearOptions(c.hidden, c.head_dim, c.heads, c.kv_heads).quant(quant), comm);
+    qkv = tp::QKVParallelLinear(tp::QKVParallelLinearOptions(c.hidden, c.head_dim, c.heads, c.kv_heads).quant(quant),
+                                comm);
     // O owns exactly this rank's query heads, even when heads split unevenly.
     o_proj = tp::RowParallelLinear(tp::RowParallelLinearOptions(c.heads * c.head_dim, c.hidden)
                                        .bias(false)

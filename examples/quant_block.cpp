@@ -36,8 +36,9 @@ int main(int argc, char** argv) {
     auto w64 = [&](const std::string& name) { return weights.at(kPrefix + name).to(at::kDouble); };
     const auto norm1 = w64("input_layernorm.weight"), norm2 = w64("post_attention_layernorm.weight");
     const auto float_block = reference_block(
-        c, x.to(at::kDouble), [&](const at::Tensor& in, const std::string& name) { return at::linear(in, w64(name + ".weight")); },
-        norm1, norm2);
+        c, x.to(at::kDouble),
+        [&](const at::Tensor& in, const std::string& name) { return at::linear(in, w64(name + ".weight")); }, norm1,
+        norm2);
 
     bool ok = true;
     for (const char* format : {"fp8_block", "int4_gptq:g128"}) {
@@ -70,7 +71,8 @@ int main(int argc, char** argv) {
       // float32 block (the only vectorized one; src/quant/int4/method.cpp), so activations are
       // rounded to bf16 (2^-9) before each projection: ~4e-3 through the block. FP8
       // computes in float32 against its float64 model.
-      const bool bf16_kernel = quant.format == tp::QuantFormat::kInt4Gptq || quant.format == tp::QuantFormat::kInt4Awq ||
+      const bool bf16_kernel = quant.format == tp::QuantFormat::kInt4Gptq ||
+                               quant.format == tp::QuantFormat::kInt4Awq ||
                                quant.format == tp::QuantFormat::kInt8WeightOnly;
       const double bound = bf16_kernel ? 1e-2 : 1e-5;
       for (const int64_t world : {1, 2, 4}) {

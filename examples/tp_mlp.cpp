@@ -20,15 +20,16 @@ int main() {
   tp::run_ranks_in_threads(4, [&](tp::Communicator& comm) {
     tp::GateUpParallelLinear gate_up(tp::GateUpParallelLinearOptions(512, 1408), comm);
     tp::RowParallelLinear down(tp::RowParallelLinearOptions(1408, 512).bias(false), comm);
-    gate_up->load_weights(ckpt, "mlp");         // reads only this rank's rows
-    down->load_weights(ckpt, "mlp.down_proj");  // ... and columns
-    auto [gate, up] = gate_up->split(gate_up->forward(x));  // [8, 352] each
+    gate_up->load_weights(ckpt, "mlp");                       // reads only this rank's rows
+    down->load_weights(ckpt, "mlp.down_proj");                // ... and columns
+    auto [gate, up] = gate_up->split(gate_up->forward(x));    // [8, 352] each
     const at::Tensor y = down->forward(at::silu(gate) * up);  // [8, 512], reduced
 
     // The same MLP on one device, from the same global weights.
     auto w = [&](const char* name) { return ckpt.get(name).read_all(); };
-    const auto ref = at::linear(at::silu(at::linear(x, w("mlp.gate_proj.weight"))) * at::linear(x, w("mlp.up_proj.weight")),
-                                w("mlp.down_proj.weight"));
+    const auto ref =
+        at::linear(at::silu(at::linear(x, w("mlp.gate_proj.weight"))) * at::linear(x, w("mlp.up_proj.weight")),
+                   w("mlp.down_proj.weight"));
     std::lock_guard<std::mutex> lock(mutex);
     worst = std::max(worst, (y - ref).abs().max().item<double>());
     if (comm.rank() == 0) std::cout << *gate_up << "\n" << *down << "\n";

@@ -28,15 +28,20 @@ namespace {
 using Release = py::call_guard<py::gil_scoped_release>;
 
 std::shared_ptr<Communicator> from_group_name(const std::string& name, const CommunicatorOptions& options) {
-  TORCH_CHECK_VALUE(!name.empty(), "tp.Communicator: the process group name is empty; pass "
+  TORCH_CHECK_VALUE(!name.empty(),
+                    "tp.Communicator: the process group name is empty; pass "
                     "group.group_name of a torch.distributed ProcessGroup");
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     group = c10d::resolve_process_group(name);
   } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "tp.Communicator: no torch.distributed process group is registered "
-                      "under the name '", name, "' (did this process call "
-                      "torch.distributed.init_process_group?): ", e.what_without_backtrace());
+    TORCH_CHECK_VALUE(false,
+                      "tp.Communicator: no torch.distributed process group is registered "
+                      "under the name '",
+                      name,
+                      "' (did this process call "
+                      "torch.distributed.init_process_group?): ",
+                      e.what_without_backtrace());
   }
   return release_gil_on_delete(new Communicator(group, options));
 }
@@ -104,9 +109,10 @@ void init_comm(py::module_& m) {
       .def_readonly("host_id", &CommunicatorOptions::host_id);
 
   // Held by a shared_ptr that releases the GIL on destruction (see release_gil_on_delete).
-  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator",
-                           "A rank's view of its tensor-parallel group; Communicator() is world size 1 "
-                           "(collectives are no-ops).")
+  py::class_<Communicator, std::shared_ptr<Communicator>>(
+      m, "Communicator",
+      "A rank's view of its tensor-parallel group; Communicator() is world size 1 "
+      "(collectives are no-ops).")
       .def(py::init([] { return release_gil_on_delete(new Communicator()); }))
       .def_static("from_group_name", &from_group_name, py::arg("group_name"),
                   py::arg("options") = CommunicatorOptions{},
@@ -120,8 +126,7 @@ void init_comm(py::module_& m) {
             return c.all_reduce(t, strategy, wire);
           },
           py::arg("tensor"), py::arg("strategy") = AllReduceStrategy::kAuto, py::arg("wire") = WirePrecision::kDefault,
-          Release(),
-          "Sums `tensor` over all ranks in place (accumulating in at least fp32) and returns it.")
+          Release(), "Sums `tensor` over all ranks in place (accumulating in at least fp32) and returns it.")
       .def("all_gather", &Communicator::all_gather, py::arg("tensor"), py::arg("dim"), py::arg("sizes"), Release(),
            "Concatenates every rank's tensor along `dim`; sizes[r] is rank r's extent.")
       .def("reduce_scatter", &Communicator::reduce_scatter, py::arg("tensor"), py::arg("dim"), py::arg("sizes"),
@@ -136,13 +141,14 @@ void init_comm(py::module_& m) {
            py::arg("strategy") = AllReduceStrategy::kAuto,
            "The strategy all_reduce(tensor, strategy) would take (never auto), without communicating.")
       .def_property_readonly("ranks_on_one_host", &Communicator::ranks_on_one_host)
-      .def("all_reduce_wire_counts",
-           [](const Communicator& c) {
-             std::map<std::string, int64_t> out;
-             for (const auto& [w, n] : c.all_reduce_wire_counts()) out[to_string(w)] = n;
-             return out;
-           },
-           "How many all_reduce calls used each wire precision ('native', 'bf16').")
+      .def(
+          "all_reduce_wire_counts",
+          [](const Communicator& c) {
+            std::map<std::string, int64_t> out;
+            for (const auto& [w, n] : c.all_reduce_wire_counts()) out[to_string(w)] = n;
+            return out;
+          },
+          "How many all_reduce calls used each wire precision ('native', 'bf16').")
       .def("__repr__", [](const Communicator& c) {
         return "tp.Communicator(rank=" + std::to_string(c.rank()) + ", world_size=" + std::to_string(c.world_size()) +
                ")";

@@ -36,7 +36,10 @@ void init_config(py::module_& m) {
       .def("__repr__", [](const QuantConfig& q) { return "tp.QuantConfig.parse('" + to_string(q) + "')"; });
 
   py::class_<Range>(m, "Range", "A half-open interval [begin, end) of elements along one dimension.")
-      .def(py::init([](int64_t begin, int64_t end) { return Range{begin, end}; }), py::arg("begin"), py::arg("end"))
+      .def(py::init([](int64_t begin, int64_t end) {
+             return Range{begin, end};
+           }),
+           py::arg("begin"), py::arg("end"))
       .def_readonly("begin", &Range::begin)
       .def_readonly("end", &Range::end)
       .def("size", &Range::size)
@@ -69,7 +72,8 @@ void init_config(py::module_& m) {
       });
 
   m.def("split", &split, py::arg("total"), py::arg("world"), py::arg("policy") = SplitPolicy{},
-        py::arg("what") = "dimension", "Splits [0, total) into `world` ranges, in rank order (ValueError if it cannot).");
+        py::arg("what") = "dimension",
+        "Splits [0, total) into `world` ranges, in rank order (ValueError if it cannot).");
 
   py::class_<HeadPlan>(m, "HeadPlan", "Which attention heads one rank owns.")
       .def_readonly("num_heads", &HeadPlan::num_heads)

@@ -33,9 +33,9 @@ namespace {
 using Release = py::call_guard<py::gil_scoped_release>;
 
 /// A read-write property over a TORCH_ARG field.
-#define TP_OPTION(cls, Options, field)                                                               \
-  cls.def_property(                                                                                  \
-      #field, [](const Options& o) { return o.field(); },                                            \
+#define TP_OPTION(cls, Options, field)                    \
+  cls.def_property(                                       \
+      #field, [](const Options& o) { return o.field(); }, \
       [](Options& o, std::decay_t<decltype(std::declval<const Options&>().field())> v) { o.field(std::move(v)); })
 
 /// Options fields every layer has.
@@ -75,15 +75,15 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
       .def_property_readonly("communicator",
                              [](const Impl& layer) { return release_gil_on_delete(new Communicator(layer.comm)); })
       .def_property_readonly("weight", [](const Impl& layer) { return layer.weight; })
-      .def_property_readonly("bias",
-                             [](const Impl& layer) {
-                               return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt;
-                             })
+      .def_property_readonly(
+          "bias",
+          [](const Impl& layer) { return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt; })
       .def(
           "named_parameters",
           [](const Impl& layer) {
             std::vector<std::pair<std::string, at::Tensor>> out;
-            for (const auto& item : layer.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
+            for (const auto& item : layer.named_parameters(/*recurse=*/false))
+              out.emplace_back(item.key(), item.value());
             return out;
           },
           "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
@@ -100,7 +100,8 @@ void bind_column(py::module_& m) {
   TP_OPTION(opts, ColumnParallelLinearOptions, gather_output);
 
   bind_layer<ColumnParallelLinearImpl, ColumnParallelLinearOptions>(
-      m, "ColumnParallelLinear", "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
+      m, "ColumnParallelLinear",
+      "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
       .def("local_range", &ColumnParallelLinearImpl::local_range)
       .def("ranges", &ColumnParallelLinearImpl::ranges);
 }

@@ -9,7 +9,6 @@
 #include "bindings.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors_writer.h"
-#include "tp/loader/checkpoint.h"
 
 namespace py = pybind11;
 
@@ -17,8 +16,7 @@ namespace tp::python {
 
 void init_loader(py::module_& m) {
   py::class_<Checkpoint, std::shared_ptr<Checkpoint>>(
-      m, "Checkpoint",
-      "Hugging Face tensor names -> tensors. A layer's load_weights reads only its rank's slice.")
+      m, "Checkpoint", "Hugging Face tensor names -> tensors. A layer's load_weights reads only its rank's slice.")
       .def(py::init<>())
       .def(py::init([](const py::dict& tensors) {
              auto ckpt = std::make_shared<Checkpoint>();

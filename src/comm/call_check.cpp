@@ -23,16 +23,11 @@ int64_t hash_values(c10::IntArrayRef values) {
 
 const char* call_name(int64_t kind) {
   switch (static_cast<CallKind>(kind)) {
-    case CallKind::kAllReduce:
-      return "all_reduce";
-    case CallKind::kAllGather:
-      return "all_gather";
-    case CallKind::kReduceScatter:
-      return "reduce_scatter";
-    case CallKind::kBroadcast:
-      return "broadcast";
-    case CallKind::kBarrier:
-      return "barrier";
+    case CallKind::kAllReduce: return "all_reduce";
+    case CallKind::kAllGather: return "all_gather";
+    case CallKind::kReduceScatter: return "reduce_scatter";
+    case CallKind::kBroadcast: return "broadcast";
+    case CallKind::kBarrier: return "barrier";
   }
   return "an unknown collective";
 }
@@ -114,9 +109,10 @@ void calls_disagree(const CommunicatorState& s, const char* op, const Fingerprin
                     const Fingerprint& theirs) {
   std::string hint;
   if (mine[0] == theirs[0] && (mine[12] != theirs[12] || mine[15] != theirs[15])) {
-    hint = " The ranks chose different all-reduce strategies or wire precisions: check that TP_ALLREDUCE, "
-           "TP_ALLREDUCE_WIRE, TP_ALLREDUCE_TABLE, CommunicatorOptions and the layers' Options are the "
-           "same on every rank.";
+    hint =
+        " The ranks chose different all-reduce strategies or wire precisions: check that TP_ALLREDUCE, "
+        "TP_ALLREDUCE_WIRE, TP_ALLREDUCE_TABLE, CommunicatorOptions and the layers' Options are the "
+        "same on every rank.";
   }
   TORCH_CHECK_VALUE(false, op_name(op), ": the ranks disagree on this collective: rank ", s.rank, " called ",
                     describe(mine), " while rank ", rank, " called ", describe(theirs),
@@ -132,9 +128,8 @@ void verify_call(const CommunicatorState& s, const char* op, const Fingerprint& 
   // collectives use the one sequence there, so a rank in all_reduce and a peer in,
   // say, barrier still meet at the same step and both see the mismatch.
   if (s.shm) {
-    s.shm->exchange(mine, op, [&](int64_t rank, const Fingerprint& theirs) {
-      calls_disagree(s, op, mine, rank, theirs);
-    });
+    s.shm->exchange(mine, op,
+                    [&](int64_t rank, const Fingerprint& theirs) { calls_disagree(s, op, mine, rank, theirs); });
     return;
   }
   at::Tensor local = at::tensor(c10::IntArrayRef(mine.data(), mine.size()), at::kLong).to(device);

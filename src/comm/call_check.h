@@ -40,8 +40,8 @@ Fingerprint fingerprint(CallKind kind, const at::Tensor* t, int64_t free_dim, in
 std::string describe(const Fingerprint& f);
 
 /// Throws the error every rank gets when `rank`'s call differs from this rank's.
-[[noreturn]] void calls_disagree(const CommunicatorState& s, const char* op, const Fingerprint& mine,
-                                 int64_t rank, const Fingerprint& theirs);
+[[noreturn]] void calls_disagree(const CommunicatorState& s, const char* op, const Fingerprint& mine, int64_t rank,
+                                 const Fingerprint& theirs);
 
 /// Exchanges `mine` with every rank (through the shared-memory workspace once there
 /// is one, else the process group's allgather on `device`); every rank throws if any

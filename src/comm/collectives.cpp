@@ -10,12 +10,12 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include "comm/all_reduce/front_end.h"
 #include "comm/call_check.h"
 #include "comm/collectives.h"
 #include "comm/communicator_state.h"
-#include "comm/run_collective.h"
-#include "comm/all_reduce/front_end.h"
 #include "comm/host_identity.h"
+#include "comm/run_collective.h"
 
 namespace tp {
 namespace detail {
@@ -44,8 +44,8 @@ void barrier_impl(const CommunicatorState& s) {
   // The fingerprint travels on CPU when the group has a CPU backend (Gloo), else on
   // the group's device (an NCCL-only group handed in from Python).
   const auto devices = s.group->getDeviceTypes();
-  const bool has_cpu = devices.empty() || std::any_of(devices.begin(), devices.end(),
-                                                      [](const c10::Device& d) { return d.is_cpu(); });
+  const bool has_cpu =
+      devices.empty() || std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return d.is_cpu(); });
   verify_call(s, "barrier", fingerprint(CallKind::kBarrier, nullptr, -1, -1, std::nullopt, nullptr),
               has_cpu ? at::Device(at::kCPU) : devices.front());
   c10d::BarrierOptions opts;

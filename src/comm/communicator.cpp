@@ -12,8 +12,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "comm/communicator_state.h"
-#include "common/env.h"
 #include "comm/host_identity.h"
+#include "common/env.h"
 
 namespace tp {
 namespace {
@@ -29,8 +29,8 @@ std::optional<AllReduceStrategy> all_reduce_from_env() {
   try {
     s = parse_all_reduce_strategy(*v);
   } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "TP_ALLREDUCE='", *v, "' is not a valid all-reduce strategy: ",
-                      e.what_without_backtrace(), ". Unset TP_ALLREDUCE to let tp choose.");
+    TORCH_CHECK_VALUE(false, "TP_ALLREDUCE='", *v, "' is not a valid all-reduce strategy: ", e.what_without_backtrace(),
+                      ". Unset TP_ALLREDUCE to let tp choose.");
   }
   if (s == AllReduceStrategy::kAuto) return std::nullopt;
   return s;
@@ -43,8 +43,8 @@ std::optional<WirePrecision> wire_from_env() {
   try {
     w = parse_wire_precision(*v);
   } catch (const c10::Error& e) {
-    TORCH_CHECK_VALUE(false, "TP_ALLREDUCE_WIRE='", *v, "' is not a valid wire precision: ",
-                      e.what_without_backtrace(), ". Unset TP_ALLREDUCE_WIRE for native precision.");
+    TORCH_CHECK_VALUE(false, "TP_ALLREDUCE_WIRE='", *v, "' is not a valid wire precision: ", e.what_without_backtrace(),
+                      ". Unset TP_ALLREDUCE_WIRE for native precision.");
   }
   if (w == WirePrecision::kDefault) return std::nullopt;
   return w;
@@ -63,7 +63,8 @@ void init_settings(CommunicatorState& s) {
   s.env_all_reduce = all_reduce_from_env();
   s.env_wire = wire_from_env();
   s.debug = debug_from_env();
-  TORCH_CHECK_VALUE(s.options.wire != WirePrecision::kDefault, "tp::Communicator: options.wire=default; expected "
+  TORCH_CHECK_VALUE(s.options.wire != WirePrecision::kDefault,
+                    "tp::Communicator: options.wire=default; expected "
                     "native or bf16 (kDefault is for a call: 'use the communicator's setting')");
   if (s.options.all_reduce_table.empty()) {
     s.table = std::shared_ptr<const AllReduceTable>(&AllReduceTable::builtin(), [](const AllReduceTable*) {});
@@ -107,16 +108,16 @@ Communicator::Communicator() : state_(std::make_shared<CommunicatorState>()) {
 
 Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, CommunicatorOptions options)
     : state_(std::make_shared<CommunicatorState>()) {
-  TORCH_CHECK_VALUE(group, "tp::Communicator: the process group is null; use tp::Communicator() ",
-                    "for world size 1");
+  TORCH_CHECK_VALUE(group, "tp::Communicator: the process group is null; use tp::Communicator() ", "for world size 1");
   TORCH_CHECK_VALUE(options.timeout.count() > 0, "tp::Communicator: options.timeout=", options.timeout.count(),
                     " ms; expected a positive number of milliseconds");
   CommunicatorState& s = *state_;
   s.group = group;
   s.rank = group->getRank();
   s.world = group->getSize();
-  TORCH_CHECK_VALUE(s.world >= 1 && s.rank >= 0 && s.rank < s.world, "tp::Communicator: the process group reports rank ",
-                    s.rank, " of world_size ", s.world, "; expected 0 <= rank < world_size");
+  TORCH_CHECK_VALUE(s.world >= 1 && s.rank >= 0 && s.rank < s.world,
+                    "tp::Communicator: the process group reports rank ", s.rank, " of world_size ", s.world,
+                    "; expected 0 <= rank < world_size");
   s.options = std::move(options);
   init_settings(s);
 }

@@ -43,7 +43,7 @@ struct CommunicatorState {
   mutable std::unique_ptr<ShmAllReduce> shm;
 
   mutable std::mutex counts_mutex;
-  mutable std::map<AllReduceStrategy, int64_t> counts;  // guarded by counts_mutex
+  mutable std::map<AllReduceStrategy, int64_t> counts;   // guarded by counts_mutex
   mutable std::map<WirePrecision, int64_t> wire_counts;  // guarded by counts_mutex
 };
 

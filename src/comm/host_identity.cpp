@@ -63,8 +63,8 @@ void ensure_host_ids(const CommunicatorState& s, const char* op) {
   // On CPU when the group has a CPU backend (Gloo), else on its device (an NCCL-only
   // group handed in from Python).
   const auto devices = s.group->getDeviceTypes();
-  const bool has_cpu = devices.empty() || std::any_of(devices.begin(), devices.end(),
-                                                      [](const c10::Device& d) { return d.is_cpu(); });
+  const bool has_cpu =
+      devices.empty() || std::any_of(devices.begin(), devices.end(), [](const c10::Device& d) { return d.is_cpu(); });
   const at::Device device = has_cpu ? at::Device(at::kCPU) : devices.front();
   at::Tensor local = at::zeros({kIdBytes}, at::kByte);
   std::memcpy(local.data_ptr<uint8_t>(), mine.data(), mine.size());
@@ -74,8 +74,7 @@ void ensure_host_ids(const CommunicatorState& s, const char* op) {
   for (int64_t r = 0; r < s.world; ++r) outputs[0].push_back(at::empty_like(local));
   c10d::AllgatherOptions opts;
   opts.timeout = s.options.timeout;
-  run_collective(s, op, device.is_cpu(),
-                 [&] { return s.group->allgather(outputs, inputs, opts); });
+  run_collective(s, op, device.is_cpu(), [&] { return s.group->allgather(outputs, inputs, opts); });
   for (int64_t r = 0; r < s.world; ++r) {
     const at::Tensor theirs = outputs[0][r].cpu();
     const char* p = reinterpret_cast<const char*>(theirs.data_ptr<uint8_t>());

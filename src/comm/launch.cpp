@@ -26,8 +26,8 @@ using GlooDevice = std::shared_ptr<::gloo::transport::Device>;
 
 void check_rank_world(const char* fn, int64_t rank, int64_t world) {
   TORCH_CHECK_VALUE(world >= 1, fn, ": world_size=", world, "; expected at least 1");
-  TORCH_CHECK_VALUE(rank >= 0 && rank < world, fn, ": invalid rank ", rank,
-                    " (rank should be in the 0..", world - 1, " range)");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, fn, ": invalid rank ", rank, " (rank should be in the 0..", world - 1,
+                    " range)");
 }
 
 void check_timeout(const char* fn, const CommunicatorOptions& options) {
@@ -60,8 +60,8 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
   // TORCH_GLOO_LAZY_INIT is set).
   c10::intrusive_ptr<c10d::ProcessGroupGloo> backend;
   try {
-    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank),
-                                                          static_cast<int>(world), gloo_options);
+    backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(world),
+                                                          gloo_options);
   } catch (const std::exception& e) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
     TORCH_CHECK(false, "tp::make_gloo_communicator: rank ", rank, " of world_size ", world,
@@ -69,8 +69,7 @@ Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t ran
                 " ms (did every rank start, with the same world_size?): ",
                 c10_error ? c10_error->what_without_backtrace() : e.what());
   }
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank),
-                                                       static_cast<int>(world));
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank), static_cast<int>(world));
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   // Gloo serves CUDA tensors too (through host memory): register it for both, so
   // ranks as threads on one GPU work without NCCL.
@@ -97,8 +96,7 @@ int64_t env_int(const char* name, const char* meaning) {
   TORCH_CHECK_VALUE(v, "tp::communicator_from_env: ", name, " is not set; expected ", meaning,
                     " (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
   const auto n = detail::parse_int64(*v);
-  TORCH_CHECK_VALUE(n, "tp::communicator_from_env: ", name, "='", *v,
-                    "' is not an integer; expected ", meaning);
+  TORCH_CHECK_VALUE(n, "tp::communicator_from_env: ", name, "='", *v, "' is not an integer; expected ", meaning);
   return *n;
 }
 
@@ -112,24 +110,19 @@ struct RankFailure {
 
 [[noreturn]] void rethrow(const RankFailure& f) {
   switch (f.kind) {
-    case RankFailure::Kind::kValue:
-      TORCH_CHECK_VALUE(false, "rank ", f.rank, ": ", f.message);
-    case RankFailure::Kind::kType:
-      TORCH_CHECK_TYPE(false, "rank ", f.rank, ": ", f.message);
-    case RankFailure::Kind::kIndex:
-      TORCH_CHECK_INDEX(false, "rank ", f.rank, ": ", f.message);
-    case RankFailure::Kind::kNotImplemented:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, "rank ", f.rank, ": ", f.message);
-    case RankFailure::Kind::kError:
-      break;
+    case RankFailure::Kind::kValue: TORCH_CHECK_VALUE(false, "rank ", f.rank, ": ", f.message);
+    case RankFailure::Kind::kType: TORCH_CHECK_TYPE(false, "rank ", f.rank, ": ", f.message);
+    case RankFailure::Kind::kIndex: TORCH_CHECK_INDEX(false, "rank ", f.rank, ": ", f.message);
+    case RankFailure::Kind::kNotImplemented: TORCH_CHECK_NOT_IMPLEMENTED(false, "rank ", f.rank, ": ", f.message);
+    case RankFailure::Kind::kError: break;
   }
   TORCH_CHECK(false, "rank ", f.rank, ": ", f.message);
 }
 
 }  // namespace
 
-Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                    int64_t world, CommunicatorOptions options) {
+Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
+                                    CommunicatorOptions options) {
   const char* fn = "tp::make_gloo_communicator";
   TORCH_CHECK_VALUE(store, fn, ": the store is null");
   check_rank_world(fn, rank, world);
@@ -138,8 +131,7 @@ Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store
   return make_gloo(store, rank, world, options, c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
 }
 
-void run_ranks_in_threads(int64_t world, const std::function<void(Communicator&)>& fn,
-                          CommunicatorOptions options) {
+void run_ranks_in_threads(int64_t world, const std::function<void(Communicator&)>& fn, CommunicatorOptions options) {
   const char* name = "tp::run_ranks_in_threads";
   TORCH_CHECK_VALUE(world >= 1, name, ": world_size=", world, "; expected at least 1");
   TORCH_CHECK_VALUE(fn, name, ": fn is empty");
@@ -194,8 +186,7 @@ Communicator connect_tcp(const std::string& master_addr, int port, int64_t rank,
                          CommunicatorOptions options) {
   const char* fn = "tp::connect_tcp";
   TORCH_CHECK_VALUE(!master_addr.empty(), fn, ": master_addr is empty");
-  TORCH_CHECK_VALUE(port >= 1 && port <= 65535, fn, ": invalid port ", port,
-                    " (port should be in the 1..65535 range)");
+  TORCH_CHECK_VALUE(port >= 1 && port <= 65535, fn, ": invalid port ", port, " (port should be in the 1..65535 range)");
   check_rank_world(fn, rank, world);
   check_timeout(fn, options);
 
@@ -209,17 +200,15 @@ Communicator connect_tcp(const std::string& master_addr, int port, int64_t rank,
   try {
     store = c10::make_intrusive<c10d::TCPStore>(master_addr, store_options);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, fn, ": rank ", rank, " of world_size ", world,
-                " could not set up the TCP store at ", master_addr, ":", port, " within ",
-                options.timeout.count(), " ms (", rank == 0 ? "hosting it" : "connecting to it",
-                "; is every rank started, and is the port free on the master?): ",
-                e.what_without_backtrace());
+    TORCH_CHECK(false, fn, ": rank ", rank, " of world_size ", world, " could not set up the TCP store at ",
+                master_addr, ":", port, " within ", options.timeout.count(), " ms (",
+                rank == 0 ? "hosting it" : "connecting to it",
+                "; is every rank started, and is the port free on the master?): ", e.what_without_backtrace());
   }
   // Over loopback bind to 127.0.0.1; otherwise to the address this host's name
   // resolves to, so peers on other machines can reach it.
-  GlooDevice device = is_loopback(master_addr)
-                          ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                          : c10d::ProcessGroupGloo::createDefaultDevice();
+  GlooDevice device = is_loopback(master_addr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                               : c10d::ProcessGroupGloo::createDefaultDevice();
   return make_gloo(store, rank, world, options, device);
 }
 
@@ -227,15 +216,14 @@ Communicator communicator_from_env(CommunicatorOptions options) {
   const int64_t rank = env_int("RANK", "this process's rank, an integer in 0..WORLD_SIZE-1");
   const int64_t world = env_int("WORLD_SIZE", "the number of ranks, an integer >= 1");
   const auto addr = detail::env_value("MASTER_ADDR");
-  TORCH_CHECK_VALUE(addr, "tp::communicator_from_env: MASTER_ADDR is not set; expected the "
-                          "address of rank 0's host (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR "
-                          "and MASTER_PORT)");
+  TORCH_CHECK_VALUE(addr,
+                    "tp::communicator_from_env: MASTER_ADDR is not set; expected the "
+                    "address of rank 0's host (torchrun sets RANK, WORLD_SIZE, MASTER_ADDR "
+                    "and MASTER_PORT)");
   const int64_t port = env_int("MASTER_PORT", "the TCP port rank 0 listens on, in 1..65535");
-  TORCH_CHECK_VALUE(world >= 1, "tp::communicator_from_env: WORLD_SIZE=", world,
-                    "; expected at least 1");
+  TORCH_CHECK_VALUE(world >= 1, "tp::communicator_from_env: WORLD_SIZE=", world, "; expected at least 1");
   TORCH_CHECK_VALUE(rank >= 0 && rank < world, "tp::communicator_from_env: RANK=", rank,
-                    " is out of range for WORLD_SIZE=", world, " (RANK should be in the 0..",
-                    world - 1, " range)");
+                    " is out of range for WORLD_SIZE=", world, " (RANK should be in the 0..", world - 1, " range)");
   TORCH_CHECK_VALUE(port >= 1 && port <= 65535, "tp::communicator_from_env: MASTER_PORT=", port,
                     " is out of range (MASTER_PORT should be in the 1..65535 range)");
   return connect_tcp(*addr, static_cast<int>(port), rank, world, options);

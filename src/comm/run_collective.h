@@ -49,8 +49,8 @@ void run_collective(const CommunicatorState& s, const char* op, bool cpu, Start&
       // would query an event that is never recorded); the stream orders it.
       work->wait();
     } else {
-      TORCH_CHECK(work->wait(s.options.timeout), "the collective did not complete within ",
-                  s.options.timeout.count(), " ms");
+      TORCH_CHECK(work->wait(s.options.timeout), "the collective did not complete within ", s.options.timeout.count(),
+                  " ms");
     }
   } catch (const c10::Error& e) {
     collective_failed(s, op, e.what_without_backtrace());

@@ -134,8 +134,8 @@ CpuIsa cpu_isa() {
     if (env == nullptr || *env == '\0') return best;
     const CpuIsa asked = parse_cpu_isa(env);
     TORCH_CHECK_VALUE(static_cast<int>(asked) <= static_cast<int>(best), "TP_CPU_ISA=", env,
-                      " asks for more than this CPU supports (", to_string(best), "; features: ",
-                      cpu_features().describe(), ")");
+                      " asks for more than this CPU supports (", to_string(best),
+                      "; features: ", cpu_features().describe(), ")");
     return asked;
   }();
   return isa;

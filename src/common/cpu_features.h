@@ -28,13 +28,13 @@ struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
-  bool avx_vnni = false;     ///< VEX-encoded VPDPBUSD (Alder Lake, Zen 5)
+  bool avx_vnni = false;  ///< VEX-encoded VPDPBUSD (Alder Lake, Zen 5)
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512dq = false;
-  bool avx512vnni = false;   ///< VPDPBUSD on zmm (Cascade Lake, Zen 4)
-  bool avx512bf16 = false;   ///< VDPBF16PS (Cooper Lake, Sapphire Rapids, Zen 4)
+  bool avx512vnni = false;  ///< VPDPBUSD on zmm (Cascade Lake, Zen 4)
+  bool avx512bf16 = false;  ///< VDPBF16PS (Cooper Lake, Sapphire Rapids, Zen 4)
   bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_int8 = false;

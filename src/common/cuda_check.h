@@ -29,18 +29,18 @@ inline const char* cublas_status_string(cublasStatus_t s) {
 }  // namespace tp::cuda
 
 /// TP_CHECK_CUDA(cudaMemcpyAsync(...)): throws c10::Error naming the expression.
-#define TP_CHECK_CUDA(expr)                                                                   \
-  do {                                                                                        \
-    const cudaError_t tp_status_ = (expr);                                                    \
-    TORCH_CHECK(tp_status_ == cudaSuccess, #expr, " failed: ", cudaGetErrorName(tp_status_), \
-                " (", cudaGetErrorString(tp_status_), ")");                                   \
+#define TP_CHECK_CUDA(expr)                                                                        \
+  do {                                                                                             \
+    const cudaError_t tp_status_ = (expr);                                                         \
+    TORCH_CHECK(tp_status_ == cudaSuccess, #expr, " failed: ", cudaGetErrorName(tp_status_), " (", \
+                cudaGetErrorString(tp_status_), ")");                                              \
   } while (false)
 
 /// TP_CHECK_CUBLAS(expr, context...): the context (at least one item, streamed into
 /// the message) names the GEMM and its shape, so a failure says which call it was.
-#define TP_CHECK_CUBLAS(expr, ...)                                                      \
-  do {                                                                                  \
-    const cublasStatus_t tp_status_ = (expr);                                           \
-    TORCH_CHECK(tp_status_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: ",                \
-                ::tp::cuda::cublas_status_string(tp_status_), " in ", __VA_ARGS__);     \
+#define TP_CHECK_CUBLAS(expr, ...)                                                                                     \
+  do {                                                                                                                 \
+    const cublasStatus_t tp_status_ = (expr);                                                                          \
+    TORCH_CHECK(tp_status_ == CUBLAS_STATUS_SUCCESS, #expr, " failed: ", ::tp::cuda::cublas_status_string(tp_status_), \
+                " in ", __VA_ARGS__);                                                                                  \
   } while (false)

@@ -125,7 +125,10 @@ class JsonReader {
       string();
     } else if (c == '{') {
       ++p_;
-      if (peek() == '}') { ++p_; return; }
+      if (peek() == '}') {
+        ++p_;
+        return;
+      }
       do {
         string();
         expect(':');
@@ -133,7 +136,10 @@ class JsonReader {
       } while (next_or_close('}'));
     } else if (c == '[') {
       ++p_;
-      if (peek() == ']') { ++p_; return; }
+      if (peek() == ']') {
+        ++p_;
+        return;
+      }
       do skip_value(depth + 1);
       while (next_or_close(']'));
     } else if (c == '-' || (c >= '0' && c <= '9')) {
@@ -161,10 +167,14 @@ class JsonReader {
     for (int i = 0; i < 4; ++i) {
       const char h = *p_++;
       v <<= 4;
-      if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
-      else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
-      else fail_here("invalid hex digit in a \\u escape");
+      if (h >= '0' && h <= '9')
+        v |= static_cast<uint32_t>(h - '0');
+      else if (h >= 'a' && h <= 'f')
+        v |= static_cast<uint32_t>(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F')
+        v |= static_cast<uint32_t>(h - 'A' + 10);
+      else
+        fail_here("invalid hex digit in a \\u escape");
     }
     return v;
   }
@@ -209,7 +219,10 @@ class JsonReader {
     if (*p_ == '-') ++p_;
     const char* int_start = p_;
     if (digits() > 1 && *int_start == '0') fail_here("number with a leading zero");
-    if (p_ < end_ && *p_ == '.') { ++p_; digits(); }
+    if (p_ < end_ && *p_ == '.') {
+      ++p_;
+      digits();
+    }
     if (p_ < end_ && (*p_ == 'e' || *p_ == 'E')) {
       ++p_;
       if (p_ < end_ && (*p_ == '+' || *p_ == '-')) ++p_;

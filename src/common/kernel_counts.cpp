@@ -30,8 +30,7 @@ std::map<std::string, int64_t> kernel_counts() {
   return r.counts;
 }
 
-std::string kernels_between(const std::map<std::string, int64_t>& before,
-                            const std::map<std::string, int64_t>& after) {
+std::string kernels_between(const std::map<std::string, int64_t>& before, const std::map<std::string, int64_t>& after) {
   std::string out;
   for (const auto& [name, count] : after) {
     const auto it = before.find(name);

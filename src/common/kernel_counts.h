@@ -17,7 +17,6 @@ std::map<std::string, int64_t> kernel_counts();
 
 /// The names whose counts grew from `before` to `after`, '+'-joined in name order
 /// ("gemv/avx2+onednn"); "-" when none did.
-std::string kernels_between(const std::map<std::string, int64_t>& before,
-                            const std::map<std::string, int64_t>& after);
+std::string kernels_between(const std::map<std::string, int64_t>& before, const std::map<std::string, int64_t>& after);
 
 }  // namespace tp::detail

@@ -7,9 +7,8 @@
 
 /// TP_CHECK_NCCL(expr, context...): throws naming the call, NCCL's own message and
 /// the context (at least one item, streamed into the message).
-#define TP_CHECK_NCCL(expr, ...)                                                                   \
-  do {                                                                                             \
-    const ncclResult_t tp_status_ = (expr);                                                        \
-    TORCH_CHECK(tp_status_ == ncclSuccess, #expr, " failed: ", ncclGetErrorString(tp_status_), \
-                " in ", __VA_ARGS__);                                                              \
+#define TP_CHECK_NCCL(expr, ...)                                                                                     \
+  do {                                                                                                               \
+    const ncclResult_t tp_status_ = (expr);                                                                          \
+    TORCH_CHECK(tp_status_ == ncclSuccess, #expr, " failed: ", ncclGetErrorString(tp_status_), " in ", __VA_ARGS__); \
   } while (false)

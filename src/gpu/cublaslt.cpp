@@ -37,8 +37,8 @@ using Layout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, La
 using Preference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, PreferenceDeleter>;
 
 template <typename T>
-void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value,
-              const char* name, const MatmulSpec& spec) {
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value, const char* name,
+              const MatmulSpec& spec) {
   TP_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)), "setting ", name, " for ",
                   spec.describe());
 }
@@ -46,8 +46,8 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
 Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, const char* which,
                    const MatmulSpec& spec) {
   cublasLtMatrixLayout_t raw = nullptr;
-  TP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&raw, type, rows, cols, ld), "the layout of ", which, " (rows=",
-                  rows, " cols=", cols, " ld=", ld, ") for ", spec.describe());
+  TP_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&raw, type, rows, cols, ld), "the layout of ", which, " (rows=", rows,
+                  " cols=", cols, " ld=", ld, ") for ", spec.describe());
   return Layout(raw);
 }
 
@@ -61,11 +61,10 @@ struct CacheKey {
 struct CacheKeyHash {
   size_t operator()(const CacheKey& k) const {
     const auto& s = k.spec;
-    return c10::get_hash(k.device, s.m, s.n, s.k, s.lda, s.ldb, s.ldd, s.trans_a, s.trans_b,
-                         static_cast<int>(s.a_type), static_cast<int>(s.b_type), static_cast<int>(s.d_type),
-                         static_cast<int>(s.compute), static_cast<int>(s.scale_type), s.a_scale_mode,
-                         s.b_scale_mode, s.bias, static_cast<int>(s.bias_type), s.align_a, s.align_b,
-                         s.align_d, s.align_bias);
+    return c10::get_hash(k.device, s.m, s.n, s.k, s.lda, s.ldb, s.ldd, s.trans_a, s.trans_b, static_cast<int>(s.a_type),
+                         static_cast<int>(s.b_type), static_cast<int>(s.d_type), static_cast<int>(s.compute),
+                         static_cast<int>(s.scale_type), s.a_scale_mode, s.b_scale_mode, s.bias,
+                         static_cast<int>(s.bias_type), s.align_a, s.align_b, s.align_d, s.align_bias);
   }
 };
 
@@ -135,10 +134,8 @@ struct Layouts {
 
 Layouts make_layouts(const MatmulSpec& spec) {
   // Stored (not op'd) shapes: A is k x m when transposed, B is k x n when not.
-  return {make_layout(spec.a_type, spec.trans_a ? spec.k : spec.m, spec.trans_a ? spec.m : spec.k, spec.lda, "A",
-                      spec),
-          make_layout(spec.b_type, spec.trans_b ? spec.n : spec.k, spec.trans_b ? spec.k : spec.n, spec.ldb, "B",
-                      spec),
+  return {make_layout(spec.a_type, spec.trans_a ? spec.k : spec.m, spec.trans_a ? spec.m : spec.k, spec.lda, "A", spec),
+          make_layout(spec.b_type, spec.trans_b ? spec.n : spec.k, spec.trans_b ? spec.k : spec.n, spec.ldb, "B", spec),
           make_layout(spec.d_type, spec.m, spec.n, spec.ldd, "D", spec)};
 }
 
@@ -212,8 +209,8 @@ const char* scale_mode_name(int32_t mode) {
 
 std::string MatmulSpec::describe() const {
   std::ostringstream out;
-  out << "cublasLt matmul m=" << m << " n=" << n << " k=" << k << " (lda=" << lda << " ldb=" << ldb
-      << " ldd=" << ldd << (trans_a ? " A^T" : " A") << (trans_b ? " B^T" : " B") << ") A=" << data_type_name(a_type)
+  out << "cublasLt matmul m=" << m << " n=" << n << " k=" << k << " (lda=" << lda << " ldb=" << ldb << " ldd=" << ldd
+      << (trans_a ? " A^T" : " A") << (trans_b ? " B^T" : " B") << ") A=" << data_type_name(a_type)
       << " B=" << data_type_name(b_type) << " D=" << data_type_name(d_type);
   if (a_scale_mode >= 0 || b_scale_mode >= 0) {
     out << " scales=(" << scale_mode_name(a_scale_mode) << ", " << scale_mode_name(b_scale_mode) << ")";
@@ -230,8 +227,8 @@ int32_t pointer_alignment(const void* p) {
 }
 
 bool matmul(const MatmulSpec& spec, const MatmulArgs& args, const char* what) {
-  TORCH_INTERNAL_ASSERT(spec.m > 0 && spec.n > 0 && spec.k > 0, what, ": empty GEMM reached cuBLASLt: ",
-                        spec.describe());
+  TORCH_INTERNAL_ASSERT(spec.m > 0 && spec.n > 0 && spec.k > 0, what,
+                        ": empty GEMM reached cuBLASLt: ", spec.describe());
   int device = 0;
   TP_CHECK_CUDA(cudaGetDevice(&device));
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
@@ -260,8 +257,8 @@ bool matmul(const MatmulSpec& spec, const MatmulArgs& args, const char* what) {
   const void* alpha = int_scale ? static_cast<const void*>(&args.alpha_i) : static_cast<const void*>(&args.alpha_f);
   const void* beta = int_scale ? static_cast<const void*>(&beta_i) : static_cast<const void*>(&beta_f);
   // C = D with beta = 0: C is never read, but cuBLASLt wants a layout for it.
-  const auto status = cublasLtMatmul(handle, desc.get(), alpha, args.a, layouts.a.get(), args.b, layouts.b.get(),
-                                     beta, args.d, layouts.d.get(), args.d, layouts.d.get(), &algo.algo,
+  const auto status = cublasLtMatmul(handle, desc.get(), alpha, args.a, layouts.a.get(), args.b, layouts.b.get(), beta,
+                                     args.d, layouts.d.get(), args.d, layouts.d.get(), &algo.algo,
                                      workspace(device, stream), kWorkspaceBytes, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     // The heuristic offered an algorithm that then refused these arguments: remember

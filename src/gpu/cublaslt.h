@@ -19,7 +19,7 @@ namespace tp::cuda {
 
 /// Everything that selects a cuBLASLt algorithm (the cache key) besides the device.
 struct MatmulSpec {
-  int64_t m = 0, n = 0, k = 0;      // column-major D[m, n] = op(A)[m, k] op(B)[k, n]
+  int64_t m = 0, n = 0, k = 0;  // column-major D[m, n] = op(A)[m, k] op(B)[k, n]
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool trans_a = true, trans_b = false;
   cudaDataType_t a_type = CUDA_R_16BF, b_type = CUDA_R_16BF, d_type = CUDA_R_16BF;
@@ -27,7 +27,7 @@ struct MatmulSpec {
   cudaDataType_t scale_type = CUDA_R_32F;  // the type of alpha and beta
   /// cublasLtMatmulMatrixScale_t of A and B, or -1 for no scale pointer (unscaled).
   int32_t a_scale_mode = -1, b_scale_mode = -1;
-  bool bias = false;                          // CUBLASLT_EPILOGUE_BIAS, a vector of m
+  bool bias = false;  // CUBLASLT_EPILOGUE_BIAS, a vector of m
   cudaDataType_t bias_type = CUDA_R_16BF;
   /// Smallest alignment (bytes, up to 256) of the A, B, D and bias pointers: the
   /// heuristic may pick a kernel that needs more, so it is part of the key.
@@ -40,12 +40,12 @@ struct MatmulSpec {
 
 /// Device pointers of one call; scales only when the spec has scale modes.
 struct MatmulArgs {
-  const void* a = nullptr;          /* device */
-  const void* b = nullptr;          /* device */
-  void* d = nullptr;                /* device */
-  const void* bias = nullptr;       /* device */
-  const void* a_scale = nullptr;    /* device */
-  const void* b_scale = nullptr;    /* device */
+  const void* a = nullptr;       /* device */
+  const void* b = nullptr;       /* device */
+  void* d = nullptr;             /* device */
+  const void* bias = nullptr;    /* device */
+  const void* a_scale = nullptr; /* device */
+  const void* b_scale = nullptr; /* device */
   /// alpha as the spec's scale_type (float for 32F, int32 for 32I); beta is 0.
   float alpha_f = 1.0f;
   int32_t alpha_i = 1;

@@ -77,8 +77,8 @@ at::Tensor bias_vector(const std::optional<at::Tensor>& bias, int64_t n, at::Sca
                        const at::Device& device) {
   if (!bias || !bias->defined()) return {};
   check_cuda_operand(*bias, what, "bias", device);
-  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, what, ": bias has shape ", bias->sizes(),
-                    "; expected [", n, "] (one value per output feature)");
+  TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == n, what, ": bias has shape ", bias->sizes(), "; expected [", n,
+                    "] (one value per output feature)");
   return bias->to(dtype).contiguous();
 }
 
@@ -189,8 +189,8 @@ std::pair<at::Tensor, at::Tensor> quantize_groups(const at::Tensor& x2d, at::Sca
   auto scale = at::empty({M, K == 0 ? 0 : K / g}, x2d.options().dtype(at::kFloat));
   if (M > 0 && K > 0) {
     launch_quantize_groups(elem(x2d.scalar_type(), what), xc.data_ptr(), M, K, xc.stride(0), g,
-                           qtype == at::kChar ? QElem::kInt8 : QElem::kFp8E4M3, q.data_ptr(),
-                           scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream());
+                           qtype == at::kChar ? QElem::kInt8 : QElem::kFp8E4M3, q.data_ptr(), scale.data_ptr<float>(),
+                           c10::cuda::getCurrentCUDAStream().stream());
   }
   return {q, scale};
 }
@@ -240,9 +240,8 @@ int32_t scale_mode(Fp8Scaling s, bool weight) {
 
 }  // namespace
 
-at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q,
-                    const at::Tensor& w_scale, Fp8Scaling scaling, const std::optional<at::Tensor>& bias,
-                    at::ScalarType out_dtype) {
+at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q, const at::Tensor& w_scale,
+                    Fp8Scaling scaling, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
   constexpr const char* what = "tp::cuda::fp8_gemm";
   const auto device = check_quantized_operands(what, x_q, x_scale, w_q, w_scale);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kFloat8_e4m3fn && w_q.scalar_type() == at::kFloat8_e4m3fn, what,
@@ -269,8 +268,7 @@ at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::
                             w_scale.dim() == 2 && w_scale.size(0) == ceil_div(N, 128) &&
                             w_scale.size(1) == ceil_div(K, 128),
                         what, ": block scaling needs x_scale [", M, ", ", ceil_div(K, 128), "] and w_scale [",
-                        ceil_div(N, 128), ", ", ceil_div(K, 128), "]; got ", x_scale.sizes(), " and ",
-                        w_scale.sizes());
+                        ceil_div(N, 128), ", ", ceil_div(K, 128), "]; got ", x_scale.sizes(), " and ", w_scale.sizes());
       break;
   }
   const c10::cuda::CUDAGuard guard(device);
@@ -342,8 +340,8 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tens
   constexpr const char* what = "tp::cuda::fp8_linear";
   TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2, what, ": w_q must be 2-D [N, K]");
   check_cuda_operand(x, what, "x", w_q.device());
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w_q.size(1), what, ": x has shape ", x.sizes(),
-                    " but the weight is ", w_q.sizes());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w_q.size(1), what, ": x has shape ", x.sizes(), " but the weight is ",
+                    w_q.sizes());
   elem(x.scalar_type(), what);
   const c10::cuda::CUDAGuard guard(w_q.device());
   const int64_t K = w_q.size(1), N = w_q.size(0);
@@ -391,8 +389,8 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tens
 
 // ---- INT8 W8A8 ------------------------------------------------------------------------------
 
-at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q,
-                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
+at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q, const at::Tensor& w_scale,
+                     const std::optional<at::Tensor>& bias, at::ScalarType out_dtype) {
   constexpr const char* what = "tp::cuda::int8_gemm";
   const auto device = check_quantized_operands(what, x_q, x_scale, w_q, w_scale);
   TORCH_CHECK_TYPE(x_q.scalar_type() == at::kChar && w_q.scalar_type() == at::kChar, what, ": x_q is ",
@@ -440,7 +438,8 @@ at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at:
     }
   }
   launch_scale_int32(acc.data_ptr<int32_t>(), M, N, xs.data_ptr<float>(), ws.data_ptr<float>(),
-                     b.defined() ? b.data_ptr() : nullptr, oe, y.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
+                     b.defined() ? b.data_ptr() : nullptr, oe, y.data_ptr(),
+                     c10::cuda::getCurrentCUDAStream().stream());
   return y;
 }
 
@@ -449,8 +448,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Ten
   constexpr const char* what = "tp::cuda::int8_linear";
   TORCH_CHECK_VALUE(w_q.defined() && w_q.dim() == 2, what, ": w_q must be 2-D [N, K]");
   check_cuda_operand(x, what, "x", w_q.device());
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w_q.size(1), what, ": x has shape ", x.sizes(),
-                    " but the weight is ", w_q.sizes());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w_q.size(1), what, ": x has shape ", x.sizes(), " but the weight is ",
+                    w_q.sizes());
   const c10::cuda::CUDAGuard guard(w_q.device());
   const int64_t K = w_q.size(1), N = w_q.size(0);
   const auto x2 = rows_view(x, K);

@@ -32,9 +32,8 @@ std::pair<at::Tensor, at::Tensor> quantize_groups(const at::Tensor& x2d, at::Sca
 
 /// FP8 E4M3 x FP8 E4M3 -> out_dtype with the dequantization scales applied by cuBLASLt
 /// (scale pointers / outer-vector / block scale modes). x_q: [M, K], w_q: [N, K].
-at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q,
-                    const at::Tensor& w_scale, Fp8Scaling scaling, const std::optional<at::Tensor>& bias,
-                    at::ScalarType out_dtype);
+at::Tensor fp8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q, const at::Tensor& w_scale,
+                    Fp8Scaling scaling, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype);
 
 /// Quantizes x to match `scaling` and runs fp8_gemm; y has x's dtype and leading shape.
 /// Per tensor: with `input_scale` (a static checkpoint scale, one fp32) x / input_scale
@@ -46,8 +45,8 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tens
 
 /// INT8 W8A8: int8 x int8 -> int32 (cuBLASLt IMMA), then y = acc * x_scale[m] * w_scale[n]
 /// (+ bias) in one small kernel. x_q: [M, K], x_scale: [M], w_q: [N, K], w_scale: [N].
-at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q,
-                     const at::Tensor& w_scale, const std::optional<at::Tensor>& bias, at::ScalarType out_dtype);
+at::Tensor int8_gemm(const at::Tensor& x_q, const at::Tensor& x_scale, const at::Tensor& w_q, const at::Tensor& w_scale,
+                     const std::optional<at::Tensor>& bias, at::ScalarType out_dtype);
 
 /// Per-token dynamic int8 quantization of x, then int8_gemm; y has x's dtype and shape.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale,

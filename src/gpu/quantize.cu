@@ -15,7 +15,6 @@ namespace tp::cuda {
 
 namespace {
 
-
 constexpr int kQuantThreads = 256;
 
 /// Max over the block; every thread gets the result.
@@ -33,8 +32,8 @@ __device__ float block_max(float v) {
 /// One block per (row, group): the group's amax, then its quantized values.
 template <typename T, bool kFp8>
 __global__ void __launch_bounds__(kQuantThreads)
-    quantize_groups_kernel(const T* __restrict__ x, int64_t cols, int64_t ld_x, int64_t group,
-                           void* __restrict__ q, float* __restrict__ scales) {
+    quantize_groups_kernel(const T* __restrict__ x, int64_t cols, int64_t ld_x, int64_t group, void* __restrict__ q,
+                           float* __restrict__ scales) {
   const int64_t groups_per_row = cols / group;
   const int64_t row = blockIdx.x / groups_per_row;
   const int64_t g = blockIdx.x % groups_per_row;
@@ -61,8 +60,8 @@ __global__ void __launch_bounds__(kQuantThreads)
 }
 
 template <typename T>
-void quantize_groups_typed(const void* x, int64_t rows, int64_t cols, int64_t ld_x, int64_t group, QElem out,
-                           void* q, float* scales, cudaStream_t stream) {
+void quantize_groups_typed(const void* x, int64_t rows, int64_t cols, int64_t ld_x, int64_t group, QElem out, void* q,
+                           float* scales, cudaStream_t stream) {
   const int64_t blocks = rows * (cols / group);
   TORCH_CHECK(blocks < (int64_t{1} << 31), "quantize: ", rows, " rows x ", cols / group,
               " groups exceed one launch; split the batch");
@@ -76,9 +75,8 @@ void quantize_groups_typed(const void* x, int64_t rows, int64_t cols, int64_t ld
 }
 
 template <typename T>
-__global__ void scale_int32_kernel(const int32_t* __restrict__ acc, int64_t M, int64_t N,
-                                   const float* __restrict__ xs, const float* __restrict__ ws,
-                                   const T* __restrict__ bias, T* __restrict__ y) {
+__global__ void scale_int32_kernel(const int32_t* __restrict__ acc, int64_t M, int64_t N, const float* __restrict__ xs,
+                                   const float* __restrict__ ws, const T* __restrict__ bias, T* __restrict__ y) {
   const int64_t total = M * N;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = i / N, n = i % N;
@@ -96,22 +94,21 @@ void scale_int32_typed(const int32_t* acc, int64_t M, int64_t N, const float* xs
   const int64_t total = M * N;
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, int64_t{1} << 16);
-  scale_int32_kernel<T><<<blocks, threads, 0, stream>>>(acc, M, N, xs, ws, static_cast<const T*>(bias),
-                                                        static_cast<T*>(y));
+  scale_int32_kernel<T>
+      <<<blocks, threads, 0, stream>>>(acc, M, N, xs, ws, static_cast<const T*>(bias), static_cast<T*>(y));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace
 
-void launch_quantize_groups(Elem in, const void* x, int64_t rows, int64_t cols, int64_t ld_x, int64_t group,
-                            QElem out, void* q, float* scales, cudaStream_t stream) {
+void launch_quantize_groups(Elem in, const void* x, int64_t rows, int64_t cols, int64_t ld_x, int64_t group, QElem out,
+                            void* q, float* scales, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(group > 0 && cols % group == 0, "quantize: group ", group, " does not divide ", cols);
   if (rows == 0 || cols == 0) return;
   switch (in) {
     case Elem::kF32: return quantize_groups_typed<float>(x, rows, cols, ld_x, group, out, q, scales, stream);
     case Elem::kF16: return quantize_groups_typed<__half>(x, rows, cols, ld_x, group, out, q, scales, stream);
-    case Elem::kBF16:
-      return quantize_groups_typed<__nv_bfloat16>(x, rows, cols, ld_x, group, out, q, scales, stream);
+    case Elem::kBF16: return quantize_groups_typed<__nv_bfloat16>(x, rows, cols, ld_x, group, out, q, scales, stream);
   }
 }
 

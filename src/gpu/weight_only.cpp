@@ -75,8 +75,8 @@ at::Tensor dequantize_weight_only(const at::Tensor& qweight, int bits, const at:
   const auto sc = scales.to(at::kFloat).contiguous();
   const auto zc = zeros && zeros->defined() ? zeros->to(at::kFloat).contiguous() : at::Tensor();
   auto w = at::empty({N, K}, qweight.options().dtype(dtype));
-  launch_dequantize_weight(qc.data_ptr(), bits, sc.data_ptr<float>(), zc.defined() ? zc.data_ptr<float>() : nullptr,
-                           N, K, group, e, w.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
+  launch_dequantize_weight(qc.data_ptr(), bits, sc.data_ptr<float>(), zc.defined() ? zc.data_ptr<float>() : nullptr, N,
+                           K, group, e, w.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
   return w;
 }
 
@@ -109,9 +109,8 @@ at::Tensor weight_only_linear(const at::Tensor& x, const at::Tensor& qweight, in
     }
     auto y = at::empty({M, N}, x.options());
     launch_weight_only_gemv(e, x2.data_ptr(), M, K, x2.stride(0), qc.data_ptr(), bits, sc.data_ptr<float>(),
-                            zc.defined() ? zc.data_ptr<float>() : nullptr, group,
-                            b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), N,
-                            c10::cuda::getCurrentCUDAStream().stream());
+                            zc.defined() ? zc.data_ptr<float>() : nullptr, group, b.defined() ? b.data_ptr() : nullptr,
+                            y.data_ptr(), N, c10::cuda::getCurrentCUDAStream().stream());
     return y.view(shape);
   }
   // Large batches: the GEMM is compute-bound, so one dequantized copy of the weight

@@ -16,7 +16,6 @@ namespace tp::cuda {
 
 namespace {
 
-
 /// Loads kN consecutive elements of x (16-byte aligned) as floats, 16 bytes at a time.
 template <typename T, int kN>
 __device__ __forceinline__ void load_x(const T* __restrict__ p, float (&out)[kN]) {
@@ -163,9 +162,9 @@ void dequantize_typed(const void* qweight, int bits, const float* scales, const 
 
 }  // namespace
 
-void launch_weight_only_gemv(Elem t, const void* x, int64_t M, int64_t K, int64_t ld_x, const void* qweight,
-                             int bits, const float* scales, const float* zeros, int64_t group, const void* bias,
-                             void* y, int64_t N, cudaStream_t stream) {
+void launch_weight_only_gemv(Elem t, const void* x, int64_t M, int64_t K, int64_t ld_x, const void* qweight, int bits,
+                             const float* scales, const float* zeros, int64_t group, const void* bias, void* y,
+                             int64_t N, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(M >= 1 && M <= 16 && K % 32 == 0 && group % 32 == 0 && (bits == 4 || bits == 8),
                         "weight_only_gemv: M=", M, " K=", K, " group=", group, " bits=", bits);
   if (N == 0) return;
@@ -175,8 +174,7 @@ void launch_weight_only_gemv(Elem t, const void* x, int64_t M, int64_t K, int64_
     case Elem::kF16:
       return gemv_dispatch_bits<__half>(x, M, K, ld_x, qweight, bits, scales, zeros, group, bias, y, N, stream);
     case Elem::kBF16:
-      return gemv_dispatch_bits<__nv_bfloat16>(x, M, K, ld_x, qweight, bits, scales, zeros, group, bias, y, N,
-                                               stream);
+      return gemv_dispatch_bits<__nv_bfloat16>(x, M, K, ld_x, qweight, bits, scales, zeros, group, bias, y, N, stream);
   }
 }
 

@@ -10,9 +10,8 @@
 
 namespace tp::detail {
 
-std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec,
-                                             const Communicator& comm, const ColumnPlanner& plan_of,
-                                             torch::nn::Module& owner) {
+std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec, const Communicator& comm,
+                                             const ColumnPlanner& plan_of, torch::nn::Module& owner) {
   const auto method = make_quant_method(spec.quant);
   const auto policy = aligned_policy(layer, spec.split, *method, ShardMode::kColumn);
   auto plans = with_layer_context(layer, [&] {
@@ -68,8 +67,8 @@ at::Tensor ColumnCore::gather(const at::Tensor& y_local) const {
     int64_t rank_offset = 0;
     for (const auto& p : plans_) {
       const auto& piece = p.pieces[s];
-      const bool seen = std::any_of(blocks.begin(), blocks.end(),
-                                    [&](const auto& b) { return b.first == piece.source; });
+      const bool seen =
+          std::any_of(blocks.begin(), blocks.end(), [&](const auto& b) { return b.first == piece.source; });
       if (!seen && piece.size() > 0)
         blocks.emplace_back(piece.source, all.narrow(-1, rank_offset + piece.local_offset, piece.size()));
       rank_offset += p.local_size;
@@ -91,8 +90,7 @@ std::vector<at::Tensor> ColumnCore::split(const at::Tensor& y, bool gathered) co
   const auto& mine = plan();
   const int64_t expected = gathered ? mine.global_size : mine.local_size;
   TORCH_CHECK_VALUE(y.defined() && y.dim() >= 1 && y.size(-1) == expected, layer_, ": cannot split a tensor of shape ",
-                    y.sizes(), "; expected [..., ", expected, "] (the ", gathered ? "gathered" : "local",
-                    " output)");
+                    y.sizes(), "; expected [..., ", expected, "] (the ", gathered ? "gathered" : "local", " output)");
   std::vector<at::Tensor> parts;
   for (const auto& piece : mine.pieces) {
     parts.push_back(gathered ? y.narrow(-1, piece.fused_offset, piece.segment_size)
@@ -125,18 +123,18 @@ void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<Weig
     TORCH_INTERNAL_ASSERT(r.begin == covered, what, ": load parts do not tile the local rows at ", covered);
     covered = r.end;
   }
-  TORCH_INTERNAL_ASSERT(covered == plan().local_size, what, ": load parts cover ", covered, " of ",
-                        plan().local_size, " local rows");
+  TORCH_INTERNAL_ASSERT(covered == plan().local_size, what, ": load parts cover ", covered, " of ", plan().local_size,
+                        " local rows");
   method_->load(checkpoint, parts, ShardMode::kColumn, what);
   method_->finalize();
   if (!bias_.defined()) return;
   at::NoGradGuard no_grad;
   for (const auto& part : parts) {
     const auto& source = checkpoint.get(part.prefix + ".bias", what);
-    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, what, ": tensor '",
-                      source.name(), "' has shape ", c10::IntArrayRef(source.shape()), "; expected [",
-                      part.logical_size, "]");
-    bias_.narrow(0, part.local_offset, part.range.size()).copy_(load_shard(source, ShardMode::kColumn, part.range, {}, what));
+    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, what, ": tensor '", source.name(),
+                      "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", part.logical_size, "]");
+    bias_.narrow(0, part.local_offset, part.range.size())
+        .copy_(load_shard(source, ShardMode::kColumn, part.range, {}, what));
   }
 }
 

@@ -70,7 +70,7 @@ class ColumnCore {
   int64_t in_features_;
   std::shared_ptr<QuantMethod> method_;
   at::Tensor weight_;  // as registered by the method
-  at::Tensor bias_;  // [local_out] or undefined
+  at::Tensor bias_;    // [local_out] or undefined
 };
 
 /// What the column layers' options share (their sizes differ; these do not).
@@ -91,8 +91,7 @@ using ColumnPlanner = std::function<SegmentPlan(int64_t rank, const SplitPolicy&
 /// alignment with spec.split, plans every rank's output with `plan_of` (a ShardError
 /// becomes a c10::ValueError naming `layer`), and registers the weights and bias on
 /// `owner` with this rank's local shapes.
-std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec,
-                                             const Communicator& comm, const ColumnPlanner& plan_of,
-                                             torch::nn::Module& owner);
+std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec, const Communicator& comm,
+                                             const ColumnPlanner& plan_of, torch::nn::Module& owner);
 
 }  // namespace tp::detail

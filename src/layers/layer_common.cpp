@@ -19,8 +19,8 @@ SplitPolicy aligned_policy(const std::string& layer, const SplitPolicy& policy, 
 void check_input(const std::string& layer, const at::Tensor& x, int64_t expected_in, const char* in_name,
                  at::ScalarType dtype, const at::Device& device) {
   TORCH_CHECK_VALUE(x.defined(), layer, ": input is an undefined tensor");
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == expected_in, layer, ": input has shape ", x.sizes(),
-                    " but ", in_name, "=", expected_in, "; expected [..., ", expected_in, "]");
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == expected_in, layer, ": input has shape ", x.sizes(), " but ", in_name,
+                    "=", expected_in, "; expected [..., ", expected_in, "]");
   TORCH_CHECK_TYPE(x.scalar_type() == dtype, layer, ": input has dtype ", x.scalar_type(),
                    " but the layer computes in ", dtype, "; convert the input or the layer (.to(", dtype, "))");
   TORCH_CHECK_VALUE(x.device() == device, layer, ": input is on ", x.device(), " but the layer's weights are on ",

@@ -36,8 +36,8 @@ void QKVParallelLinearImpl::reset() {
   core_ = detail::make_column_core(
       kLayer, spec, comm,
       [&](int64_t r, const SplitPolicy& policy) {
-        auto plan = plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(),
-                               r, policy);
+        auto plan =
+            plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
         if (r == comm.rank()) head_plan_ = plan;
         return plan.qkv_plan();
       },
@@ -80,8 +80,8 @@ void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
   std::ostringstream what;
   what << kLayer;
   if (layout.layout() != QKVLayout::kSeparate)
-    what << " (checkpoint layout " << to_string(layout.layout()) << ", " << options.num_kv_heads()
-       << " KV groups of " << group << " q heads, head_dim " << d << ")";
+    what << " (checkpoint layout " << to_string(layout.layout()) << ", " << options.num_kv_heads() << " KV groups of "
+         << group << " q heads, head_dim " << d << ")";
   std::vector<WeightPart> parts;
   switch (layout.layout()) {
     case QKVLayout::kSeparate:

@@ -32,7 +32,8 @@ void RowParallelLinearImpl::reset() {
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
   weight = method_->weight();
-  bias = options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
+  bias =
+      options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
   reset_parameters();
 }
 
@@ -42,8 +43,8 @@ void RowParallelLinearImpl::reset_parameters() {
 }
 
 void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
-  stream << "tp::RowParallelLinear(in_features=" << options.in_features()
-         << ", out_features=" << options.out_features() << ", local_in=" << range_;
+  stream << "tp::RowParallelLinear(in_features=" << options.in_features() << ", out_features=" << options.out_features()
+         << ", local_in=" << range_;
   if (!options.input_is_parallel()) stream << ", input_is_parallel=false";
   if (!options.reduce_output()) stream << ", reduce_output=false";
   if (options.all_reduce() != AllReduceStrategy::kAuto) stream << ", all_reduce=" << to_string(options.all_reduce());
@@ -80,9 +81,8 @@ void RowParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
   method_->finalize();
   if (!bias.defined()) return;
   const auto& source = checkpoint.get(prefix + ".bias", kLayer);
-  TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{options.out_features()}, kLayer, ": tensor '",
-                    source.name(), "' has shape ", c10::IntArrayRef(source.shape()), "; expected [",
-                    options.out_features(), "]");
+  TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{options.out_features()}, kLayer, ": tensor '", source.name(),
+                    "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", options.out_features(), "]");
   at::NoGradGuard no_grad;
   bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
 }

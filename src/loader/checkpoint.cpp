@@ -37,8 +37,8 @@ std::string read_small_file(const std::string& path) {
   TORCH_CHECK_VALUE(::stat(path.c_str(), &st) == 0, "cannot read '", path, "': ", std::strerror(errno));
   const auto size = static_cast<uint64_t>(st.st_size);
   // An index lists names, not data: anything this large is not an index.
-  TORCH_CHECK_VALUE(size <= detail::kMaxHeaderBytes, "'", path, "' is ", size,
-                    " bytes, larger than the ", detail::kMaxHeaderBytes, "-byte cap for an index");
+  TORCH_CHECK_VALUE(size <= detail::kMaxHeaderBytes, "'", path, "' is ", size, " bytes, larger than the ",
+                    detail::kMaxHeaderBytes, "-byte cap for an index");
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK_VALUE(in, "cannot open '", path, "'");
   std::string text(size, '\0');
@@ -62,13 +62,13 @@ Checkpoint open_sharded(const std::string& dir) {
     auto it = files.find(file_name);
     if (it == files.end()) {
       const std::string file_path = dir + "/" + file_name;
-      TORCH_CHECK_VALUE(exists(file_path), "checkpoint index '", index_path, "' puts tensor '", name,
-                        "' in '", file_name, "', which does not exist in ", dir);
+      TORCH_CHECK_VALUE(exists(file_path), "checkpoint index '", index_path, "' puts tensor '", name, "' in '",
+                        file_name, "', which does not exist in ", dir);
       it = files.emplace(file_name, SafetensorsFile::open(file_path)).first;
     }
-    TORCH_CHECK_VALUE(it->second.contains(name), "checkpoint index '", index_path, "' puts tensor '", name,
-                      "' in '", it->second.path(), "', but that file has no such tensor (",
-                      it->second.names().size(), " tensors)");
+    TORCH_CHECK_VALUE(it->second.contains(name), "checkpoint index '", index_path, "' puts tensor '", name, "' in '",
+                      it->second.path(), "', but that file has no such tensor (", it->second.names().size(),
+                      " tensors)");
     checkpoint.add(it->second.source(name));
   }
   return checkpoint;

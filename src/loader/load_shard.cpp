@@ -28,9 +28,8 @@ Range stored_range(const TensorSource& source, int64_t dim, Range range, const L
   // A partial last block is fine when the range ends exactly at the logical end.
   const bool end_at_tail = options.logical_size >= 0 && range.end == options.logical_size;
   const bool end_ok = range.end % div == 0 || end_at_tail;
-  TORCH_CHECK_VALUE(begin_ok && end_ok, what, ": tensor '", source.name(), "': shard range ", range,
-                    " of dim ", dim, " is not a multiple of ", unit, "=", div,
-                    " (one stored element covers ", div,
+  TORCH_CHECK_VALUE(begin_ok && end_ok, what, ": tensor '", source.name(), "': shard range ", range, " of dim ", dim,
+                    " is not a multiple of ", unit, "=", div, " (one stored element covers ", div,
                     " logical elements); align the shard to multiples of ", div);
   return {range.begin / div, (range.end + div - 1) / div};
 }
@@ -46,24 +45,24 @@ at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range, c
   // dim), are the same on every rank.
   if (ndim == 0) return source.read_all();
   if (ndim == 1 && dim == 1) return source.read_all();  // row-parallel bias: replicated
-  TORCH_CHECK_VALUE(dim < ndim, what, ": tensor '", source.name(), "' has ", ndim, " dims but ",
-                    to_string(mode), " mode", options.flip_tp ? " with flip_tp" : "", " splits dim ", dim);
+  TORCH_CHECK_VALUE(dim < ndim, what, ": tensor '", source.name(), "' has ", ndim, " dims but ", to_string(mode),
+                    " mode", options.flip_tp ? " with flip_tp" : "", " splits dim ", dim);
   if (shape[dim] == 1) return source.read_all();
   const Range stored = stored_range(source, dim, range, options, what);
-  TORCH_CHECK_VALUE(stored.end <= shape[dim], what, ": tensor '", source.name(), "': shard range ", range,
-                    " (stored ", stored, ") is past the end of dim ", dim, " of size ", shape[dim]);
+  TORCH_CHECK_VALUE(stored.end <= shape[dim], what, ": tensor '", source.name(), "': shard range ", range, " (stored ",
+                    stored, ") is past the end of dim ", dim, " of size ", shape[dim]);
   return source.read(dim, stored);
 }
 
-at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentPlan& plan,
-                      const LoadOptions& options, const std::string& what) {
+at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentPlan& plan, const LoadOptions& options,
+                      const std::string& what) {
   const auto shape = source.shape();
   const int64_t dim = split_dim(mode, options);
   if (static_cast<int64_t>(shape.size()) > dim && shape[dim] != 1) {
     const int64_t div = options.scale_span * options.elm_packing;
     const int64_t logical = options.logical_size >= 0 ? options.logical_size : shape[dim] * div;
-    TORCH_CHECK_VALUE((logical + div - 1) / div == shape[dim] && logical == plan.global_size, what,
-                      ": fused tensor '", source.name(), "' has ", shape[dim], " stored elements in dim ", dim,
+    TORCH_CHECK_VALUE((logical + div - 1) / div == shape[dim] && logical == plan.global_size, what, ": fused tensor '",
+                      source.name(), "' has ", shape[dim], " stored elements in dim ", dim,
                       " but the layout's segments add up to ", plan.global_size, " logical elements");
   }
   std::vector<at::Tensor> pieces;
@@ -75,7 +74,8 @@ at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentP
     pieces.push_back(load_shard(source, mode, piece.fused_source(), piece_options, what));
   }
   // Width-1 and replicated tensors come back whole from each piece: return one.
-  if (static_cast<int64_t>(shape.size()) <= dim || shape[dim] == 1) return pieces.empty() ? source.read_all() : pieces[0];
+  if (static_cast<int64_t>(shape.size()) <= dim || shape[dim] == 1)
+    return pieces.empty() ? source.read_all() : pieces[0];
   return at::cat(pieces, dim);
 }
 

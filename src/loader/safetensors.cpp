@@ -38,8 +38,8 @@ class Mapping {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
       const int err = errno;
       ::close(fd);  // the mapping keeps the file open
-      TORCH_CHECK(p != MAP_FAILED, "cannot map safetensors file '", path, "' (", size_, " bytes): ",
-                  std::strerror(err));
+      TORCH_CHECK(p != MAP_FAILED, "cannot map safetensors file '", path, "' (", size_,
+                  " bytes): ", std::strerror(err));
       base_ = static_cast<const uint8_t*>(p);
     } else {
       ::close(fd);
@@ -220,7 +220,8 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
     const auto d = static_cast<detail::StDtype>(i);
     if (to_scalar_type(d) == dtype) return detail::st_dtype_name(d);
   }
-  TORCH_CHECK_VALUE(false, "dtype ", dtype, " has no safetensors equivalent (supported: float64, float32, float16, "
+  TORCH_CHECK_VALUE(false, "dtype ", dtype,
+                    " has no safetensors equivalent (supported: float64, float32, float16, "
                     "bfloat16, int64, int32, int16, int8, uint8, bool, float8_e4m3fn, float8_e5m2)");
 }
 

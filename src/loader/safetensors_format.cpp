@@ -22,12 +22,11 @@ struct DtypeInfo {
   int64_t size;
 };
 constexpr DtypeInfo kDtypes[] = {
-    {StDtype::kF64, "F64", 8},  {StDtype::kF32, "F32", 4},      {StDtype::kF16, "F16", 2},
-    {StDtype::kBF16, "BF16", 2}, {StDtype::kI64, "I64", 8},     {StDtype::kI32, "I32", 4},
-    {StDtype::kI16, "I16", 2},  {StDtype::kI8, "I8", 1},        {StDtype::kU8, "U8", 1},
+    {StDtype::kF64, "F64", 8},   {StDtype::kF32, "F32", 4},        {StDtype::kF16, "F16", 2},
+    {StDtype::kBF16, "BF16", 2}, {StDtype::kI64, "I64", 8},        {StDtype::kI32, "I32", 4},
+    {StDtype::kI16, "I16", 2},   {StDtype::kI8, "I8", 1},          {StDtype::kU8, "U8", 1},
     {StDtype::kBool, "BOOL", 1}, {StDtype::kF8E4M3, "F8_E4M3", 1}, {StDtype::kF8E5M2, "F8_E5M2", 1},
 };
-
 
 // A name as it appears in a message: quoted, control bytes escaped, long names cut.
 std::string quoted(const std::string& s) {
@@ -76,7 +75,8 @@ StEntry parse_entry(JsonReader& in, std::string name) {
       } else {
         do {
           if (entry.shape.size() >= kMaxDims) fail(who, " has more than ", kMaxDims, " dimensions");
-          entry.shape.push_back(static_cast<int64_t>(in.uint(who + " shape[" + std::to_string(entry.shape.size()) + "]")));
+          entry.shape.push_back(
+              static_cast<int64_t>(in.uint(who + " shape[" + std::to_string(entry.shape.size()) + "]")));
         } while (in.next_or_close(']'));
       }
     } else if (key == "data_offsets") {
@@ -114,8 +114,8 @@ void check_entry(const StEntry& e, uint64_t data_size) {
     fail(who, ": data_offsets [", e.begin, ", ", e.end, "] run past the data section of ", data_size,
          " bytes (a truncated file?)");
   if (e.end - e.begin != static_cast<uint64_t>(nbytes))
-    fail(who, ": data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin, " bytes but shape ", shape,
-         " of ", st_dtype_name(e.dtype), " needs ", nbytes, " (", numel, " x ", st_dtype_size(e.dtype), ")");
+    fail(who, ": data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin, " bytes but shape ", shape, " of ",
+         st_dtype_name(e.dtype), " needs ", nbytes, " (", numel, " x ", st_dtype_size(e.dtype), ")");
 }
 
 }  // namespace
@@ -149,7 +149,8 @@ StHeader parse_safetensors(const uint8_t* data, size_t size) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];  // little-endian, whatever the host
   if (n > kMaxHeaderBytes)
-    fail("header length ", n, " is larger than the ", kMaxHeaderBytes, "-byte cap (corrupt, or not a safetensors file)");
+    fail("header length ", n, " is larger than the ", kMaxHeaderBytes,
+         "-byte cap (corrupt, or not a safetensors file)");
   if (n > size - 8)
     fail("header length ", n, " runs past the end of the file (", size, " bytes; ", 8 + n,
          " needed for the header alone: truncated?)");
@@ -172,7 +173,10 @@ StHeader parse_safetensors(const uint8_t* data, size_t size) {
         have_metadata = true;
         if (in.consume_literal("null")) continue;
         in.expect('{');
-        if (in.peek() == '}') { in.expect('}'); continue; }
+        if (in.peek() == '}') {
+          in.expect('}');
+          continue;
+        }
         do {
           std::string k = in.string();
           in.expect(':');
@@ -226,7 +230,10 @@ std::map<std::string, std::string> parse_safetensors_index(const char* text, siz
       if (have_map) in.fail_here("two \"weight_map\" keys");
       have_map = true;
       in.expect('{');
-      if (in.peek() == '}') { in.expect('}'); continue; }
+      if (in.peek() == '}') {
+        in.expect('}');
+        continue;
+      }
       do {
         std::string name = in.string();
         in.expect(':');

@@ -55,8 +55,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
   std::vector<at::Tensor> data;  // CPU, contiguous: no copy when the input already is
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    TORCH_CHECK_VALUE(!name.empty() && name != "__metadata__", "save_safetensors('", path,
-                      "'): invalid tensor name '", name, "'");
+    TORCH_CHECK_VALUE(!name.empty() && name != "__metadata__", "save_safetensors('", path, "'): invalid tensor name '",
+                      name, "'");
     TORCH_CHECK_VALUE(t.defined(), "save_safetensors('", path, "'): tensor '", name, "' is undefined");
     detail::StEntry e;
     e.name = name;
@@ -106,8 +106,8 @@ int64_t save_sharded_safetensors(const std::string& dir, const std::map<std::str
                   static_cast<long long>(count));
     save_safetensors(dir + "/" + file, groups[i], {{"format", "pt"}});
     for (const auto& kv : groups[i])
-      weight_map += std::string(weight_map.empty() ? "" : ",\n") + "    \"" + json_escape(kv.first) + "\": \"" +
-                    file + "\"";
+      weight_map +=
+          std::string(weight_map.empty() ? "" : ",\n") + "    \"" + json_escape(kv.first) + "\": \"" + file + "\"";
   }
   const std::string index = "{\n  \"metadata\": {\"total_size\": " + std::to_string(total) +
                             "},\n  \"weight_map\": {\n" + weight_map + "\n  }\n}\n";

@@ -26,16 +26,15 @@ void check_read_args(const TensorSource& source, int64_t dim, Range range) {
   const auto s = source.shape();
   if (s.empty()) {
     TORCH_CHECK_VALUE(dim == 0 && range.begin == 0 && range.end == 1, "reading tensor '", source.name(),
-                      "': it is 0-d, so the only valid read is dim 0, range [0,1); got dim ", dim,
-                      ", range ", range);
+                      "': it is 0-d, so the only valid read is dim 0, range [0,1); got dim ", dim, ", range ", range);
     return;
   }
   const int64_t ndim = static_cast<int64_t>(s.size());
   TORCH_CHECK_VALUE(dim >= 0 && dim < ndim, "reading tensor '", source.name(), "' of shape ", shape_str(s),
                     ": invalid dim ", dim, " (dim should be in the 0..", ndim - 1, " range)");
   TORCH_CHECK_VALUE(0 <= range.begin && range.begin <= range.end && range.end <= s[dim], "reading tensor '",
-                    source.name(), "' of shape ", shape_str(s), ": range ", range, " of dim ", dim,
-                    " is outside [0,", s[dim], ")");
+                    source.name(), "' of shape ", shape_str(s), ": range ", range, " of dim ", dim, " is outside [0,",
+                    s[dim], ")");
 }
 
 InMemorySource::InMemorySource(std::string name, at::Tensor tensor)

@@ -12,8 +12,10 @@ namespace tp {
 
 QuantizedTensors quantize_weight(const at::Tensor& weight, const QuantConfig& config) {
   TORCH_CHECK_VALUE(weight.defined() && weight.dim() == 2 && at::isFloatingType(weight.scalar_type()),
-                    "quantize_weight(", to_string(config), "): expected a floating-point [out_features, in_features] "
-                    "weight; got ", weight.defined() ? weight.sizes() : at::IntArrayRef{}, " ",
+                    "quantize_weight(", to_string(config),
+                    "): expected a floating-point [out_features, in_features] "
+                    "weight; got ",
+                    weight.defined() ? weight.sizes() : at::IntArrayRef{}, " ",
                     weight.defined() ? c10::toString(weight.scalar_type()) : "undefined");
   return detail::format_entry(config.format).quantize(weight.cpu(), config);
 }

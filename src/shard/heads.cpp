@@ -54,7 +54,7 @@ void check_weights(const std::vector<double>& weights, int64_t world) {
   if (weights.empty()) return;
   if (static_cast<int64_t>(weights.size()) != world) {
     shard_fail("plan_heads: got ", weights.size(), " weights for world_size ", world,
-         " (weights should have one entry per rank, or none for an even split)");
+               " (weights should have one entry per rank, or none for an even split)");
   }
   for (size_t r = 0; r < weights.size(); ++r) {
     if (!(weights[r] >= 0) || !std::isfinite(weights[r])) {
@@ -77,7 +77,7 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   }
   if (num_heads % num_kv_heads != 0) {
     shard_fail("plan_heads: num_heads=", num_heads, " is not a multiple of num_kv_heads=", num_kv_heads,
-         " (every KV head must serve the same number of query heads)");
+               " (every KV head must serve the same number of query heads)");
   }
   if (num_heads > std::numeric_limits<int64_t>::max() / head_dim) {
     shard_fail("plan_heads: num_heads * head_dim = ", num_heads, " * ", head_dim, " overflows int64");
@@ -102,10 +102,10 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   const int64_t unit_kv = combine_granularity(unit_k, unit_q);
   if (num_kv_heads % unit_kv != 0) {
     shard_fail("plan_heads: num_kv_heads=", num_kv_heads, " (head_dim=", head_dim,
-         ") cannot be split on the granularity ", g, ": boundaries must fall on multiples of ", g,
-         " elements, i.e. every ", unit_kv, " KV heads, and ", num_kv_heads, " is not a multiple of ", unit_kv,
-         "; pad num_kv_heads to ", round_up(num_kv_heads, unit_kv),
-         " or use a granularity that divides head_dim");
+               ") cannot be split on the granularity ", g, ": boundaries must fall on multiples of ", g,
+               " elements, i.e. every ", unit_kv, " KV heads, and ", num_kv_heads, " is not a multiple of ", unit_kv,
+               "; pad num_kv_heads to ", round_up(num_kv_heads, unit_kv),
+               " or use a granularity that divides head_dim");
   }
 
   if (world <= num_kv_heads) {
@@ -120,14 +120,14 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   const bool replication_ok = unit_k == 1;
   if (world % num_kv_heads != 0) {
     shard_fail("plan_heads: world_size=", world, " is larger than num_kv_heads=", num_kv_heads,
-         ", so each KV head is replicated, which needs world_size to be a multiple of ", num_kv_heads,
-         "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
+               ", so each KV head is replicated, which needs world_size to be a multiple of ", num_kv_heads,
+               "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
   }
   if (!replication_ok) {
     shard_fail("plan_heads: world_size=", world, " replicates each of the num_kv_heads=", num_kv_heads,
-         " KV heads, so a rank holds a single KV head of head_dim=", head_dim,
-         " elements, which is not a multiple of the granularity ", g,
-         "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
+               " KV heads, so a rank holds a single KV head of head_dim=", head_dim,
+               " elements, which is not a multiple of the granularity ", g,
+               "; world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
   }
 
   const int64_t replicas = world / num_kv_heads;
@@ -147,7 +147,7 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
       for (int64_t j = 0; j < replicas; ++j) sum += policy.weights[static_cast<size_t>(k * replicas + j)];
       if (sum == 0) {
         shard_fail("plan_heads: ranks ", k * replicas, "..", (k + 1) * replicas - 1, " share KV head ", k,
-             " and all have weight 0, so nobody would own its query heads");
+                   " and all have weight 0, so nobody would own its query heads");
       }
     }
   }

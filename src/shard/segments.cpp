@@ -49,7 +49,7 @@ std::vector<int64_t> SegmentPlan::local_sizes() const {
 SegmentPlan make_segment_plan(const std::vector<Segment>& segments, const std::vector<Range>& ranges) {
   if (segments.size() != ranges.size()) {
     shard_fail("make_segment_plan: ", segments.size(), " segments but ", ranges.size(),
-         " ranges (there should be one range per segment)");
+               " ranges (there should be one range per segment)");
   }
   SegmentPlan plan;
   plan.pieces.reserve(segments.size());
@@ -77,7 +77,7 @@ SegmentPlan make_segment_plan(const std::vector<Segment>& segments, const std::v
     p.segment_size = seg.size;
     p.fused_offset = plan.global_size;  // segments before this one, all ranks
     p.source = r;
-    p.local_offset = plan.local_size;   // pieces before this one, this rank only
+    p.local_offset = plan.local_size;  // pieces before this one, this rank only
     plan.pieces.push_back(p);
 
     plan.global_size += seg.size;
@@ -97,7 +97,7 @@ SegmentPlan plan_segments(const std::vector<Segment>& segments, int64_t world, i
   for (const Segment& seg : segments) {
     if (seg.granularity < 1) {
       shard_fail("plan_segments: invalid granularity ", seg.granularity, " for segment \"", seg.name,
-           "\" (granularity should be >= 1)");
+                 "\" (granularity should be >= 1)");
     }
     // The segment's name is the dimension an error names: "gate=11000 is not a
     // multiple of the granularity 128; pad gate to 11008".

@@ -10,9 +10,9 @@
 #include "shard/shard_fail.h"
 
 #include <algorithm>
-#include <cstdint>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 #include <sstream>
@@ -44,7 +44,7 @@ void check_args(int64_t total, int64_t world, const SplitPolicy& policy, const s
   if (!policy.weights.empty()) {
     if (static_cast<int64_t>(policy.weights.size()) != world) {
       shard_fail("split(", what, "): got ", policy.weights.size(), " weights for world_size ", world,
-           " (weights should have one entry per rank, or none for an even split)");
+                 " (weights should have one entry per rank, or none for an even split)");
     }
     bool any_positive = false;
     for (size_t r = 0; r < policy.weights.size(); ++r) {
@@ -61,7 +61,7 @@ void check_args(int64_t total, int64_t world, const SplitPolicy& policy, const s
   }
   if (!policy.partial_tail && total % policy.granularity != 0) {
     shard_fail(what, "=", total, " is not a multiple of the granularity ", policy.granularity, "; pad ", what, " to ",
-         round_up(total, policy.granularity));
+               round_up(total, policy.granularity));
   }
 }
 
@@ -102,7 +102,8 @@ class BigUint {
   BigUint(uint64_t v, int shift) {
     limbs_.assign(static_cast<size_t>(shift / 32) + 3, 0);
     const unsigned __int128 wide = static_cast<unsigned __int128>(v) << (shift % 32);
-    for (size_t k = 0; k < 3; ++k) limbs_[static_cast<size_t>(shift / 32) + k] = static_cast<uint32_t>(wide >> (32 * k));
+    for (size_t k = 0; k < 3; ++k)
+      limbs_[static_cast<size_t>(shift / 32) + k] = static_cast<uint32_t>(wide >> (32 * k));
     trim();
   }
   void add(const BigUint& o) {
@@ -247,14 +248,12 @@ std::vector<Range> split(int64_t total, int64_t world, const SplitPolicy& policy
   return ranges;
 }
 
-Range split_for_rank(int64_t total, int64_t world, int64_t rank, const SplitPolicy& policy,
-                     const std::string& what) {
+Range split_for_rank(int64_t total, int64_t world, int64_t rank, const SplitPolicy& policy, const std::string& what) {
   if (world < 1) {
     shard_fail("split_for_rank(", what, "): invalid world_size ", world, " (world_size should be >= 1)");
   }
   if (rank < 0 || rank >= world) {
-    shard_fail("split_for_rank(", what, "): invalid rank ", rank, " (rank should be in the 0..", world - 1,
-         " range)");
+    shard_fail("split_for_rank(", what, "): invalid rank ", rank, " (rank should be in the 0..", world - 1, " range)");
   }
   // The whole split, not just this rank's arithmetic: a weighted share depends on
   // everyone's remainders, and one code path keeps every rank in agreement.
@@ -276,7 +275,8 @@ int64_t round_up(int64_t total, int64_t granularity) {
   }
   if (total < 0) shard_fail("round_up: invalid size ", total, " (size should be >= 0)");
   const int64_t pad = (granularity - total % granularity) % granularity;
-  if (total > kMaxInt64 - pad) shard_fail("round_up: ", total, " rounded up to a multiple of ", granularity, " overflows int64");
+  if (total > kMaxInt64 - pad)
+    shard_fail("round_up: ", total, " rounded up to a multiple of ", granularity, " overflows int64");
   return total + pad;
 }
 

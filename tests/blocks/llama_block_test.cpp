@@ -18,8 +18,8 @@ namespace {
 // Causal attention over `q_heads` query heads that start at global head q_begin,
 // reading KV heads that start at global head kv_begin (GQA: head h reads h / group).
 // q: [T, nq * d]; k, v: [T, nkv * d] -> [T, nq * d].
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t d,
-                            int64_t q_begin, int64_t kv_begin, int64_t group) {
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t d, int64_t q_begin,
+                            int64_t kv_begin, int64_t group) {
   const int64_t T = q.size(0), nq = q.size(1) / d;
   if (nq == 0) return at::empty({T, 0}, q.options());
   std::vector<int64_t> kv_index;
@@ -45,16 +45,21 @@ TEST_CASE("Llama MLP (gate_up -> SiLU(gate)*up -> down) at TP=3 matches one devi
   const auto reference = at::linear(at::silu(at::linear(x, wg)) * at::linear(x, wu), wd);
 
   std::vector<at::Tensor> outputs(world);
-  run_ranks_in_threads(world, [&](Communicator& comm) {
-    const auto split = SplitPolicy{}.with_granularity(8);
-    GateUpParallelLinear gate_up(GateUpParallelLinearOptions(hidden, inter).dtype(at::kDouble).split(split), comm);
-    RowParallelLinear down(RowParallelLinearOptions(inter, hidden).bias(false).dtype(at::kDouble).split(split), comm);
-    gate_up->load_weights(ckpt, "mlp");
-    down->load_weights(ckpt, "mlp.down_proj");
-    TORCH_CHECK(gate_up->local_range() == down->local_range(), "gate_up and down disagree on the intermediate slice");
-    auto [gate, up] = gate_up->split(gate_up->forward(x));
-    outputs[comm.rank()] = down->forward(at::silu(gate) * up);
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      world,
+      [&](Communicator& comm) {
+        const auto split = SplitPolicy{}.with_granularity(8);
+        GateUpParallelLinear gate_up(GateUpParallelLinearOptions(hidden, inter).dtype(at::kDouble).split(split), comm);
+        RowParallelLinear down(RowParallelLinearOptions(inter, hidden).bias(false).dtype(at::kDouble).split(split),
+                               comm);
+        gate_up->load_weights(ckpt, "mlp");
+        down->load_weights(ckpt, "mlp.down_proj");
+        TORCH_CHECK(gate_up->local_range() == down->local_range(),
+                    "gate_up and down disagree on the intermediate slice");
+        auto [gate, up] = gate_up->split(gate_up->forward(x));
+        outputs[comm.rank()] = down->forward(at::silu(gate) * up);
+      },
+      test::test_comm_options());
   for (int64_t r = 0; r < world; ++r) {
     INFO("rank " << r);
     CHECK(test::relative_error(outputs[r], reference) <= 1e-12);
@@ -65,7 +70,9 @@ TEST_CASE("Attention projections (QKV -> causal GQA attention -> O) at TP=3 matc
   // 12 heads over 3 KV heads (group 4); at TP=3 each rank owns one KV head. And
   // 8 heads over 4 KV heads: TP=3 splits KV heads 2,1,1 and query heads 4,2,2, so the
   // O projection must follow the uneven query split (attention_output_split).
-  struct Shape { int64_t hidden, d, heads, kv; };
+  struct Shape {
+    int64_t hidden, d, heads, kv;
+  };
   for (const Shape s : {Shape{64, 16, 12, 3}, Shape{64, 8, 8, 4}}) {
     INFO("hidden=" << s.hidden << " head_dim=" << s.d << " heads=" << s.heads << " kv=" << s.kv);
     const int64_t tokens = 6, world = 3, group = s.heads / s.kv;
@@ -81,22 +88,25 @@ TEST_CASE("Attention projections (QKV -> causal GQA attention -> O) at TP=3 matc
     const auto reference = at::linear(attn_ref, wo);
 
     std::vector<at::Tensor> outputs(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      QKVParallelLinear qkv(QKVParallelLinearOptions(s.hidden, s.d, s.heads, s.kv).dtype(at::kDouble), comm);
-      RowParallelLinear o(RowParallelLinearOptions(s.heads * s.d, s.hidden)
-                              .bias(false)
-                              .dtype(at::kDouble)
-                              .split(qkv->attention_output_split()),
-                          comm);
-      qkv->load_weights(ckpt, "attn");
-      o->load_weights(ckpt, "attn.o_proj");
-      const auto& plan = qkv->head_plan();
-      TORCH_CHECK((o->local_range() == Range{plan.q_heads.begin * s.d, plan.q_heads.end * s.d}),
-                  "O projection slice ", o->local_range(), " does not match query heads ", plan.q_heads);
-      auto [q, k, v] = qkv->split(qkv->forward(x));
-      const auto attn = causal_attention(q, k, v, s.d, plan.q_heads.begin, plan.kv_heads.begin, group);
-      outputs[comm.rank()] = o->forward(attn);
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          QKVParallelLinear qkv(QKVParallelLinearOptions(s.hidden, s.d, s.heads, s.kv).dtype(at::kDouble), comm);
+          RowParallelLinear o(RowParallelLinearOptions(s.heads * s.d, s.hidden)
+                                  .bias(false)
+                                  .dtype(at::kDouble)
+                                  .split(qkv->attention_output_split()),
+                              comm);
+          qkv->load_weights(ckpt, "attn");
+          o->load_weights(ckpt, "attn.o_proj");
+          const auto& plan = qkv->head_plan();
+          TORCH_CHECK((o->local_range() == Range{plan.q_heads.begin * s.d, plan.q_heads.end * s.d}),
+                      "O projection slice ", o->local_range(), " does not match query heads ", plan.q_heads);
+          auto [q, k, v] = qkv->split(qkv->forward(x));
+          const auto attn = causal_attention(q, k, v, s.d, plan.q_heads.begin, plan.kv_heads.begin, group);
+          outputs[comm.rank()] = o->forward(attn);
+        },
+        test::test_comm_options());
     for (int64_t r = 0; r < world; ++r) {
       INFO("rank " << r);
       CHECK(test::relative_error(outputs[r], reference) <= 1e-12);

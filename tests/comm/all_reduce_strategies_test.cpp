@@ -10,8 +10,8 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/comm_test_util.h"
@@ -26,8 +26,8 @@ using namespace tp::comm_test;
 namespace {
 
 const std::vector<AllReduceStrategy> kAllStrategies = {
-    AllReduceStrategy::kProcessGroup, AllReduceStrategy::kRecursiveDoubling,
-    AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot, AllReduceStrategy::kAuto};
+    AllReduceStrategy::kProcessGroup, AllReduceStrategy::kRecursiveDoubling, AllReduceStrategy::kSharedMemoryOneShot,
+    AllReduceStrategy::kSharedMemoryTwoShot, AllReduceStrategy::kAuto};
 
 /// FNV-1a over a tensor's bytes, 8 at a time: equal hashes across ranks mean (for our
 /// purposes) bitwise-equal results, without keeping every rank's 8 MiB result alive.
@@ -110,33 +110,35 @@ TEST_CASE("every strategy matches the float64 sum at world 1, 2, 3, 4 and 8, bit
     std::vector<std::vector<std::vector<Outcome>>> outcome(
         cases.size(), std::vector<std::vector<Outcome>>(kAllStrategies.size(), std::vector<Outcome>(world)));
     CommunicatorOptions options = test_options(std::chrono::seconds(60));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      const int64_t r = comm.rank();
-      for (size_t c = 0; c < cases.size(); ++c) {
-        const at::Tensor input = rank_input(cases[c].seed, r, {cases[c].numel}, cases[c].dtype);
-        const auto [rtol, atol] = tolerance(cases[c].dtype);
-        for (size_t k = 0; k < kAllStrategies.size(); ++k) {
-          at::Tensor t = input.clone();
-          comm.all_reduce(t, kAllStrategies[k]);
-          Outcome& o = outcome[c][k][r];
-          // at::allclose's test, |got - expected| <= atol + rtol |expected|, in one pass
-          // that also gives the largest error for the message.
-          const at::Tensor err = (t.to(at::kDouble) - cases[c].expected).abs();
-          o.close = t.scalar_type() == cases[c].dtype && t.sizes() == cases[c].expected.sizes() &&
-                    at::all(err <= cases[c].expected.abs() * rtol + atol).item<bool>();
-          o.max_err = t.numel() ? err.max().item<double>() : 0.0;
-          o.hash = hash_bytes(t);
-          o.ran = true;
-        }
-      }
-    }, options);
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          const int64_t r = comm.rank();
+          for (size_t c = 0; c < cases.size(); ++c) {
+            const at::Tensor input = rank_input(cases[c].seed, r, {cases[c].numel}, cases[c].dtype);
+            const auto [rtol, atol] = tolerance(cases[c].dtype);
+            for (size_t k = 0; k < kAllStrategies.size(); ++k) {
+              at::Tensor t = input.clone();
+              comm.all_reduce(t, kAllStrategies[k]);
+              Outcome& o = outcome[c][k][r];
+              // at::allclose's test, |got - expected| <= atol + rtol |expected|, in one pass
+              // that also gives the largest error for the message.
+              const at::Tensor err = (t.to(at::kDouble) - cases[c].expected).abs();
+              o.close = t.scalar_type() == cases[c].dtype && t.sizes() == cases[c].expected.sizes() &&
+                        at::all(err <= cases[c].expected.abs() * rtol + atol).item<bool>();
+              o.max_err = t.numel() ? err.max().item<double>() : 0.0;
+              o.hash = hash_bytes(t);
+              o.ran = true;
+            }
+          }
+        },
+        options);
     for (size_t c = 0; c < cases.size(); ++c) {
       for (size_t k = 0; k < kAllStrategies.size(); ++k) {
         for (int64_t rank = 0; rank < world; ++rank) {
           const Outcome& o = outcome[c][k][rank];
-          INFO("world=" << world << " rank=" << rank << " strategy=" << kAllStrategies[k] << " dtype="
-                        << cases[c].dtype << " numel=" << cases[c].numel << " seed=" << cases[c].seed
-                        << " max_err=" << o.max_err);
+          INFO("world=" << world << " rank=" << rank << " strategy=" << kAllStrategies[k] << " dtype=" << cases[c].dtype
+                        << " numel=" << cases[c].numel << " seed=" << cases[c].seed << " max_err=" << o.max_err);
           REQUIRE(o.ran);
           CHECK(o.close);
           CHECK(o.hash == outcome[c][k][0].hash);  // bitwise identical across ranks
@@ -152,24 +154,27 @@ TEST_CASE("1000 back-to-back all_reduces of varying sizes over every strategy, w
   const int64_t chunked = (int64_t{2} << 20) / 4 * 2 + 3;  // three shared-memory chunks
   std::vector<std::string> failures(world);
   std::vector<std::map<AllReduceStrategy, int64_t>> counts(world);
-  tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-    for (int64_t i = 0; i < 1000 && failures[comm.rank()].empty(); ++i) {
-      // Integer-valued floats: the sum is exact, so any mix-up of buffers or messages shows.
-      const int64_t n = i % 250 == 249 ? chunked : 1 + (i * 7919) % 3000;
-      // Mostly the fast strategies; the process group (Gloo's ring) every 10th call.
-      const AllReduceStrategy s = i % 10 == 9 ? AllReduceStrategy::kProcessGroup : kAllStrategies[1 + i % 4];
-      at::Tensor t = at::arange(n, at::kFloat) * static_cast<double>(comm.rank() + 1) + static_cast<double>(i);
-      comm.all_reduce(t, s);
-      const at::Tensor expected =
-          at::arange(n, at::kFloat) * static_cast<double>(world * (world + 1) / 2) + static_cast<double>(world * i);
-      if (!at::equal(t, expected)) {
-        failures[comm.rank()] = "call " + std::to_string(i) + " (" + tp::to_string(s) + ", numel " +
-                                std::to_string(n) + ") differs by up to " +
-                                std::to_string((t - expected).abs().max().item<double>());
-      }
-    }
-    counts[comm.rank()] = comm.all_reduce_counts();
-  }, test_options());
+  tp::run_ranks_in_threads(
+      world,
+      [&](Communicator& comm) {
+        for (int64_t i = 0; i < 1000 && failures[comm.rank()].empty(); ++i) {
+          // Integer-valued floats: the sum is exact, so any mix-up of buffers or messages shows.
+          const int64_t n = i % 250 == 249 ? chunked : 1 + (i * 7919) % 3000;
+          // Mostly the fast strategies; the process group (Gloo's ring) every 10th call.
+          const AllReduceStrategy s = i % 10 == 9 ? AllReduceStrategy::kProcessGroup : kAllStrategies[1 + i % 4];
+          at::Tensor t = at::arange(n, at::kFloat) * static_cast<double>(comm.rank() + 1) + static_cast<double>(i);
+          comm.all_reduce(t, s);
+          const at::Tensor expected =
+              at::arange(n, at::kFloat) * static_cast<double>(world * (world + 1) / 2) + static_cast<double>(world * i);
+          if (!at::equal(t, expected)) {
+            failures[comm.rank()] = "call " + std::to_string(i) + " (" + tp::to_string(s) + ", numel " +
+                                    std::to_string(n) + ") differs by up to " +
+                                    std::to_string((t - expected).abs().max().item<double>());
+          }
+        }
+        counts[comm.rank()] = comm.all_reduce_counts();
+      },
+      test_options());
   for (int64_t rank = 0; rank < world; ++rank) {
     INFO("rank " << rank);
     CHECK(failures[rank] == "");
@@ -201,23 +206,26 @@ TEST_CASE("bf16 wire precision stays within its documented bound and keeps ranks
     std::vector<std::vector<at::Tensor>> got(lossy.size(), std::vector<at::Tensor>(world));
     std::vector<at::Tensor> pg(world), halves(world);
     std::vector<std::map<WirePrecision, int64_t>> wires(world);
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      const at::Tensor input = rank_input(seed, comm.rank(), {n}, at::kFloat);
-      for (size_t k = 0; k < lossy.size(); ++k) {
-        at::Tensor t = input.clone();
-        comm.all_reduce(t, lossy[k], WirePrecision::kBFloat16);
-        got[k][comm.rank()] = t;
-      }
-      pg[comm.rank()] = input.clone();
-      comm.all_reduce(pg[comm.rank()], AllReduceStrategy::kProcessGroup, WirePrecision::kBFloat16);
-      halves[comm.rank()] = rank_input(seed, comm.rank(), {n}, at::kHalf);  // not float32: native
-      comm.all_reduce(halves[comm.rank()], AllReduceStrategy::kRecursiveDoubling, WirePrecision::kBFloat16);
-      wires[comm.rank()] = comm.all_reduce_wire_counts();
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          const at::Tensor input = rank_input(seed, comm.rank(), {n}, at::kFloat);
+          for (size_t k = 0; k < lossy.size(); ++k) {
+            at::Tensor t = input.clone();
+            comm.all_reduce(t, lossy[k], WirePrecision::kBFloat16);
+            got[k][comm.rank()] = t;
+          }
+          pg[comm.rank()] = input.clone();
+          comm.all_reduce(pg[comm.rank()], AllReduceStrategy::kProcessGroup, WirePrecision::kBFloat16);
+          halves[comm.rank()] = rank_input(seed, comm.rank(), {n}, at::kHalf);  // not float32: native
+          comm.all_reduce(halves[comm.rank()], AllReduceStrategy::kRecursiveDoubling, WirePrecision::kBFloat16);
+          wires[comm.rank()] = comm.all_reduce_wire_counts();
+        },
+        test_options());
     for (size_t k = 0; k < lossy.size(); ++k) {
       const int64_t L = roundings(lossy[k], world);
-      const at::Tensor bound = magnitude * (L * std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -6)) +
-                                            world * std::ldexp(1.0, -24));
+      const at::Tensor bound =
+          magnitude * (L * std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -6)) + world * std::ldexp(1.0, -24));
       for (int64_t rank = 0; rank < world; ++rank) {
         const at::Tensor err = (got[k][rank].to(at::kDouble) - exact).abs();
         INFO("world=" << world << " rank=" << rank << " strategy=" << lossy[k] << " L=" << L << " seed=" << seed
@@ -231,24 +239,26 @@ TEST_CASE("bf16 wire precision stays within its documented bound and keeps ranks
     for (int64_t rank = 0; rank < world; ++rank) {
       INFO("world=" << world << " rank=" << rank);
       CHECK(at::allclose(pg[rank].to(at::kDouble), exact, 1e-5, 1e-5));  // process_group: native
-      CHECK(wires[rank] == std::map<WirePrecision, int64_t>{{WirePrecision::kBFloat16, 3},
-                                                            {WirePrecision::kNative, 2}});
+      CHECK(wires[rank] ==
+            std::map<WirePrecision, int64_t>{{WirePrecision::kBFloat16, 3}, {WirePrecision::kNative, 2}});
     }
   }
 }
 
-TEST_CASE("TP_ALLREDUCE_WIRE and CommunicatorOptions::wire set the wire precision; a call overrides them",
-          "[comm]") {
+TEST_CASE("TP_ALLREDUCE_WIRE and CommunicatorOptions::wire set the wire precision; a call overrides them", "[comm]") {
   EnvGuard no_force("TP_ALLREDUCE", std::nullopt);
   using Wires = std::map<WirePrecision, int64_t>;
   auto run = [](CommunicatorOptions options, std::vector<Wires>& wires) {
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      at::Tensor t = at::ones({64});
-      comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);                           // the default
-      comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling, WirePrecision::kNative);   // forced native
-      comm.all_reduce(t, AllReduceStrategy::kSharedMemoryOneShot, WirePrecision::kBFloat16);  // forced bf16
-      wires[comm.rank()] = comm.all_reduce_wire_counts();
-    }, options);
+    tp::run_ranks_in_threads(
+        2,
+        [&](Communicator& comm) {
+          at::Tensor t = at::ones({64});
+          comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);                              // the default
+          comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling, WirePrecision::kNative);      // forced native
+          comm.all_reduce(t, AllReduceStrategy::kSharedMemoryOneShot, WirePrecision::kBFloat16);  // forced bf16
+          wires[comm.rank()] = comm.all_reduce_wire_counts();
+        },
+        options);
   };
   SECTION("the option") {
     EnvGuard unset("TP_ALLREDUCE_WIRE", std::nullopt);
@@ -288,20 +298,23 @@ TEST_CASE("TP_ALLREDUCE_WIRE and CommunicatorOptions::wire set the wire precisio
 TEST_CASE("recursive doubling handles tensors that are not contiguous, 0-d, and integers", "[comm]") {
   for (int64_t world : {2, 3, 5}) {
     std::vector<at::Tensor> transposed(world), scalar(world), ints(world);
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      at::Tensor base = rank_input(kSeed + 80, comm.rank(), {5, 6}, at::kFloat);
-      at::Tensor view = base.t();
-      comm.all_reduce(view, AllReduceStrategy::kRecursiveDoubling);
-      transposed[comm.rank()] = base;
-      scalar[comm.rank()] = rank_input(kSeed + 81, comm.rank(), {}, at::kDouble);
-      comm.all_reduce(scalar[comm.rank()], AllReduceStrategy::kRecursiveDoubling);
-      ints[comm.rank()] = rank_input(kSeed + 82, comm.rank(), {9}, at::kLong);
-      comm.all_reduce(ints[comm.rank()], AllReduceStrategy::kRecursiveDoubling);
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          at::Tensor base = rank_input(kSeed + 80, comm.rank(), {5, 6}, at::kFloat);
+          at::Tensor view = base.t();
+          comm.all_reduce(view, AllReduceStrategy::kRecursiveDoubling);
+          transposed[comm.rank()] = base;
+          scalar[comm.rank()] = rank_input(kSeed + 81, comm.rank(), {}, at::kDouble);
+          comm.all_reduce(scalar[comm.rank()], AllReduceStrategy::kRecursiveDoubling);
+          ints[comm.rank()] = rank_input(kSeed + 82, comm.rank(), {9}, at::kLong);
+          comm.all_reduce(ints[comm.rank()], AllReduceStrategy::kRecursiveDoubling);
+        },
+        test_options());
     for (int64_t rank = 0; rank < world; ++rank) {
       INFO("world=" << world << " rank=" << rank);
-      CHECK(at::allclose(transposed[rank].to(at::kDouble), reference_sum(kSeed + 80, world, {5, 6}, at::kFloat),
-                         1e-5, 1e-5));
+      CHECK(at::allclose(transposed[rank].to(at::kDouble), reference_sum(kSeed + 80, world, {5, 6}, at::kFloat), 1e-5,
+                         1e-5));
       CHECK(scalar[rank].dim() == 0);
       CHECK(at::allclose(scalar[rank], reference_sum(kSeed + 81, world, {}, at::kDouble), 1e-12, 1e-12));
       CHECK(at::equal(ints[rank], reference_sum(kSeed + 82, world, {9}, at::kLong).to(at::kLong)));
@@ -316,18 +329,21 @@ TEST_CASE("a recursive-doubling peer that stalls or dies makes the others fail w
   SECTION("stalls") {
     std::vector<std::string> errors(3);
     std::vector<double> seconds(3, -1);
-    REQUIRE_THROWS(tp::run_ranks_in_threads(3, [&](Communicator& comm) {
-      at::Tensor t = at::ones({64});
-      comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);
-      if (comm.rank() == 1) {
-        std::this_thread::sleep_for(timeout + std::chrono::milliseconds(1500));
-        return;
-      }
-      const auto t0 = std::chrono::steady_clock::now();
-      errors[comm.rank()] = error_of([&] { comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling); });
-      seconds[comm.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
-    }, options));
+    REQUIRE_THROWS(tp::run_ranks_in_threads(
+        3,
+        [&](Communicator& comm) {
+          at::Tensor t = at::ones({64});
+          comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);
+          if (comm.rank() == 1) {
+            std::this_thread::sleep_for(timeout + std::chrono::milliseconds(1500));
+            return;
+          }
+          const auto t0 = std::chrono::steady_clock::now();
+          errors[comm.rank()] = error_of([&] { comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling); });
+          seconds[comm.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
+        },
+        options));
     for (int64_t rank : {0, 2}) {
       INFO("rank " << rank << " failed after " << seconds[rank] << " s: " << errors[rank]);
       CHECK_THAT(errors[rank], Contains("tp::Communicator::all_reduce failed on rank"));
@@ -339,14 +355,18 @@ TEST_CASE("a recursive-doubling peer that stalls or dies makes the others fail w
   SECTION("dies") {
     std::string error;
     double seconds = -1;
-    REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      at::Tensor t = at::ones({64});
-      comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);
-      if (comm.rank() == 1) throw std::runtime_error("rank 1 fails");
-      const auto t0 = std::chrono::steady_clock::now();
-      error = error_of([&] { comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling); });
-      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }, options), Contains("rank 1: rank 1 fails"));
+    REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                            2,
+                            [&](Communicator& comm) {
+                              at::Tensor t = at::ones({64});
+                              comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling);
+                              if (comm.rank() == 1) throw std::runtime_error("rank 1 fails");
+                              const auto t0 = std::chrono::steady_clock::now();
+                              error = error_of([&] { comm.all_reduce(t, AllReduceStrategy::kRecursiveDoubling); });
+                              seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                            },
+                            options),
+                        Contains("rank 1: rank 1 fails"));
     INFO("rank 0 failed after " << seconds << " s: " << error);
     CHECK_THAT(error, Contains("tp::Communicator::all_reduce failed on rank 0 of world_size 2"));
     CHECK_THAT(error, Contains("recursive_doubling, receiving from rank 1 (round 0)"));
@@ -377,16 +397,19 @@ TEST_CASE("ranks that force different strategies or wire precisions get an error
     INFO("rank 0: " << p.s0 << "/" << p.w0 << ", rank 1: " << p.s1 << "/" << p.w1);
     std::vector<std::string> errors(2);
     std::vector<double> after(2, 0);
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      at::Tensor t = at::ones({32});
-      if (p.workspace_first) comm.all_reduce(t, AllReduceStrategy::kSharedMemoryOneShot);
-      const bool zero = comm.rank() == 0;
-      errors[comm.rank()] = error_of([&] { comm.all_reduce(t, zero ? p.s0 : p.s1, zero ? p.w0 : p.w1); });
-      // The communicator is still usable after the refused call.
-      at::Tensor u = at::ones({4});
-      comm.all_reduce(u, AllReduceStrategy::kRecursiveDoubling);
-      after[comm.rank()] = u[0].item<double>();
-    }, test_options(std::chrono::seconds(20)));
+    tp::run_ranks_in_threads(
+        2,
+        [&](Communicator& comm) {
+          at::Tensor t = at::ones({32});
+          if (p.workspace_first) comm.all_reduce(t, AllReduceStrategy::kSharedMemoryOneShot);
+          const bool zero = comm.rank() == 0;
+          errors[comm.rank()] = error_of([&] { comm.all_reduce(t, zero ? p.s0 : p.s1, zero ? p.w0 : p.w1); });
+          // The communicator is still usable after the refused call.
+          at::Tensor u = at::ones({4});
+          comm.all_reduce(u, AllReduceStrategy::kRecursiveDoubling);
+          after[comm.rank()] = u[0].item<double>();
+        },
+        test_options(std::chrono::seconds(20)));
     for (int64_t rank = 0; rank < 2; ++rank) {
       INFO("rank " << rank << ": " << errors[rank]);
       CHECK_THAT(errors[rank], Contains("the ranks disagree on this collective"));

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -73,9 +73,12 @@ const char* kGoodTable = R"({
 std::vector<std::vector<AllReduceStrategy>> resolve_on_every_rank(int64_t world, const std::vector<at::Tensor>& tensors,
                                                                   CommunicatorOptions options) {
   std::vector<std::vector<AllReduceStrategy>> out(world);
-  tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-    for (const auto& t : tensors) out[comm.rank()].push_back(comm.resolve_all_reduce(t));
-  }, options);
+  tp::run_ranks_in_threads(
+      world,
+      [&](Communicator& comm) {
+        for (const auto& t : tensors) out[comm.rank()].push_back(comm.resolve_all_reduce(t));
+      },
+      options);
   return out;
 }
 
@@ -101,8 +104,7 @@ void run_with_options(const std::vector<CommunicatorOptions>& options, const std
 
 }  // namespace
 
-TEST_CASE("the built-in table: auto takes each rule's strategy up to its threshold and the next one after",
-          "[comm]") {
+TEST_CASE("the built-in table: auto takes each rule's strategy up to its threshold and the next one after", "[comm]") {
   EnvGuard no_force("TP_ALLREDUCE", std::nullopt);
   EnvGuard no_table("TP_ALLREDUCE_TABLE", std::nullopt);
   const AllReduceTable& table = AllReduceTable::builtin();
@@ -266,14 +268,14 @@ TEST_CASE("tuning tables round-trip through JSON, and a bad one is an error nami
   TempFile broken(R"({"format": "tp-allreduce-table", "entries": [}})");
   CommunicatorOptions options = test_options();
   options.all_reduce_table = broken.path();
-  CHECK_THROWS_WITH(tp::run_ranks_in_threads(2, [](Communicator&) {}, options),
+  CHECK_THROWS_WITH(tp::run_ranks_in_threads(
+                        2, [](Communicator&) {}, options),
                     Contains("all-reduce table " + broken.path()));
   EnvGuard env("TP_ALLREDUCE_TABLE", broken.path());
   CHECK_THROWS_WITH(Communicator(), Contains("all-reduce table " + broken.path()));
 }
 
-TEST_CASE("ranks on different hosts never take shared memory, and forcing it is an error naming the hosts",
-          "[comm]") {
+TEST_CASE("ranks on different hosts never take shared memory, and forcing it is an error naming the hosts", "[comm]") {
   EnvGuard no_force("TP_ALLREDUCE", std::nullopt);
   EnvGuard no_table("TP_ALLREDUCE_TABLE", std::nullopt);
   EnvGuard no_host("TP_COMM_HOST_ID", std::nullopt);
@@ -287,16 +289,19 @@ TEST_CASE("ranks on different hosts never take shared memory, and forcing it is 
     std::vector<std::vector<AllReduceStrategy>> chosen(3);
     std::vector<std::string> forced(3), errors;
     std::vector<at::Tensor> results(3);
-    run_with_options(options, [&](Communicator& comm) {
-      const int64_t r = comm.rank();
-      on_one_host[r] = comm.ranks_on_one_host();
-      for (int64_t n : sizes) chosen[r].push_back(comm.resolve_all_reduce(at::empty({n})));
-      at::Tensor t = rank_input(kSeed + 90, r, {1000}, at::kFloat);
-      comm.all_reduce(t);  // auto: no shared memory
-      results[r] = t;
-      at::Tensor u = at::ones({8});
-      forced[r] = error_of([&] { comm.all_reduce(u, kOne); });
-    }, errors);
+    run_with_options(
+        options,
+        [&](Communicator& comm) {
+          const int64_t r = comm.rank();
+          on_one_host[r] = comm.ranks_on_one_host();
+          for (int64_t n : sizes) chosen[r].push_back(comm.resolve_all_reduce(at::empty({n})));
+          at::Tensor t = rank_input(kSeed + 90, r, {1000}, at::kFloat);
+          comm.all_reduce(t);  // auto: no shared memory
+          results[r] = t;
+          at::Tensor u = at::ones({8});
+          forced[r] = error_of([&] { comm.all_reduce(u, kOne); });
+        },
+        errors);
     for (int64_t rank = 0; rank < 3; ++rank) {
       INFO("rank " << rank << " error: " << errors[rank]);
       CHECK(errors[rank] == "");
@@ -314,16 +319,16 @@ TEST_CASE("ranks on different hosts never take shared memory, and forcing it is 
     CHECK(options[0].host_id == "rack-7");
     std::vector<int> on_one_host(2, 0);
     std::vector<std::string> errors;
-    run_with_options(options, [&](Communicator& comm) { on_one_host[comm.rank()] = comm.ranks_on_one_host(); },
-                     errors);
+    run_with_options(
+        options, [&](Communicator& comm) { on_one_host[comm.rank()] = comm.ranks_on_one_host(); }, errors);
     CHECK(errors == std::vector<std::string>{"", ""});
     CHECK(on_one_host[0]);
     CHECK(on_one_host[1]);
   }
   SECTION("by default the hostname decides: threads of one process are on one host") {
     std::vector<int> on_one_host(2, 0);
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) { on_one_host[comm.rank()] = comm.ranks_on_one_host(); },
-                             test_options());
+    tp::run_ranks_in_threads(
+        2, [&](Communicator& comm) { on_one_host[comm.rank()] = comm.ranks_on_one_host(); }, test_options());
     CHECK(on_one_host[0]);
     CHECK(on_one_host[1]);
   }

@@ -28,7 +28,9 @@ TEST_CASE("collectives reject bad arguments with errors that say what and why", 
   const at::Tensor x = at::ones({3, 5});
   const std::vector<Case> cases = {
       {"all_gather: wrong number of sizes",
-       [&](const Communicator& c) { c.all_gather(x, 0, {3, 3, 3}); },
+       [&](const Communicator& c) {
+         c.all_gather(x, 0, {3, 3, 3});
+       },
        {"all_gather: sizes has 3 entries but world_size is 1"},
        {"tp::Communicator::all_gather: sizes has 3 entries but world_size is 4"}},
       {"all_gather: this rank's size disagrees with its tensor",
@@ -57,7 +59,9 @@ TEST_CASE("collectives reject bad arguments with errors that say what and why", 
        {"add up to 2 but the tensor has extent 5 along dim 1"},
        {"add up to 8 but the tensor has extent 5 along dim 1"}},
       {"reduce_scatter: wrong number of sizes",
-       [&](const Communicator& c) { c.reduce_scatter(x, 0, {1, 2}); },
+       [&](const Communicator& c) {
+         c.reduce_scatter(x, 0, {1, 2});
+       },
        {"sizes has 2 entries but world_size is 1"},
        {"sizes has 2 entries but world_size is 4"}},
       {"broadcast: invalid root",
@@ -91,12 +95,15 @@ TEST_CASE("collectives reject bad arguments with errors that say what and why", 
   };
 
   std::vector<std::vector<std::string>> errors(4, std::vector<std::string>(cases.size()));
-  tp::run_ranks_in_threads(4, [&](Communicator& comm) {
-    for (size_t i = 0; i < cases.size(); ++i) {
-      errors[comm.rank()][i] = error_of([&] { cases[i].call(comm); });
-    }
-    comm.barrier();  // still in step after all those refusals
-  }, test_options());
+  tp::run_ranks_in_threads(
+      4,
+      [&](Communicator& comm) {
+        for (size_t i = 0; i < cases.size(); ++i) {
+          errors[comm.rank()][i] = error_of([&] { cases[i].call(comm); });
+        }
+        comm.barrier();  // still in step after all those refusals
+      },
+      test_options());
 
   const Communicator solo;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -161,16 +168,22 @@ TEST_CASE("ranks that disagree on a collective all get an error naming both call
        },
        {"broadcast(dtype=Float, shape=[6], root=0)", "broadcast(dtype=Float, shape=[6], root=1)"}},
       {"reduce_scatter dims",
-       [](Communicator& c) { c.reduce_scatter(at::ones({3, 3}), c.rank() == 0 ? 0 : 1, {1, 1, 1}); },
+       [](Communicator& c) {
+         c.reduce_scatter(at::ones({3, 3}), c.rank() == 0 ? 0 : 1, {1, 1, 1});
+       },
        {"reduce_scatter(dtype=Float, shape=[3, 3], dim=0", "dim=1"}},
   };
   for (const auto& c : cases) {
     std::vector<std::string> errors(3);
     const auto start = std::chrono::steady_clock::now();
-    REQUIRE_THROWS_AS(tp::run_ranks_in_threads(3, [&](Communicator& comm) {
-      errors[comm.rank()] = error_of([&] { c.call(comm); });
-      if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
-    }, test_options()), c10::Error);
+    REQUIRE_THROWS_AS(tp::run_ranks_in_threads(
+                          3,
+                          [&](Communicator& comm) {
+                            errors[comm.rank()] = error_of([&] { c.call(comm); });
+                            if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
+                          },
+                          test_options()),
+                      c10::Error);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     INFO(c.name << " (world=3), took " << seconds << " s");
     for (int64_t rank = 0; rank < 3; ++rank) {
@@ -184,12 +197,17 @@ TEST_CASE("ranks that disagree on a collective all get an error naming both call
 }
 
 TEST_CASE("run_ranks_in_threads rethrows a rank's error with its rank", "[comm]") {
-  REQUIRE_THROWS_AS(tp::run_ranks_in_threads(3, [](Communicator& comm) {
-    TORCH_CHECK_VALUE(comm.rank() != 2, "rank two refuses");
-  }, test_options()), c10::ValueError);
-  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(3, [](Communicator& comm) {
-    if (comm.rank() == 1) throw std::runtime_error("plain std exception");
-  }, test_options()), Contains("rank 1: plain std exception"));
+  REQUIRE_THROWS_AS(
+      tp::run_ranks_in_threads(
+          3, [](Communicator& comm) { TORCH_CHECK_VALUE(comm.rank() != 2, "rank two refuses"); }, test_options()),
+      c10::ValueError);
+  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                          3,
+                          [](Communicator& comm) {
+                            if (comm.rank() == 1) throw std::runtime_error("plain std exception");
+                          },
+                          test_options()),
+                      Contains("rank 1: plain std exception"));
   REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(0, [](Communicator&) {}), Contains("world_size=0"));
 }
 
@@ -198,18 +216,23 @@ TEST_CASE("a peer that dies makes the survivors' collective fail within the time
   std::string rank0_error;
   double rank0_seconds = -1;
   const auto start = std::chrono::steady_clock::now();
-  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-    if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up before the collective");
-    at::Tensor t = at::ones({1024});
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      comm.all_reduce(t);
-    } catch (const c10::Error& e) {
-      rank0_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      rank0_error = e.what_without_backtrace();
-      throw;
-    }
-  }, test_options(timeout)), Contains("rank 1: rank 1 gives up before the collective"));
+  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                          2,
+                          [&](Communicator& comm) {
+                            if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up before the collective");
+                            at::Tensor t = at::ones({1024});
+                            const auto t0 = std::chrono::steady_clock::now();
+                            try {
+                              comm.all_reduce(t);
+                            } catch (const c10::Error& e) {
+                              rank0_seconds =
+                                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                              rank0_error = e.what_without_backtrace();
+                              throw;
+                            }
+                          },
+                          test_options(timeout)),
+                      Contains("rank 1: rank 1 gives up before the collective"));
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO("rank 0 error after " << rank0_seconds << " s: " << rank0_error);
   CHECK_THAT(rank0_error, Contains("tp::Communicator::all_reduce failed on rank 0 of world_size 2"));
@@ -227,17 +250,22 @@ TEST_CASE("a peer that stalls makes the others' collective time out instead of h
   std::vector<std::string> errors(3);
   std::vector<double> seconds(3, -1);
   const auto start = std::chrono::steady_clock::now();
-  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(3, [&](Communicator& comm) {
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(timeout + std::chrono::milliseconds(1500));
-      return;
-    }
-    at::Tensor t = at::ones({64});
-    const auto t0 = std::chrono::steady_clock::now();
-    errors[comm.rank()] = error_of([&] { comm.all_reduce(t); });
-    seconds[comm.rank()] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
-  }, test_options(timeout)), Contains("timeout 1500 ms"));
+  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                          3,
+                          [&](Communicator& comm) {
+                            if (comm.rank() == 1) {
+                              std::this_thread::sleep_for(timeout + std::chrono::milliseconds(1500));
+                              return;
+                            }
+                            at::Tensor t = at::ones({64});
+                            const auto t0 = std::chrono::steady_clock::now();
+                            errors[comm.rank()] = error_of([&] { comm.all_reduce(t); });
+                            seconds[comm.rank()] =
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                            if (!errors[comm.rank()].empty()) throw std::runtime_error(errors[comm.rank()]);
+                          },
+                          test_options(timeout)),
+                      Contains("timeout 1500 ms"));
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (int64_t rank : {0, 2}) {
     INFO("rank " << rank << " failed after " << seconds[rank] << " s: " << errors[rank]);
@@ -248,4 +276,3 @@ TEST_CASE("a peer that stalls makes the others' collective time out instead of h
   }
   REQUIRE(total < 15.0);
 }
-

@@ -23,17 +23,20 @@ TEST_CASE("all_reduce sums every rank's tensor, float32/float64/bfloat16/float16
     // results[case][rank]
     const size_t cases = dtypes.size() * shapes.size();
     std::vector<std::vector<at::Tensor>> results(cases, std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      size_t c = 0;
-      for (auto dtype : dtypes) {
-        for (const auto& shape : shapes) {
-          at::Tensor t = rank_input(kSeed + c, comm.rank(), shape, dtype);
-          at::Tensor& out = comm.all_reduce(t);
-          results[c][comm.rank()] = out.is_same(t) ? t : at::Tensor();  // returns t itself
-          ++c;
-        }
-      }
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          size_t c = 0;
+          for (auto dtype : dtypes) {
+            for (const auto& shape : shapes) {
+              at::Tensor t = rank_input(kSeed + c, comm.rank(), shape, dtype);
+              at::Tensor& out = comm.all_reduce(t);
+              results[c][comm.rank()] = out.is_same(t) ? t : at::Tensor();  // returns t itself
+              ++c;
+            }
+          }
+        },
+        test_options());
 
     size_t c = 0;
     for (auto dtype : dtypes) {
@@ -41,8 +44,8 @@ TEST_CASE("all_reduce sums every rank's tensor, float32/float64/bfloat16/float16
         const at::Tensor expected = reference_sum(kSeed + c, world, shape, dtype);
         const auto [rtol, atol] = tolerance(dtype);
         for (int64_t rank = 0; rank < world; ++rank) {
-          INFO("world=" << world << " rank=" << rank << " dtype=" << dtype << " shape="
-                        << c10::IntArrayRef(shape) << " seed=" << kSeed + c);
+          INFO("world=" << world << " rank=" << rank << " dtype=" << dtype << " shape=" << c10::IntArrayRef(shape)
+                        << " seed=" << kSeed + c);
           const at::Tensor& got = results[c][rank];
           REQUIRE(got.defined());
           REQUIRE(got.scalar_type() == dtype);
@@ -62,13 +65,16 @@ TEST_CASE("all_reduce leaves every rank bitwise identical", "[comm]") {
   const std::vector<int64_t> shape = {10007};
   for (int64_t world : {2, 3, 4}) {
     std::vector<std::vector<at::Tensor>> results(kFloatTypes.size(), std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      for (size_t i = 0; i < kFloatTypes.size(); ++i) {
-        at::Tensor t = rank_input(kSeed + 50 + i, comm.rank(), shape, kFloatTypes[i]) * 1000;
-        comm.all_reduce(t);
-        results[i][comm.rank()] = t;
-      }
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          for (size_t i = 0; i < kFloatTypes.size(); ++i) {
+            at::Tensor t = rank_input(kSeed + 50 + i, comm.rank(), shape, kFloatTypes[i]) * 1000;
+            comm.all_reduce(t);
+            results[i][comm.rank()] = t;
+          }
+        },
+        test_options());
     for (size_t i = 0; i < kFloatTypes.size(); ++i) {
       for (int64_t rank = 1; rank < world; ++rank) {
         INFO("world=" << world << " rank=" << rank << " dtype=" << kFloatTypes[i]
@@ -91,13 +97,16 @@ TEST_CASE("all_reduce of half and bfloat16 accumulates in fp32", "[comm]") {
   const std::vector<Case> cases = {{at::kBFloat16, 1.0 / 512, 1.0 + 1.0 / 128},
                                    {at::kHalf, 1.0 / 4096, 1.0 + 1.0 / 1024}};
   std::vector<std::vector<at::Tensor>> results(cases.size(), std::vector<at::Tensor>(4));
-  tp::run_ranks_in_threads(4, [&](Communicator& comm) {
-    for (size_t i = 0; i < cases.size(); ++i) {
-      at::Tensor t = at::full({5}, comm.rank() == 0 ? 1.0 : cases[i].small, cases[i].dtype);
-      comm.all_reduce(t);
-      results[i][comm.rank()] = t;
-    }
-  }, test_options());
+  tp::run_ranks_in_threads(
+      4,
+      [&](Communicator& comm) {
+        for (size_t i = 0; i < cases.size(); ++i) {
+          at::Tensor t = at::full({5}, comm.rank() == 0 ? 1.0 : cases[i].small, cases[i].dtype);
+          comm.all_reduce(t);
+          results[i][comm.rank()] = t;
+        }
+      },
+      test_options());
   for (size_t i = 0; i < cases.size(); ++i) {
     for (int64_t rank = 0; rank < 4; ++rank) {
       INFO("world=4 rank=" << rank << " dtype=" << cases[i].dtype);
@@ -109,26 +118,29 @@ TEST_CASE("all_reduce of half and bfloat16 accumulates in fp32", "[comm]") {
 TEST_CASE("all_reduce writes back into a non-contiguous tensor", "[comm]") {
   for (int64_t world : {1, 2, 3}) {
     std::vector<at::Tensor> transposed(world), strided_base(world);
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      // A transposed view: [5, 6] seen as [6, 5].
-      at::Tensor base = rank_input(kSeed + 60, comm.rank(), {5, 6}, at::kFloat);
-      at::Tensor view = base.t();
-      comm.all_reduce(view);
-      transposed[comm.rank()] = base;
-      // Every other column of a bfloat16 [4, 8]: the other columns must stay as they were.
-      at::Tensor base2 = rank_input(kSeed + 61, comm.rank(), {4, 8}, at::kBFloat16);
-      at::Tensor cols = base2.slice(1, 0, 8, 2);
-      comm.all_reduce(cols);
-      strided_base[comm.rank()] = base2;
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          // A transposed view: [5, 6] seen as [6, 5].
+          at::Tensor base = rank_input(kSeed + 60, comm.rank(), {5, 6}, at::kFloat);
+          at::Tensor view = base.t();
+          comm.all_reduce(view);
+          transposed[comm.rank()] = base;
+          // Every other column of a bfloat16 [4, 8]: the other columns must stay as they were.
+          at::Tensor base2 = rank_input(kSeed + 61, comm.rank(), {4, 8}, at::kBFloat16);
+          at::Tensor cols = base2.slice(1, 0, 8, 2);
+          comm.all_reduce(cols);
+          strided_base[comm.rank()] = base2;
+        },
+        test_options());
     const at::Tensor expected = reference_sum(kSeed + 60, world, {5, 6}, at::kFloat);
     const at::Tensor expected2 = reference_sum(kSeed + 61, world, {4, 8}, at::kBFloat16);
     for (int64_t rank = 0; rank < world; ++rank) {
       INFO("world=" << world << " rank=" << rank << " seed=" << kSeed + 60);
       CHECK(at::allclose(transposed[rank].to(at::kDouble), expected, 1e-5, 1e-5));
       const at::Tensor own = rank_input(kSeed + 61, rank, {4, 8}, at::kBFloat16);
-      CHECK(at::allclose(strided_base[rank].slice(1, 0, 8, 2).to(at::kDouble),
-                         expected2.slice(1, 0, 8, 2), 1e-2, 1e-2));
+      CHECK(
+          at::allclose(strided_base[rank].slice(1, 0, 8, 2).to(at::kDouble), expected2.slice(1, 0, 8, 2), 1e-2, 1e-2));
       CHECK(at::equal(strided_base[rank].slice(1, 1, 8, 2), own.slice(1, 1, 8, 2)));
     }
   }
@@ -163,13 +175,16 @@ TEST_CASE("all_gather concatenates uneven and zero extents along dim 0 and dim -
     };
 
     std::vector<std::vector<at::Tensor>> results(cases.size(), std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      for (size_t i = 0; i < cases.size(); ++i) {
-        const Case& c = cases[i];
-        at::Tensor mine = rank_input(c.seed, comm.rank(), shape_of(c, c.sizes[comm.rank()]), c.dtype);
-        results[i][comm.rank()] = comm.all_gather(mine, c.dim, c.sizes);
-      }
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          for (size_t i = 0; i < cases.size(); ++i) {
+            const Case& c = cases[i];
+            at::Tensor mine = rank_input(c.seed, comm.rank(), shape_of(c, c.sizes[comm.rank()]), c.dtype);
+            results[i][comm.rank()] = comm.all_gather(mine, c.dim, c.sizes);
+          }
+        },
+        test_options());
 
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
@@ -210,13 +225,16 @@ TEST_CASE("reduce_scatter returns this rank's slice of the sum", "[comm]") {
     };
 
     std::vector<std::vector<at::Tensor>> results(cases.size(), std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      for (size_t i = 0; i < cases.size(); ++i) {
-        const Case& c = cases[i];
-        at::Tensor t = rank_input(c.seed, comm.rank(), shape_of(c), c.dtype);
-        results[i][comm.rank()] = comm.reduce_scatter(t, c.dim, c.sizes);
-      }
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          for (size_t i = 0; i < cases.size(); ++i) {
+            const Case& c = cases[i];
+            at::Tensor t = rank_input(c.seed, comm.rank(), shape_of(c), c.dtype);
+            results[i][comm.rank()] = comm.reduce_scatter(t, c.dim, c.sizes);
+          }
+        },
+        test_options());
 
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
@@ -241,17 +259,20 @@ TEST_CASE("broadcast copies root's tensor to every rank, from each root", "[comm
     // results[root][rank]: a float32 [6, 4] and a non-contiguous bfloat16 view.
     std::vector<std::vector<at::Tensor>> dense(world, std::vector<at::Tensor>(world));
     std::vector<std::vector<at::Tensor>> viewed(world, std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      for (int64_t root = 0; root < world; ++root) {
-        at::Tensor t = rank_input(kSeed + 300 + root, comm.rank(), {6, 4}, at::kFloat);
-        comm.broadcast(t, root);
-        dense[root][comm.rank()] = t;
-        at::Tensor base = rank_input(kSeed + 400 + root, comm.rank(), {4, 6}, at::kBFloat16);
-        at::Tensor v = base.t();
-        comm.broadcast(v, root);
-        viewed[root][comm.rank()] = base;
-      }
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          for (int64_t root = 0; root < world; ++root) {
+            at::Tensor t = rank_input(kSeed + 300 + root, comm.rank(), {6, 4}, at::kFloat);
+            comm.broadcast(t, root);
+            dense[root][comm.rank()] = t;
+            at::Tensor base = rank_input(kSeed + 400 + root, comm.rank(), {4, 6}, at::kBFloat16);
+            at::Tensor v = base.t();
+            comm.broadcast(v, root);
+            viewed[root][comm.rank()] = base;
+          }
+        },
+        test_options());
     for (int64_t root = 0; root < world; ++root) {
       for (int64_t rank = 0; rank < world; ++rank) {
         INFO("world=" << world << " rank=" << rank << " root=" << root << " seed=" << kSeed + 300 + root);
@@ -266,13 +287,16 @@ TEST_CASE("barrier returns only once every rank has reached it", "[comm]") {
   for (int64_t world : {1, 2, 3, 4}) {
     std::atomic<int64_t> arrived{0};
     std::vector<int64_t> seen(world, -1);
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      // Late arrivals: rank r reaches the barrier r * 30 ms after rank 0.
-      std::this_thread::sleep_for(std::chrono::milliseconds(30 * comm.rank()));
-      ++arrived;
-      comm.barrier();
-      seen[comm.rank()] = arrived.load();
-    }, test_options());
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          // Late arrivals: rank r reaches the barrier r * 30 ms after rank 0.
+          std::this_thread::sleep_for(std::chrono::milliseconds(30 * comm.rank()));
+          ++arrived;
+          comm.barrier();
+          seen[comm.rank()] = arrived.load();
+        },
+        test_options());
     for (int64_t rank = 0; rank < world; ++rank) {
       INFO("world=" << world << " rank=" << rank);
       CHECK(seen[rank] == world);
@@ -285,16 +309,19 @@ TEST_CASE("collectives give the same results with verify_calls off", "[comm]") {
   options.verify_calls = false;
   const std::vector<int64_t> sizes = {2, 0, 3};
   std::vector<at::Tensor> reduced(3), gathered(3), scattered(3), broadcast(3);
-  tp::run_ranks_in_threads(3, [&](Communicator& comm) {
-    const int64_t r = comm.rank();
-    at::Tensor t = rank_input(kSeed + 600, r, {5, 4}, at::kFloat);
-    reduced[r] = comm.all_reduce(t);
-    gathered[r] = comm.all_gather(rank_input(kSeed + 601, r, {sizes[r], 4}, at::kFloat), 0, sizes);
-    scattered[r] = comm.reduce_scatter(rank_input(kSeed + 602, r, {5, 4}, at::kFloat), 0, sizes);
-    broadcast[r] = rank_input(kSeed + 603, r, {7}, at::kHalf);
-    comm.broadcast(broadcast[r], 2);
-    comm.barrier();
-  }, options);
+  tp::run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        const int64_t r = comm.rank();
+        at::Tensor t = rank_input(kSeed + 600, r, {5, 4}, at::kFloat);
+        reduced[r] = comm.all_reduce(t);
+        gathered[r] = comm.all_gather(rank_input(kSeed + 601, r, {sizes[r], 4}, at::kFloat), 0, sizes);
+        scattered[r] = comm.reduce_scatter(rank_input(kSeed + 602, r, {5, 4}, at::kFloat), 0, sizes);
+        broadcast[r] = rank_input(kSeed + 603, r, {7}, at::kHalf);
+        comm.broadcast(broadcast[r], 2);
+        comm.barrier();
+      },
+      options);
   const at::Tensor sum = reference_sum(kSeed + 600, 3, {5, 4}, at::kFloat);
   const at::Tensor sum2 = reference_sum(kSeed + 602, 3, {5, 4}, at::kFloat);
   std::vector<at::Tensor> pieces;
@@ -332,8 +359,8 @@ TEST_CASE("a default-constructed Communicator is world 1 and its collectives are
 }
 
 TEST_CASE("AllReduceStrategy names round-trip and parse case-insensitively", "[comm]") {
-  for (auto s : {AllReduceStrategy::kAuto, AllReduceStrategy::kProcessGroup,
-                 AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot}) {
+  for (auto s : {AllReduceStrategy::kAuto, AllReduceStrategy::kProcessGroup, AllReduceStrategy::kSharedMemoryOneShot,
+                 AllReduceStrategy::kSharedMemoryTwoShot}) {
     CHECK(tp::parse_all_reduce_strategy(tp::to_string(s)) == s);
   }
   CHECK(std::string(tp::to_string(AllReduceStrategy::kProcessGroup)) == "process_group");
@@ -350,22 +377,24 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
   using Counts = std::map<AllReduceStrategy, int64_t>;
   const Counts three = {{AllReduceStrategy::kProcessGroup, 3}};
   // Ranks as threads share the host, so kAuto takes shared memory for small CPU tensors.
-  const Counts auto_on_one_host = {{AllReduceStrategy::kProcessGroup, 1},
-                                   {AllReduceStrategy::kSharedMemoryOneShot, 2}};
+  const Counts auto_on_one_host = {{AllReduceStrategy::kProcessGroup, 1}, {AllReduceStrategy::kSharedMemoryOneShot, 2}};
   auto three_calls = [](Communicator& comm) {
     at::Tensor t = at::ones({4});
-    comm.all_reduce(t);                                   // kAuto: the selector
-    comm.all_reduce(t, AllReduceStrategy::kProcessGroup); // explicit
+    comm.all_reduce(t);                                    // kAuto: the selector
+    comm.all_reduce(t, AllReduceStrategy::kProcessGroup);  // explicit
     comm.reduce_scatter(t, 0, std::vector<int64_t>(comm.world_size(), 4 / comm.world_size()));
   };
   EnvGuard unset("TP_ALLREDUCE", std::nullopt);
 
   SECTION("auto resolves to shared memory one-shot for small tensors on one host") {
     std::vector<Counts> counts(2);
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      three_calls(comm);
-      counts[comm.rank()] = comm.all_reduce_counts();
-    }, test_options());
+    tp::run_ranks_in_threads(
+        2,
+        [&](Communicator& comm) {
+          three_calls(comm);
+          counts[comm.rank()] = comm.all_reduce_counts();
+        },
+        test_options());
     CHECK(counts[0] == auto_on_one_host);
     CHECK(counts[1] == auto_on_one_host);
   }
@@ -373,10 +402,13 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
     CommunicatorOptions options = test_options();
     options.all_reduce = AllReduceStrategy::kProcessGroup;
     std::vector<Counts> counts(2);
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      three_calls(comm);
-      counts[comm.rank()] = comm.all_reduce_counts();
-    }, options);
+    tp::run_ranks_in_threads(
+        2,
+        [&](Communicator& comm) {
+          three_calls(comm);
+          counts[comm.rank()] = comm.all_reduce_counts();
+        },
+        options);
     CHECK(counts[0] == three);
   }
   SECTION("forced by TP_ALLREDUCE, any case") {
@@ -384,10 +416,13 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
       EnvGuard env("TP_ALLREDUCE", std::string(value));
       INFO("TP_ALLREDUCE=" << value);
       std::vector<Counts> counts(2);
-      tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-        three_calls(comm);
-        counts[comm.rank()] = comm.all_reduce_counts();
-      }, test_options());
+      tp::run_ranks_in_threads(
+          2,
+          [&](Communicator& comm) {
+            three_calls(comm);
+            counts[comm.rank()] = comm.all_reduce_counts();
+          },
+          test_options());
       CHECK(counts[0] == (std::string(value) == "auto" ? auto_on_one_host : three));
       Communicator solo;  // world 1: kAuto takes the process group (a no-op)
       three_calls(solo);
@@ -397,10 +432,9 @@ TEST_CASE("the all_reduce strategy taken is counted, and can be forced by option
   SECTION("an unknown TP_ALLREDUCE is an error naming the variable") {
     EnvGuard env("TP_ALLREDUCE", std::string("carrier_pigeon"));
     REQUIRE_THROWS_AS(Communicator(), c10::ValueError);
-    REQUIRE_THROWS_WITH(Communicator(), Contains("TP_ALLREDUCE='carrier_pigeon'") &&
-                                            Contains("process_group"));
-    REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(2, [](Communicator&) {}, test_options()),
+    REQUIRE_THROWS_WITH(Communicator(), Contains("TP_ALLREDUCE='carrier_pigeon'") && Contains("process_group"));
+    REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                            2, [](Communicator&) {}, test_options()),
                         Contains("TP_ALLREDUCE='carrier_pigeon'"));
   }
 }
-

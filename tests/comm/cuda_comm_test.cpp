@@ -6,10 +6,10 @@
 #include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/cuda.h>
 
 #include <vector>
 
@@ -29,7 +29,8 @@ using tp::test::randn;
 namespace {
 
 void require_gpu() {
-  if (!torch::cuda::is_available()) FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
+  if (!torch::cuda::is_available())
+    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
 }
 
 const at::Device kCuda(at::kCUDA, 0);
@@ -92,21 +93,24 @@ TEST_CASE("GPU all-reduce strategies over Gloo with CUDA tensors, world 2-4", "[
     const int64_t n = 4099;
     std::vector<at::Tensor> wire(world), native(world);
     std::vector<std::string> nccl_error(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      const auto x = randn({n}, 100 + comm.rank()).to(at::kFloat).to(kCuda);
-      auto a = x.clone();
-      comm.all_reduce(a, AllReduceStrategy::kNcclBf16Wire);
-      wire[comm.rank()] = a.cpu();
-      auto b = x.clone();
-      comm.all_reduce(b);  // auto: the group's own (Gloo through host memory)
-      native[comm.rank()] = b.cpu();
-      auto c = x.clone();
-      try {
-        comm.all_reduce(c, AllReduceStrategy::kNccl);
-      } catch (const c10::Error& e) {
-        nccl_error[comm.rank()] = e.what_without_backtrace();
-      }
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          const auto x = randn({n}, 100 + comm.rank()).to(at::kFloat).to(kCuda);
+          auto a = x.clone();
+          comm.all_reduce(a, AllReduceStrategy::kNcclBf16Wire);
+          wire[comm.rank()] = a.cpu();
+          auto b = x.clone();
+          comm.all_reduce(b);  // auto: the group's own (Gloo through host memory)
+          native[comm.rank()] = b.cpu();
+          auto c = x.clone();
+          try {
+            comm.all_reduce(c, AllReduceStrategy::kNccl);
+          } catch (const c10::Error& e) {
+            nccl_error[comm.rank()] = e.what_without_backtrace();
+          }
+        },
+        test::test_comm_options());
     // bf16 wire: each contribution rounded to bf16, summed in fp32 in rank order.
     auto expect = randn({n}, 100).to(at::kFloat).to(at::kBFloat16).to(at::kFloat);
     for (int64_t r = 1; r < world; ++r) expect += randn({n}, 100 + r).to(at::kFloat).to(at::kBFloat16).to(at::kFloat);
@@ -135,8 +139,8 @@ TEST_CASE("CUDA graphs: a row-parallel forward and an NCCL allreduce capture and
   for (auto backend : {NcclBackend::kProcessGroupNccl, NcclBackend::kRaw}) {
     INFO("backend " << (backend == NcclBackend::kRaw ? "raw" : "c10d"));
     auto comm = make_nccl_communicator(c10::make_intrusive<c10d::HashStore>(), 0, 1, no_verify(), backend);
-    RowParallelLinear down(RowParallelLinearOptions(in, out).dtype(at::kBFloat16).device(kCuda).input_is_parallel(false),
-                           comm);
+    RowParallelLinear down(
+        RowParallelLinearOptions(in, out).dtype(at::kBFloat16).device(kCuda).input_is_parallel(false), comm);
     down->load_weights(ckpt, "down");
     auto group = comm.process_group();
     auto static_x = at::zeros({tokens, in}, at::TensorOptions(kCuda).dtype(at::kBFloat16));

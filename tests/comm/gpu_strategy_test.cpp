@@ -28,16 +28,19 @@ TEST_CASE("GPU all-reduce strategies have names that parse back", "[comm]") {
 
 TEST_CASE("GPU all-reduce strategies refuse CPU tensors on every rank alike", "[comm]") {
   std::vector<std::string> errors(2);
-  run_ranks_in_threads(2, [&](Communicator& comm) {
-    for (auto s : {AllReduceStrategy::kNccl, AllReduceStrategy::kNcclBf16Wire}) {
-      auto t = at::ones({8});
-      try {
-        comm.all_reduce(t, s);
-      } catch (const c10::Error& e) {
-        errors[comm.rank()] += e.what_without_backtrace();
-      }
-    }
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        for (auto s : {AllReduceStrategy::kNccl, AllReduceStrategy::kNcclBf16Wire}) {
+          auto t = at::ones({8});
+          try {
+            comm.all_reduce(t, s);
+          } catch (const c10::Error& e) {
+            errors[comm.rank()] += e.what_without_backtrace();
+          }
+        }
+      },
+      test::test_comm_options());
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << ": " << errors[r]);
     CHECK(errors[r].find("strategy nccl ") != std::string::npos);
@@ -50,6 +53,6 @@ TEST_CASE("make_nccl_communicator says why it cannot run without a GPU", "[comm]
   auto store = c10::make_intrusive<c10d::HashStore>();
   REQUIRE_THROWS_WITH(make_nccl_communicator(store, 0, 1),
                       nccl_available() ? Catch::Contains("no CUDA device") : Catch::Contains("has no NCCL"));
-  REQUIRE_THROWS_WITH(make_nccl_communicator(store, 3, 2), Catch::Contains("invalid rank 3") ||
-                                                               Catch::Contains("has no NCCL"));
+  REQUIRE_THROWS_WITH(make_nccl_communicator(store, 3, 2),
+                      Catch::Contains("invalid rank 3") || Catch::Contains("has no NCCL"));
 }

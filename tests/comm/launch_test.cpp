@@ -8,8 +8,8 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
 
-#include "support/spawn.h"
 #include "support/comm_test_util.h"
+#include "support/spawn.h"
 
 using Catch::Contains;
 using tp::AllReduceStrategy;
@@ -36,7 +36,9 @@ TEST_CASE("CommunicatorOptions::default_timeout reads TP_COMM_TIMEOUT_MS", "[com
   }
   CommunicatorOptions zero;
   zero.timeout = std::chrono::milliseconds(0);
-  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(2, [](Communicator&) {}, zero), Contains("timeout=0"));
+  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                          2, [](Communicator&) {}, zero),
+                      Contains("timeout=0"));
 }
 
 TEST_CASE("communicator_from_env names the variable that is missing or malformed", "[comm]") {
@@ -52,8 +54,7 @@ TEST_CASE("communicator_from_env names the variable that is missing or malformed
   }
   {
     EnvGuard r("RANK", std::string("4"));
-    REQUIRE_THROWS_WITH(tp::communicator_from_env(test_options()),
-                        Contains("RANK=4 is out of range for WORLD_SIZE=4"));
+    REQUIRE_THROWS_WITH(tp::communicator_from_env(test_options()), Contains("RANK=4 is out of range for WORLD_SIZE=4"));
   }
   EnvGuard r("RANK", std::string("0"));
   {
@@ -106,7 +107,8 @@ TEST_CASE("make_gloo_communicator fails within the timeout when a rank never joi
 TEST_CASE("a Gloo group ignores SIGPIPE, so a dead peer is an error and not a killed process", "[comm]") {
   // Gloo can write to a dead peer's socket without MSG_NOSIGNAL; SIGPIPE's default
   // action would end the process (seen on the GPU machine as a killed test binary).
-  tp::run_ranks_in_threads(2, [](Communicator&) {}, test_options());
+  tp::run_ranks_in_threads(
+      2, [](Communicator&) {}, test_options());
   struct sigaction current {};
   REQUIRE(sigaction(SIGPIPE, nullptr, &current) == 0);
   CHECK(current.sa_handler == SIG_IGN);

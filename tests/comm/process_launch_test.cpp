@@ -26,8 +26,8 @@ TEST_CASE("ranks as separate processes all_reduce, all_gather and barrier over T
 }
 
 TEST_CASE("a worker without torchrun's variables exits 1 with the error, not a crash", "[comm][process]") {
-  const auto results = tp::test::run_processes(
-      TP_PROCESS_WORKER, {"comm"}, {{{"RANK", std::nullopt}, {"WORLD_SIZE", "2"}}}, kDeadline);
+  const auto results =
+      tp::test::run_processes(TP_PROCESS_WORKER, {"comm"}, {{{"RANK", std::nullopt}, {"WORLD_SIZE", "2"}}}, kDeadline);
   REQUIRE(results.size() == 1);
   INFO("output:\n" << results[0].output);
   CHECK(results[0].exit_code == 1);

@@ -80,22 +80,26 @@ TEST_CASE("shared-memory all_reduce matches the float64 sum, bitwise identical a
     // got[dtype][size][strategy][rank]
     std::map<at::ScalarType, std::vector<std::vector<std::vector<at::Tensor>>>> got;
     for (auto dtype : kFloatTypes) {
-      got[dtype].assign(sizes_for(dtype).size(), std::vector<std::vector<at::Tensor>>(2, std::vector<at::Tensor>(world)));
+      got[dtype].assign(sizes_for(dtype).size(),
+                        std::vector<std::vector<at::Tensor>>(2, std::vector<at::Tensor>(world)));
     }
     std::vector<std::vector<std::string>> segments_left(world);
-    tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-      for (auto dtype : kFloatTypes) {
-        const auto sizes = sizes_for(dtype);
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          for (int k = 0; k < 2; ++k) {
-            at::Tensor t = rank_input(kSeed + i, comm.rank(), {sizes[i]}, dtype);
-            comm.all_reduce(t, k == 0 ? kOneShot : kTwoShot);
-            got[dtype][i][k][comm.rank()] = t;
+    tp::run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          for (auto dtype : kFloatTypes) {
+            const auto sizes = sizes_for(dtype);
+            for (size_t i = 0; i < sizes.size(); ++i) {
+              for (int k = 0; k < 2; ++k) {
+                at::Tensor t = rank_input(kSeed + i, comm.rank(), {sizes[i]}, dtype);
+                comm.all_reduce(t, k == 0 ? kOneShot : kTwoShot);
+                got[dtype][i][k][comm.rank()] = t;
+              }
+            }
           }
-        }
-      }
-      segments_left[comm.rank()] = own_segments();  // unlinked as soon as all had mapped it
-    }, test_options());
+          segments_left[comm.rank()] = own_segments();  // unlinked as soon as all had mapped it
+        },
+        test_options());
     for (auto dtype : kFloatTypes) {
       const auto sizes = sizes_for(dtype);
       const auto [rtol, atol] = tolerance(dtype);
@@ -122,20 +126,23 @@ TEST_CASE("1000 back-to-back shared-memory all_reduces of varying sizes wrap fla
   const int64_t world = 3;
   const int64_t chunked = kBufferBytes / 4 * 2 + 3;  // three chunks
   std::vector<std::string> failures(world);
-  tp::run_ranks_in_threads(world, [&](Communicator& comm) {
-    for (int64_t i = 0; i < 1000 && failures[comm.rank()].empty(); ++i) {
-      // Integer-valued floats: the sum is exact, so any mix-up of buffers shows.
-      const int64_t n = i % 250 == 249 ? chunked : 1 + (i * 7919) % 3000;
-      at::Tensor t = at::arange(n, at::kFloat) * static_cast<double>(comm.rank() + 1) + static_cast<double>(i);
-      comm.all_reduce(t, i % 3 == 0 ? kTwoShot : kOneShot);  // the strategies share the sequence
-      const at::Tensor expected =
-          at::arange(n, at::kFloat) * static_cast<double>(world * (world + 1) / 2) + static_cast<double>(world * i);
-      if (!at::equal(t, expected)) {
-        failures[comm.rank()] = "call " + std::to_string(i) + " (numel " + std::to_string(n) +
-                                ") differs by up to " + std::to_string((t - expected).abs().max().item<double>());
-      }
-    }
-  }, test_options());
+  tp::run_ranks_in_threads(
+      world,
+      [&](Communicator& comm) {
+        for (int64_t i = 0; i < 1000 && failures[comm.rank()].empty(); ++i) {
+          // Integer-valued floats: the sum is exact, so any mix-up of buffers shows.
+          const int64_t n = i % 250 == 249 ? chunked : 1 + (i * 7919) % 3000;
+          at::Tensor t = at::arange(n, at::kFloat) * static_cast<double>(comm.rank() + 1) + static_cast<double>(i);
+          comm.all_reduce(t, i % 3 == 0 ? kTwoShot : kOneShot);  // the strategies share the sequence
+          const at::Tensor expected =
+              at::arange(n, at::kFloat) * static_cast<double>(world * (world + 1) / 2) + static_cast<double>(world * i);
+          if (!at::equal(t, expected)) {
+            failures[comm.rank()] = "call " + std::to_string(i) + " (numel " + std::to_string(n) +
+                                    ") differs by up to " + std::to_string((t - expected).abs().max().item<double>());
+          }
+        }
+      },
+      test_options());
   for (int64_t rank = 0; rank < world; ++rank) {
     INFO("rank " << rank);
     CHECK(failures[rank] == "");
@@ -149,16 +156,19 @@ TEST_CASE("auto takes shared memory on one host, one-shot below the threshold, t
   const int64_t at_threshold = one_shot_max_bytes() / 4;  // float32 elements
   std::vector<Counts> counts(2);
   std::vector<int> on_one_host(2, 0);  // int, not bool: threads write their own slot
-  tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-    on_one_host[comm.rank()] = comm.ranks_on_one_host();
-    at::Tensor small = at::ones({at_threshold});
-    at::Tensor large = at::ones({at_threshold + 1});
-    at::Tensor ints = at::ones({8}, at::kInt);
-    comm.all_reduce(small);
-    comm.all_reduce(large);
-    comm.all_reduce(ints);  // shared memory reduces floating types only
-    counts[comm.rank()] = comm.all_reduce_counts();
-  }, test_options());
+  tp::run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        on_one_host[comm.rank()] = comm.ranks_on_one_host();
+        at::Tensor small = at::ones({at_threshold});
+        at::Tensor large = at::ones({at_threshold + 1});
+        at::Tensor ints = at::ones({8}, at::kInt);
+        comm.all_reduce(small);
+        comm.all_reduce(large);
+        comm.all_reduce(ints);  // shared memory reduces floating types only
+        counts[comm.rank()] = comm.all_reduce_counts();
+      },
+      test_options());
   const Counts expected = {{kOneShot, 1}, {kTwoShot, 1}, {AllReduceStrategy::kProcessGroup, 1}};
   CHECK(counts[0] == expected);
   CHECK(counts[1] == expected);
@@ -177,19 +187,22 @@ TEST_CASE("an impossible forced shared-memory all_reduce is an error saying why"
   std::vector<std::string> not_one_host(2), wrong_dtype(2);
   std::vector<int> outside_on_one_host(2, 1);  // int: threads write their own slot
   std::vector<std::map<AllReduceStrategy, int64_t>> outside_counts(2);
-  tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-    // The same group, wrapped again with a host id per rank: as if on two hosts.
-    CommunicatorOptions apart = comm.options();
-    apart.host_id = "host-" + std::to_string(comm.rank());
-    Communicator outside(comm.process_group(), apart);
-    outside_on_one_host[comm.rank()] = outside.ranks_on_one_host();
-    at::Tensor t = at::ones({16});
-    not_one_host[comm.rank()] = error_of([&] { outside.all_reduce(t, kOneShot); });
-    outside.all_reduce(t);  // auto takes no shared memory: the process group (built-in table, world 2)
-    outside_counts[comm.rank()] = outside.all_reduce_counts();
-    at::Tensor ints = at::ones({16}, at::kLong);
-    wrong_dtype[comm.rank()] = error_of([&] { comm.all_reduce(ints, kTwoShot); });
-  }, test_options());
+  tp::run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        // The same group, wrapped again with a host id per rank: as if on two hosts.
+        CommunicatorOptions apart = comm.options();
+        apart.host_id = "host-" + std::to_string(comm.rank());
+        Communicator outside(comm.process_group(), apart);
+        outside_on_one_host[comm.rank()] = outside.ranks_on_one_host();
+        at::Tensor t = at::ones({16});
+        not_one_host[comm.rank()] = error_of([&] { outside.all_reduce(t, kOneShot); });
+        outside.all_reduce(t);  // auto takes no shared memory: the process group (built-in table, world 2)
+        outside_counts[comm.rank()] = outside.all_reduce_counts();
+        at::Tensor ints = at::ones({16}, at::kLong);
+        wrong_dtype[comm.rank()] = error_of([&] { comm.all_reduce(ints, kTwoShot); });
+      },
+      test_options());
   for (int64_t rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank);
     CHECK_FALSE(outside_on_one_host[rank]);
@@ -200,11 +213,14 @@ TEST_CASE("an impossible forced shared-memory all_reduce is an error saying why"
   SECTION("TP_ALLREDUCE forces it for every call") {
     EnvGuard env("TP_ALLREDUCE", std::string("shm_two_shot"));
     std::vector<std::map<AllReduceStrategy, int64_t>> counts(2);
-    tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-      at::Tensor t = at::ones({4});
-      comm.all_reduce(t);
-      counts[comm.rank()] = comm.all_reduce_counts();
-    }, test_options());
+    tp::run_ranks_in_threads(
+        2,
+        [&](Communicator& comm) {
+          at::Tensor t = at::ones({4});
+          comm.all_reduce(t);
+          counts[comm.rank()] = comm.all_reduce_counts();
+        },
+        test_options());
     CHECK(counts[0] == std::map<AllReduceStrategy, int64_t>{{kTwoShot, 1}});
   }
 }
@@ -215,16 +231,19 @@ TEST_CASE("a peer that stops calling makes the shared-memory all_reduce time out
   options.verify_calls = false;  // so the wait is in shared memory, not in the fingerprint exchange
   std::string first_error, second_error;
   double seconds = -1;
-  REQUIRE_THROWS(tp::run_ranks_in_threads(2, [&](Communicator& comm) {
-    at::Tensor t = at::ones({256});
-    comm.all_reduce(t, kOneShot);  // both: the workspace exists
-    if (comm.rank() == 1) return;  // rank 1 stops calling
-    const auto t0 = std::chrono::steady_clock::now();
-    first_error = error_of([&] { comm.all_reduce(t, kOneShot); });
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    second_error = error_of([&] { comm.all_reduce(t, kTwoShot); });
-    throw std::runtime_error(first_error);
-  }, options));
+  REQUIRE_THROWS(tp::run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        at::Tensor t = at::ones({256});
+        comm.all_reduce(t, kOneShot);  // both: the workspace exists
+        if (comm.rank() == 1) return;  // rank 1 stops calling
+        const auto t0 = std::chrono::steady_clock::now();
+        first_error = error_of([&] { comm.all_reduce(t, kOneShot); });
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        second_error = error_of([&] { comm.all_reduce(t, kTwoShot); });
+        throw std::runtime_error(first_error);
+      },
+      options));
   INFO("rank 0 failed after " << seconds << " s: " << first_error);
   CHECK_THAT(first_error, Contains("tp::Communicator::all_reduce failed on rank 0 of world_size 2"));
   CHECK_THAT(first_error, Contains("timeout 2000 ms, strategy shm_one_shot"));
@@ -239,15 +258,19 @@ TEST_CASE("a peer that fails makes the others' shared-memory all_reduce fail at 
   const auto timeout = std::chrono::milliseconds(20000);
   std::string error;
   double seconds = -1;
-  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(3, [&](Communicator& comm) {
-    at::Tensor t = at::ones({256});
-    comm.all_reduce(t);  // the workspace exists from here on
-    if (comm.rank() == 1) throw std::runtime_error("rank 1 fails");
-    if (comm.rank() == 2) return;  // waits in the final barrier
-    const auto t0 = std::chrono::steady_clock::now();
-    error = error_of([&] { comm.all_reduce(t); });
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }, test_options(timeout)), Contains("rank 1: rank 1 fails"));
+  REQUIRE_THROWS_WITH(tp::run_ranks_in_threads(
+                          3,
+                          [&](Communicator& comm) {
+                            at::Tensor t = at::ones({256});
+                            comm.all_reduce(t);  // the workspace exists from here on
+                            if (comm.rank() == 1) throw std::runtime_error("rank 1 fails");
+                            if (comm.rank() == 2) return;  // waits in the final barrier
+                            const auto t0 = std::chrono::steady_clock::now();
+                            error = error_of([&] { comm.all_reduce(t); });
+                            seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                          },
+                          test_options(timeout)),
+                      Contains("rank 1: rank 1 fails"));
   INFO("rank 0 failed after " << seconds << " s: " << error);
   CHECK_THAT(error, Contains("tp::Communicator::all_reduce failed on rank 0 of world_size 3"));
   CHECK_THAT(error, Contains("rank 1 is gone (its communicator was destroyed"));
@@ -274,9 +297,9 @@ TEST_CASE("a peer process that exits makes the shared-memory all_reduce fail at 
 TEST_CASE("a rank killed while creating the shared-memory segment leaves no segment behind", "[comm][process]") {
   // TP_COMM_VERIFY=0: no fingerprint exchange first, so rank 0 is killed inside the
   // segment's setup, with rank 1 half-way through joining it.
-  const auto results = tp::test::run_ranks_as_processes(
-      TP_PROCESS_WORKER, {"shm_creator_killed"}, 2, std::chrono::seconds(90),
-      {{"TP_COMM_TIMEOUT_MS", "5000"}, {"TP_COMM_VERIFY", "0"}});
+  const auto results =
+      tp::test::run_ranks_as_processes(TP_PROCESS_WORKER, {"shm_creator_killed"}, 2, std::chrono::seconds(90),
+                                       {{"TP_COMM_TIMEOUT_MS", "5000"}, {"TP_COMM_VERIFY", "0"}});
   REQUIRE(results.size() == 2);
   INFO("rank 0 output:\n" << results[0].output << "\nrank 1 output:\n" << results[1].output);
   CHECK(results[0].exit_code == -SIGKILL);

@@ -37,11 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (a.name != b.name || a.shape != b.shape || a.dtype != b.dtype || a.begin != b.begin || a.end != b.end)
         __builtin_trap();
     }
-  } catch (const FormatError&) {
-  }
+  } catch (const FormatError&) {}
   try {
     parse_safetensors_index(reinterpret_cast<const char*>(data), size);
-  } catch (const FormatError&) {
-  }
+  } catch (const FormatError&) {}
   return 0;
 }

@@ -51,7 +51,7 @@ LinearCase random_case(int64_t world, at::ScalarType dtype, uint64_t seed, bool 
 }
 
 struct GlobalWeights {
-  at::Tensor x, w, b;  // rounded to the case's dtype
+  at::Tensor x, w, b;    // rounded to the case's dtype
   at::Tensor reference;  // float64 at::linear of the rounded tensors
   Checkpoint checkpoint;
 };
@@ -82,17 +82,20 @@ TEST_CASE("ColumnParallelLinear matches at::linear on the full weights", "[layer
         auto g = make_weights(c, "fc");
         std::vector<at::Tensor> outputs(world);
         std::vector<Range> ranges(world);
-        run_ranks_in_threads(world, [&](Communicator& comm) {
-          ColumnParallelLinear fc(ColumnParallelLinearOptions(c.in, c.out)
-                                      .bias(c.bias)
-                                      .gather_output(gather)
-                                      .dtype(c.dtype)
-                                      .split(SplitPolicy{}.with_granularity(c.granularity)),
-                                  comm);
-          fc->load_weights(g.checkpoint, "fc");
-          outputs[comm.rank()] = fc->forward(g.x);
-          ranges[comm.rank()] = fc->local_range();
-        }, test::test_comm_options());
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              ColumnParallelLinear fc(ColumnParallelLinearOptions(c.in, c.out)
+                                          .bias(c.bias)
+                                          .gather_output(gather)
+                                          .dtype(c.dtype)
+                                          .split(SplitPolicy{}.with_granularity(c.granularity)),
+                                      comm);
+              fc->load_weights(g.checkpoint, "fc");
+              outputs[comm.rank()] = fc->forward(g.x);
+              ranges[comm.rank()] = fc->local_range();
+            },
+            test::test_comm_options());
         for (int64_t r = 0; r < world; ++r) {
           INFO("rank " << r << " range " << ranges[r]);
           const auto expected = gather ? g.reference : g.reference.narrow(1, ranges[r].begin, ranges[r].size());
@@ -106,13 +109,16 @@ TEST_CASE("ColumnParallelLinear matches at::linear on the full weights", "[layer
 }
 
 TEST_CASE("ColumnParallelLinear accepts any leading dims and keeps them", "[layers]") {
-  run_ranks_in_threads(2, [&](Communicator& comm) {
-    ColumnParallelLinear fc(ColumnParallelLinearOptions(8, 6).gather_output(true), comm);
-    const auto y = fc->forward(at::randn({2, 3, 8}));
-    TORCH_CHECK(y.sizes() == at::IntArrayRef({2, 3, 6}), "unexpected shape ", y.sizes());
-    const auto y0 = fc->forward(at::randn({0, 8}));
-    TORCH_CHECK(y0.sizes() == at::IntArrayRef({0, 6}), "unexpected shape ", y0.sizes());
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        ColumnParallelLinear fc(ColumnParallelLinearOptions(8, 6).gather_output(true), comm);
+        const auto y = fc->forward(at::randn({2, 3, 8}));
+        TORCH_CHECK(y.sizes() == at::IntArrayRef({2, 3, 6}), "unexpected shape ", y.sizes());
+        const auto y0 = fc->forward(at::randn({0, 8}));
+        TORCH_CHECK(y0.sizes() == at::IntArrayRef({0, 6}), "unexpected shape ", y0.sizes());
+      },
+      test::test_comm_options());
 }
 
 TEST_CASE("RowParallelLinear matches at::linear, parallel or whole input", "[layers]") {
@@ -124,18 +130,21 @@ TEST_CASE("RowParallelLinear matches at::linear, parallel or whole input", "[lay
         INFO(describe(c) << " input_is_parallel=" << input_is_parallel);
         auto g = make_weights(c, "down");
         std::vector<at::Tensor> outputs(world);
-        run_ranks_in_threads(world, [&](Communicator& comm) {
-          RowParallelLinear down(RowParallelLinearOptions(c.in, c.out)
-                                     .bias(c.bias)
-                                     .input_is_parallel(input_is_parallel)
-                                     .dtype(c.dtype)
-                                     .split(SplitPolicy{}.with_granularity(c.granularity)),
-                                 comm);
-          down->load_weights(g.checkpoint, "down");
-          const Range r = down->local_range();
-          const auto x = input_is_parallel ? g.x.narrow(1, r.begin, r.size()) : g.x;
-          outputs[comm.rank()] = down->forward(x);
-        }, test::test_comm_options());
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              RowParallelLinear down(RowParallelLinearOptions(c.in, c.out)
+                                         .bias(c.bias)
+                                         .input_is_parallel(input_is_parallel)
+                                         .dtype(c.dtype)
+                                         .split(SplitPolicy{}.with_granularity(c.granularity)),
+                                     comm);
+              down->load_weights(g.checkpoint, "down");
+              const Range r = down->local_range();
+              const auto x = input_is_parallel ? g.x.narrow(1, r.begin, r.size()) : g.x;
+              outputs[comm.rank()] = down->forward(x);
+            },
+            test::test_comm_options());
         for (int64_t r = 0; r < world; ++r) {
           INFO("rank " << r);
           REQUIRE(outputs[r].sizes() == g.reference.sizes());
@@ -155,11 +164,15 @@ TEST_CASE("RowParallelLinear bias contract: unreduced partial sums add up to y",
     INFO(describe(c));
     auto g = make_weights(c, "o");
     std::vector<at::Tensor> partials(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      RowParallelLinear o(RowParallelLinearOptions(c.in, c.out).reduce_output(false).input_is_parallel(false), comm);
-      o->load_weights(g.checkpoint, "o");
-      partials[comm.rank()] = o->forward(g.x);
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          RowParallelLinear o(RowParallelLinearOptions(c.in, c.out).reduce_output(false).input_is_parallel(false),
+                              comm);
+          o->load_weights(g.checkpoint, "o");
+          partials[comm.rank()] = o->forward(g.x);
+        },
+        test::test_comm_options());
     at::Tensor sum = at::zeros_like(g.reference);
     for (const auto& p : partials) sum += p.to(at::kDouble);
     CHECK(test::relative_error(sum, g.reference) <= test::tolerance(at::kFloat));
@@ -180,15 +193,18 @@ TEST_CASE("A rank that owns nothing skips its GEMM and contributes zeros", "[lay
   const auto policy = SplitPolicy{}.with_weights({1.0, 0.0, 1.0});
   std::vector<at::Tensor> col(3), row(3);
   std::vector<Range> col_ranges(3);
-  run_ranks_in_threads(3, [&](Communicator& comm) {
-    ColumnParallelLinear fc(ColumnParallelLinearOptions(c.in, c.out).split(policy), comm);
-    fc->load_weights(g.checkpoint, "l");
-    col[comm.rank()] = fc->forward(g.x.to(at::kFloat));
-    col_ranges[comm.rank()] = fc->local_range();
-    RowParallelLinear rl(RowParallelLinearOptions(c.in, c.out).split(policy).input_is_parallel(false), comm);
-    rl->load_weights(g.checkpoint, "l");
-    row[comm.rank()] = rl->forward(g.x.to(at::kFloat));
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        ColumnParallelLinear fc(ColumnParallelLinearOptions(c.in, c.out).split(policy), comm);
+        fc->load_weights(g.checkpoint, "l");
+        col[comm.rank()] = fc->forward(g.x.to(at::kFloat));
+        col_ranges[comm.rank()] = fc->local_range();
+        RowParallelLinear rl(RowParallelLinearOptions(c.in, c.out).split(policy).input_is_parallel(false), comm);
+        rl->load_weights(g.checkpoint, "l");
+        row[comm.rank()] = rl->forward(g.x.to(at::kFloat));
+      },
+      test::test_comm_options());
   CHECK(col_ranges[1].size() == 0);
   CHECK(col[1].sizes() == at::IntArrayRef({3, 0}));
   for (int r = 0; r < 3; ++r) {
@@ -200,15 +216,18 @@ TEST_CASE("A rank that owns nothing skips its GEMM and contributes zeros", "[lay
 
 TEST_CASE("pretty_print shows global and local sizes and the rank", "[layers]") {
   std::vector<std::string> printed(4);
-  run_ranks_in_threads(4, [&](Communicator& comm) {
-    ColumnParallelLinear fc(ColumnParallelLinearOptions(4096, 11008).bias(false), comm);
-    RowParallelLinear down(RowParallelLinearOptions(11008, 4096).bias(false), comm);
-    std::ostringstream os;
-    fc->pretty_print(os);
-    os << "\n";
-    down->pretty_print(os);
-    printed[comm.rank()] = os.str();
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      4,
+      [&](Communicator& comm) {
+        ColumnParallelLinear fc(ColumnParallelLinearOptions(4096, 11008).bias(false), comm);
+        RowParallelLinear down(RowParallelLinearOptions(11008, 4096).bias(false), comm);
+        std::ostringstream os;
+        fc->pretty_print(os);
+        os << "\n";
+        down->pretty_print(os);
+        printed[comm.rank()] = os.str();
+      },
+      test::test_comm_options());
   CHECK(printed[1] ==
         "tp::ColumnParallelLinear(in_features=4096, out_features=11008, local_out=[2752,5504), bias=false, rank=1/4)\n"
         "tp::RowParallelLinear(in_features=11008, out_features=4096, local_in=[2752,5504), bias=false, rank=1/4)");

@@ -17,7 +17,8 @@ using tp::test::randn;
 
 namespace {
 void require_gpu() {
-  if (!torch::cuda::is_available()) FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
+  if (!torch::cuda::is_available())
+    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
 }
 }  // namespace
 
@@ -40,15 +41,19 @@ TEST_CASE("Column and Row layers on CUDA match the float64 reference", "[cuda][l
       const auto y_ref = at::linear(h_ref, w_down.to(at::kDouble), b_down.to(at::kDouble));
       std::vector<at::Tensor> outputs(world);
       std::vector<std::string> devices(world);
-      run_ranks_in_threads(world, [&](Communicator& comm) {
-        ColumnParallelLinear up(ColumnParallelLinearOptions(hidden, inter).bias(false).dtype(dtype).device(cuda), comm);
-        RowParallelLinear down(RowParallelLinearOptions(inter, hidden).dtype(dtype).device(cuda), comm);
-        up->load_weights(ckpt, "up");
-        down->load_weights(ckpt, "down");
-        const auto y = down->forward(up->forward(x.to(cuda)));
-        devices[comm.rank()] = y.device().str();
-        outputs[comm.rank()] = y.cpu();
-      }, test::test_comm_options());
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            ColumnParallelLinear up(ColumnParallelLinearOptions(hidden, inter).bias(false).dtype(dtype).device(cuda),
+                                    comm);
+            RowParallelLinear down(RowParallelLinearOptions(inter, hidden).dtype(dtype).device(cuda), comm);
+            up->load_weights(ckpt, "up");
+            down->load_weights(ckpt, "down");
+            const auto y = down->forward(up->forward(x.to(cuda)));
+            devices[comm.rank()] = y.device().str();
+            outputs[comm.rank()] = y.cpu();
+          },
+          test::test_comm_options());
       for (int64_t r = 0; r < world; ++r) {
         INFO("rank " << r);
         CHECK(devices[r] == "cuda:0");
@@ -78,17 +83,21 @@ TEST_CASE("QKV and GateUp layers on CUDA match the float64 reference", "[cuda][l
   for (int64_t world : {1, 2, 4}) {  // 4 > kv: KV heads replicated
     INFO("world=" << world);
     std::vector<std::vector<at::Tensor>> outputs(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      QKVParallelLinear qkv(QKVParallelLinearOptions(hidden, d, heads, kv).dtype(at::kBFloat16).device(cuda)
-                                .gather_output(true), comm);
-      GateUpParallelLinear gu(GateUpParallelLinearOptions(hidden, inter).dtype(at::kBFloat16).device(cuda)
-                                  .gather_output(true), comm);
-      qkv->load_weights(ckpt, "attn");
-      gu->load_weights(ckpt, "mlp");
-      auto [q, k, v] = qkv->split(qkv->forward(x.to(cuda)));
-      auto [g, u] = gu->split(gu->forward(x.to(cuda)));
-      outputs[comm.rank()] = {q.cpu(), k.cpu(), v.cpu(), g.cpu(), u.cpu()};
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          QKVParallelLinear qkv(
+              QKVParallelLinearOptions(hidden, d, heads, kv).dtype(at::kBFloat16).device(cuda).gather_output(true),
+              comm);
+          GateUpParallelLinear gu(
+              GateUpParallelLinearOptions(hidden, inter).dtype(at::kBFloat16).device(cuda).gather_output(true), comm);
+          qkv->load_weights(ckpt, "attn");
+          gu->load_weights(ckpt, "mlp");
+          auto [q, k, v] = qkv->split(qkv->forward(x.to(cuda)));
+          auto [g, u] = gu->split(gu->forward(x.to(cuda)));
+          outputs[comm.rank()] = {q.cpu(), k.cpu(), v.cpu(), g.cpu(), u.cpu()};
+        },
+        test::test_comm_options());
     for (int64_t r = 0; r < world; ++r) {
       for (int i = 0; i < 5; ++i) {
         INFO("rank " << r << " output " << names[i]);

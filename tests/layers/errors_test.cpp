@@ -16,8 +16,9 @@ using Catch::Contains;
 
 TEST_CASE("forward rejects inputs of the wrong shape, dtype or device", "[layers]") {
   ColumnParallelLinear fc(ColumnParallelLinearOptions(128, 64));
-  REQUIRE_THROWS_WITH(fc->forward(at::randn({2, 100})),
-                      Contains("ColumnParallelLinear: input has shape [2, 100] but in_features=128; expected [..., 128]"));
+  REQUIRE_THROWS_WITH(
+      fc->forward(at::randn({2, 100})),
+      Contains("ColumnParallelLinear: input has shape [2, 100] but in_features=128; expected [..., 128]"));
   REQUIRE_THROWS_WITH(fc->forward(at::randn({2, 128}, at::kDouble)),
                       Contains("ColumnParallelLinear: input has dtype Double but the layer computes in Float"));
   REQUIRE_THROWS_WITH(fc->forward(at::Tensor()), Contains("undefined"));
@@ -39,15 +40,17 @@ TEST_CASE("construction rejects impossible shards with actionable messages", "[l
   // world 3 with 2 KV heads: neither splits nor replicates evenly.
   std::vector<std::string> errors(3);
   try {
-    run_ranks_in_threads(3, [&](Communicator& comm) {
-      try {
-        QKVParallelLinear qkv(QKVParallelLinearOptions(64, 16, 4, 2), comm);
-      } catch (const c10::Error& e) {
-        errors[comm.rank()] = e.what_without_backtrace();
-      }
-    }, test::test_comm_options());
-  } catch (...) {
-  }
+    run_ranks_in_threads(
+        3,
+        [&](Communicator& comm) {
+          try {
+            QKVParallelLinear qkv(QKVParallelLinearOptions(64, 16, 4, 2), comm);
+          } catch (const c10::Error& e) {
+            errors[comm.rank()] = e.what_without_backtrace();
+          }
+        },
+        test::test_comm_options());
+  } catch (...) {}
   for (const auto& e : errors) {
     CHECK_THAT(e, Contains("QKVParallelLinear:") && Contains("world"));
   }

@@ -30,10 +30,10 @@ struct QKVResult {
 
 TEST_CASE("QKVParallelLinear owns whole heads and matches the q/k/v projections", "[layers]") {
   const AttnShape shapes[] = {
-      {64, 16, 4, 4},   // MHA
-      {96, 8, 8, 2},    // GQA, group 4
-      {48, 12, 6, 3},   // GQA with 3 KV heads: uneven (2,1) at world 2; world 4 is refused
-      {32, 8, 4, 1},    // MQA: one KV head replicated on every rank
+      {64, 16, 4, 4},  // MHA
+      {96, 8, 8, 2},   // GQA, group 4
+      {48, 12, 6, 3},  // GQA with 3 KV heads: uneven (2,1) at world 2; world 4 is refused
+      {32, 8, 4, 1},   // MQA: one KV head replicated on every rank
   };
   const at::ScalarType dtypes[] = {at::kFloat, at::kBFloat16};
   uint64_t seed = 3000;
@@ -63,23 +63,32 @@ TEST_CASE("QKVParallelLinear owns whole heads and matches the q/k/v projections"
                                         bias ? std::optional<at::Tensor>(b.to(at::kDouble)) : std::nullopt));
             }
             std::vector<QKVResult> results(world);
-            run_ranks_in_threads(world, [&](Communicator& comm) {
-              QKVParallelLinear qkv(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
-                                        .bias(bias)
-                                        .gather_output(gather)
-                                        .dtype(dtype),
-                                    comm);
-              qkv->load_weights(ckpt, "attn");
-              auto [q, k, v] = qkv->split(qkv->forward(x));
-              results[comm.rank()] = {q, k, v, qkv->head_plan()};
-            }, test::test_comm_options());
+            run_ranks_in_threads(
+                world,
+                [&](Communicator& comm) {
+                  QKVParallelLinear qkv(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
+                                            .bias(bias)
+                                            .gather_output(gather)
+                                            .dtype(dtype),
+                                        comm);
+                  qkv->load_weights(ckpt, "attn");
+                  auto [q, k, v] = qkv->split(qkv->forward(x));
+                  results[comm.rank()] = {q, k, v, qkv->head_plan()};
+                },
+                test::test_comm_options());
             std::vector<int64_t> q_owner(s.heads, 0);
             for (int64_t r = 0; r < world; ++r) {
               const auto& res = results[r];
               INFO("rank " << r << " q_heads " << res.plan.q_heads << " kv_heads " << res.plan.kv_heads);
-              const auto q_ref = gather ? refs[0] : refs[0].narrow(1, res.plan.q_heads.begin * s.head_dim, res.plan.q_heads.size() * s.head_dim);
-              const auto k_ref = gather ? refs[1] : refs[1].narrow(1, res.plan.kv_heads.begin * s.head_dim, res.plan.kv_heads.size() * s.head_dim);
-              const auto v_ref = gather ? refs[2] : refs[2].narrow(1, res.plan.kv_heads.begin * s.head_dim, res.plan.kv_heads.size() * s.head_dim);
+              const auto q_ref =
+                  gather ? refs[0]
+                         : refs[0].narrow(1, res.plan.q_heads.begin * s.head_dim, res.plan.q_heads.size() * s.head_dim);
+              const auto k_ref = gather ? refs[1]
+                                        : refs[1].narrow(1, res.plan.kv_heads.begin * s.head_dim,
+                                                         res.plan.kv_heads.size() * s.head_dim);
+              const auto v_ref = gather ? refs[2]
+                                        : refs[2].narrow(1, res.plan.kv_heads.begin * s.head_dim,
+                                                         res.plan.kv_heads.size() * s.head_dim);
               REQUIRE(res.q.sizes() == q_ref.sizes());
               REQUIRE(res.k.sizes() == k_ref.sizes());
               CHECK(test::relative_error(res.q, q_ref) <= test::tolerance(dtype));
@@ -103,14 +112,17 @@ TEST_CASE("QKVParallelLinear owns whole heads and matches the q/k/v projections"
 TEST_CASE("QKVParallelLinear replicates KV heads when world > num_kv_heads", "[layers]") {
   std::vector<HeadPlan> plans(4);
   std::vector<std::string> printed(4);
-  run_ranks_in_threads(4, [&](Communicator& comm) {
-    QKVParallelLinear qkv(QKVParallelLinearOptions(64, 16, 8, 2), comm);
-    plans[comm.rank()] = qkv->head_plan();
-    std::ostringstream os;
-    qkv->pretty_print(os);
-    printed[comm.rank()] = os.str();
-    TORCH_CHECK(qkv->weight.size(0) == (2 + 2 * 1) * 16, "local weight rows ", qkv->weight.size(0));
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      4,
+      [&](Communicator& comm) {
+        QKVParallelLinear qkv(QKVParallelLinearOptions(64, 16, 8, 2), comm);
+        plans[comm.rank()] = qkv->head_plan();
+        std::ostringstream os;
+        qkv->pretty_print(os);
+        printed[comm.rank()] = os.str();
+        TORCH_CHECK(qkv->weight.size(0) == (2 + 2 * 1) * 16, "local weight rows ", qkv->weight.size(0));
+      },
+      test::test_comm_options());
   CHECK(plans[0].kv_heads == Range{0, 1});
   CHECK(plans[1].kv_heads == Range{0, 1});
   CHECK(plans[2].kv_heads == Range{1, 2});
@@ -139,16 +151,19 @@ TEST_CASE("GateUpParallelLinear matches gate_proj and up_proj", "[layers]") {
         const auto up_ref = at::linear(x.to(at::kDouble), wu.to(at::kDouble));
         std::vector<at::Tensor> gates(world), ups(world);
         std::vector<Range> ranges(world);
-        run_ranks_in_threads(world, [&](Communicator& comm) {
-          GateUpParallelLinear gu(GateUpParallelLinearOptions(hidden, inter)
-                                      .gather_output(gather)
-                                      .dtype(dtype)
-                                      .split(SplitPolicy{}.with_granularity(8)),
-                                  comm);
-          gu->load_weights(ckpt, "mlp");
-          std::tie(gates[comm.rank()], ups[comm.rank()]) = gu->split(gu->forward(x));
-          ranges[comm.rank()] = gu->local_range();
-        }, test::test_comm_options());
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              GateUpParallelLinear gu(GateUpParallelLinearOptions(hidden, inter)
+                                          .gather_output(gather)
+                                          .dtype(dtype)
+                                          .split(SplitPolicy{}.with_granularity(8)),
+                                      comm);
+              gu->load_weights(ckpt, "mlp");
+              std::tie(gates[comm.rank()], ups[comm.rank()]) = gu->split(gu->forward(x));
+              ranges[comm.rank()] = gu->local_range();
+            },
+            test::test_comm_options());
         for (int64_t r = 0; r < world; ++r) {
           INFO("rank " << r << " range " << ranges[r]);
           const auto g_ref = gather ? gate_ref : gate_ref.narrow(1, ranges[r].begin, ranges[r].size());

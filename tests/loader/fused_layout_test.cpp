@@ -63,29 +63,34 @@ class CountingSource final : public TensorSource {
 
 TEST_CASE("QKV layouts separate, fused and interleaved load identical layers at TP 1-4", "[loader][layers]") {
   const AttnShape shapes[] = {
-      {32, 8, 4, 4},   // MHA
-      {48, 8, 8, 2},   // GQA group 4; KV replicated at world 4
-      {24, 4, 6, 3},   // GQA with 3 KV heads: uneven at world 2
-      {16, 4, 4, 1},   // MQA: the KV head replicated on every rank
+      {32, 8, 4, 4},  // MHA
+      {48, 8, 8, 2},  // GQA group 4; KV replicated at world 4
+      {24, 4, 6, 3},  // GQA with 3 KV heads: uneven at world 2
+      {16, 4, 4, 1},  // MQA: the KV head replicated on every rank
   };
   const QKVLayout layouts[] = {QKVLayout::kSeparate, QKVLayout::kFused, QKVLayout::kInterleavedGroups};
   uint64_t seed = 9000;
   for (const auto& s : shapes) {
     ++seed;
     const int64_t q_rows = s.heads * s.head_dim, kv_rows = s.kv_heads * s.head_dim;
-    const auto q = randn({q_rows, s.hidden}, seed).to(at::kBFloat16), k = randn({kv_rows, s.hidden}, seed + 1).to(at::kBFloat16),
+    const auto q = randn({q_rows, s.hidden}, seed).to(at::kBFloat16),
+               k = randn({kv_rows, s.hidden}, seed + 1).to(at::kBFloat16),
                v = randn({kv_rows, s.hidden}, seed + 2).to(at::kBFloat16);
     const auto qb = randn({q_rows}, seed + 3).to(at::kBFloat16), kb = randn({kv_rows}, seed + 4).to(at::kBFloat16),
                vb = randn({kv_rows}, seed + 5).to(at::kBFloat16);
     test::TempDir dir;
-    save_safetensors(dir.file("separate.safetensors"),
-                     {{"attn.q_proj.weight", q}, {"attn.k_proj.weight", k}, {"attn.v_proj.weight", v},
-                      {"attn.q_proj.bias", qb}, {"attn.k_proj.bias", kb}, {"attn.v_proj.bias", vb}});
+    save_safetensors(dir.file("separate.safetensors"), {{"attn.q_proj.weight", q},
+                                                        {"attn.k_proj.weight", k},
+                                                        {"attn.v_proj.weight", v},
+                                                        {"attn.q_proj.bias", qb},
+                                                        {"attn.k_proj.bias", kb},
+                                                        {"attn.v_proj.bias", vb}});
     save_safetensors(dir.file("fused.safetensors"), {{"attn.qkv_proj.weight", at::cat({q, k, v}, 0)},
                                                      {"attn.qkv_proj.bias", at::cat({qb, kb, vb}, 0)}});
-    save_safetensors(dir.file("interleaved.safetensors"),
-                     {{"attn.linear_qkv.weight", interleave(q, k, v, s)},
-                      {"attn.linear_qkv.bias", interleave(qb.unsqueeze(1), kb.unsqueeze(1), vb.unsqueeze(1), s).squeeze(1)}});
+    save_safetensors(
+        dir.file("interleaved.safetensors"),
+        {{"attn.linear_qkv.weight", interleave(q, k, v, s)},
+         {"attn.linear_qkv.bias", interleave(qb.unsqueeze(1), kb.unsqueeze(1), vb.unsqueeze(1), s).squeeze(1)}});
     const Checkpoint files[] = {open_checkpoint(dir.file("separate.safetensors")),
                                 open_checkpoint(dir.file("fused.safetensors")),
                                 open_checkpoint(dir.file("interleaved.safetensors"))};
@@ -96,13 +101,17 @@ TEST_CASE("QKV layouts separate, fused and interleaved load identical layers at 
       Checkpoint mem;
       mem.add("attn.q_proj.weight", q), mem.add("attn.k_proj.weight", k), mem.add("attn.v_proj.weight", v);
       mem.add("attn.q_proj.bias", qb), mem.add("attn.k_proj.bias", kb), mem.add("attn.v_proj.bias", vb);
-      const auto options = QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).bias(true).dtype(at::kBFloat16);
-      run_ranks_in_threads(world, [&](Communicator& comm) {
-        QKVParallelLinear qkv(options, comm);
-        qkv->load_weights(mem, "attn");
-        ref_w[comm.rank()] = qkv->weight.detach().clone();
-        ref_b[comm.rank()] = qkv->bias.detach().clone();
-      }, test::test_comm_options());
+      const auto options =
+          QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).bias(true).dtype(at::kBFloat16);
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            QKVParallelLinear qkv(options, comm);
+            qkv->load_weights(mem, "attn");
+            ref_w[comm.rank()] = qkv->weight.detach().clone();
+            ref_b[comm.rank()] = qkv->bias.detach().clone();
+          },
+          test::test_comm_options());
       for (int li = 0; li < 3; ++li) {
         INFO("heads=" << s.heads << " kv=" << s.kv_heads << " head_dim=" << s.head_dim << " world=" << world
                       << " layout=" << to_string(layouts[li]) << " seed=" << seed);
@@ -119,16 +128,21 @@ TEST_CASE("QKV layouts separate, fused and interleaved load identical layers at 
         }
         std::vector<at::Tensor> got_w(world), got_b(world);
         int64_t local_rows_total = 0;
-        run_ranks_in_threads(world, [&](Communicator& comm) {
-          QKVParallelLinear qkv(options, comm);
-          qkv->load_weights(counted, "attn",
-                            QKVCheckpointLayout().layout(layouts[li]).fused_name(
-                                layouts[li] == QKVLayout::kInterleavedGroups ? "linear_qkv" : "qkv_proj"));
-          got_w[comm.rank()] = qkv->weight.detach().clone();
-          got_b[comm.rank()] = qkv->bias.detach().clone();
-          std::lock_guard<std::mutex> lock(mu);
-          local_rows_total += qkv->weight.size(0);
-        }, test::test_comm_options());
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              QKVParallelLinear qkv(options, comm);
+              qkv->load_weights(
+                  counted, "attn",
+                  QKVCheckpointLayout()
+                      .layout(layouts[li])
+                      .fused_name(layouts[li] == QKVLayout::kInterleavedGroups ? "linear_qkv" : "qkv_proj"));
+              got_w[comm.rank()] = qkv->weight.detach().clone();
+              got_b[comm.rank()] = qkv->bias.detach().clone();
+              std::lock_guard<std::mutex> lock(mu);
+              local_rows_total += qkv->weight.size(0);
+            },
+            test::test_comm_options());
         for (int64_t r = 0; r < world; ++r) {
           INFO("rank " << r);
           CHECK(test::bit_equal(got_w[r], ref_w[r]));
@@ -151,18 +165,23 @@ TEST_CASE("gate/up layouts separate and fused load identical layers at TP 1-4", 
   for (int64_t world = 1; world <= 4; ++world) {
     INFO("world=" << world);
     std::vector<at::Tensor> a(world), b(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      GateUpParallelLinear gu(GateUpParallelLinearOptions(hidden, inter).split(SplitPolicy{}.with_granularity(4)), comm);
-      gu->load_weights(separate, "mlp");
-      a[comm.rank()] = gu->weight.detach().clone();
-      gu->load_weights(fused, "mlp", GateUpCheckpointLayout().layout(GateUpLayout::kFused));
-      b[comm.rank()] = gu->weight.detach().clone();
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          GateUpParallelLinear gu(GateUpParallelLinearOptions(hidden, inter).split(SplitPolicy{}.with_granularity(4)),
+                                  comm);
+          gu->load_weights(separate, "mlp");
+          a[comm.rank()] = gu->weight.detach().clone();
+          gu->load_weights(fused, "mlp", GateUpCheckpointLayout().layout(GateUpLayout::kFused));
+          b[comm.rank()] = gu->weight.detach().clone();
+        },
+        test::test_comm_options());
     for (int64_t r = 0; r < world; ++r) {
       INFO("rank " << r);
       CHECK(at::equal(a[r], b[r]));
       const auto range = split_for_rank(inter, world, r, SplitPolicy{}.with_granularity(4), "intermediate");
-      CHECK(at::equal(b[r], at::cat({gate.narrow(0, range.begin, range.size()), up.narrow(0, range.begin, range.size())}, 0)));
+      CHECK(at::equal(
+          b[r], at::cat({gate.narrow(0, range.begin, range.size()), up.narrow(0, range.begin, range.size())}, 0)));
     }
   }
 }
@@ -180,8 +199,9 @@ TEST_CASE("a fused tensor that does not fit the declared layout is an error nami
                         Contains("QKVParallelLinear") && Contains(to_string(layout)) &&
                             Contains("'attn.qkv_proj.weight' has shape [40, 16]") && Contains("expected [48, 16]"));
   }
-  REQUIRE_THROWS_WITH(qkv->load_weights(ckpt, "attn", QKVCheckpointLayout().layout(QKVLayout::kFused).fused_name("qkv")),
-                      Contains("no tensor 'attn.qkv.weight'"));
+  REQUIRE_THROWS_WITH(
+      qkv->load_weights(ckpt, "attn", QKVCheckpointLayout().layout(QKVLayout::kFused).fused_name("qkv")),
+      Contains("no tensor 'attn.qkv.weight'"));
   GateUpParallelLinear gu(GateUpParallelLinearOptions(16, 16));
   REQUIRE_THROWS_WITH(gu->load_weights(ckpt, "mlp", GateUpCheckpointLayout().layout(GateUpLayout::kFused)),
                       Contains("GateUpParallelLinear") && Contains("fused [gate|up]") && Contains("[30, 16]") &&

@@ -5,8 +5,8 @@
 #include <ATen/ATen.h>
 
 #include "support/test_util.h"
-#include "tp/loader/load_shard.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/loader/load_shard.h"
 
 using namespace tp;
 using Catch::Contains;

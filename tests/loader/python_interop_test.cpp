@@ -81,11 +81,13 @@ TEST_CASE("files written by tp load bit-exactly in Python safetensors, every dty
   for (const char* st : {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL", "F8_E4M3", "F8_E5M2"}) {
     for (const std::vector<int64_t>& shape : {std::vector<int64_t>{6, 5}, {2, 3, 4}, {}, {0, 2}}) {
       const bool empty = !shape.empty() && shape[0] == 0;
-      const std::string name = std::string("cpp.") + st + "." + std::to_string(shape.size()) + "d" + (empty ? ".empty" : "");
+      const std::string name =
+          std::string("cpp.") + st + "." + std::to_string(shape.size()) + "d" + (empty ? ".empty" : "");
       const auto t = test::random_tensor(shape, safetensors_dtype(st), ++seed);
       tensors[name] = t;
       const auto bytes = test::bytes_of(t);
-      test::write_bytes(dir.file(name + ".bin"), std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+      test::write_bytes(dir.file(name + ".bin"),
+                        std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel()));
       manifest << name << " " << st << " ";
       for (size_t i = 0; i < shape.size(); ++i) manifest << (i ? "," : "") << shape[i];
       manifest << "\n";

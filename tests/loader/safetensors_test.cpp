@@ -21,8 +21,9 @@ using test::TempDir;
 
 namespace {
 
-const at::ScalarType kAllDtypes[] = {at::kDouble, at::kFloat, at::kHalf,  at::kBFloat16, at::kLong,          at::kInt,
-                                     at::kShort,  at::kChar,  at::kByte,  at::kBool,     at::kFloat8_e4m3fn, at::kFloat8_e5m2};
+const at::ScalarType kAllDtypes[] = {at::kDouble, at::kFloat, at::kHalf,          at::kBFloat16,
+                                     at::kLong,   at::kInt,   at::kShort,         at::kChar,
+                                     at::kByte,   at::kBool,  at::kFloat8_e4m3fn, at::kFloat8_e5m2};
 
 // A file from a raw header string and data bytes (for broken files).
 std::string raw_file(const std::string& header, const std::string& data, int64_t length = -1) {
@@ -94,16 +95,15 @@ TEST_CASE("a safetensors source keeps its file mapped after the file object is g
   const auto w = random_tensor({4, 4}, at::kFloat, 1);
   save_safetensors(dir.file("a.safetensors"), {{"w", w}});
   std::shared_ptr<const TensorSource> src;
-  {
-    src = SafetensorsFile::open(dir.file("a.safetensors")).source("w");
-  }
+  { src = SafetensorsFile::open(dir.file("a.safetensors")).source("w"); }
   CHECK(bit_equal(src->read(0, {1, 3}), w.narrow(0, 1, 2)));
 }
 
 TEST_CASE("open_checkpoint reads a sharded folder, a single-file folder and a file", "[loader]") {
   TempDir dir;
   std::map<std::string, at::Tensor> tensors;
-  for (int i = 0; i < 6; ++i) tensors["model.layers." + std::to_string(i) + ".w"] = random_tensor({16, 8}, at::kHalf, i);
+  for (int i = 0; i < 6; ++i)
+    tensors["model.layers." + std::to_string(i) + ".w"] = random_tensor({16, 8}, at::kHalf, i);
   // 256 bytes per tensor, at most 600 per file: 3 files of 2 tensors.
   CHECK(save_sharded_safetensors(dir.str(), tensors, 600) == 3);
   CHECK(test::file_exists(dir.file("model-00003-of-00003.safetensors")));
@@ -125,13 +125,14 @@ TEST_CASE("open_checkpoint reads a sharded folder, a single-file folder and a fi
 TEST_CASE("a sharded index naming a missing file or tensor is an error naming both", "[loader]") {
   TempDir dir;
   save_safetensors(dir.file("part1.safetensors"), {{"a", random_tensor({2}, at::kFloat, 1)}});
-  test::write_bytes(dir.file("model.safetensors.index.json"),
-                    R"({"metadata": {"total_size": 8}, "weight_map": {"a": "part1.safetensors", "b": "part2.safetensors"}})");
-  REQUIRE_THROWS_WITH(open_checkpoint(dir.str()), Contains("'b'") && Contains("part2.safetensors") &&
-                                                      Contains("does not exist"));
+  test::write_bytes(
+      dir.file("model.safetensors.index.json"),
+      R"({"metadata": {"total_size": 8}, "weight_map": {"a": "part1.safetensors", "b": "part2.safetensors"}})");
+  REQUIRE_THROWS_WITH(open_checkpoint(dir.str()),
+                      Contains("'b'") && Contains("part2.safetensors") && Contains("does not exist"));
   test::write_bytes(dir.file("model.safetensors.index.json"), R"({"weight_map": {"c": "part1.safetensors"}})");
-  REQUIRE_THROWS_WITH(open_checkpoint(dir.str()), Contains("'c'") && Contains("part1.safetensors") &&
-                                                      Contains("has no such tensor"));
+  REQUIRE_THROWS_WITH(open_checkpoint(dir.str()),
+                      Contains("'c'") && Contains("part1.safetensors") && Contains("has no such tensor"));
   test::write_bytes(dir.file("model.safetensors.index.json"), R"({"weight_map": {"c": "../part1.safetensors"}})");
   REQUIRE_THROWS_WITH(open_checkpoint(dir.str()), Contains("not a plain file name"));
   test::write_bytes(dir.file("model.safetensors.index.json"), R"({"weight_map": {"c": )");
@@ -148,32 +149,47 @@ TEST_CASE("a broken safetensors file is an error naming the file, the tensor and
   const std::string w16 = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   const std::vector<Case> cases = {
       {"truncated inside the length", std::string("\x10\x00\x00", 3), {"3 bytes", "8-byte header length"}},
-      {"truncated data", raw_file(w16, std::string(10, '\0')),
+      {"truncated data",
+       raw_file(w16, std::string(10, '\0')),
        {"'w'", "data_offsets [0, 16]", "data section of 10 bytes", "truncated"}},
-      {"header length past the end", raw_file(w16, std::string(16, '\0'), 4096),
+      {"header length past the end",
+       raw_file(w16, std::string(16, '\0'), 4096),
        {"header length 4096", "past the end of the file"}},
       {"absurd header length", raw_file("{}", "", int64_t{1} << 60), {"header length 1152921504606846976", "cap"}},
-      {"invalid JSON", raw_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16})", std::string(16, '\0')),
+      {"invalid JSON",
+       raw_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16})", std::string(16, '\0')),
        {"invalid JSON", "at byte"}},
-      {"unknown dtype", raw_file(R"({"w":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", std::string(1, '\0')),
+      {"unknown dtype",
+       raw_file(R"({"w":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", std::string(1, '\0')),
        {"'w'", "unknown dtype 'F4'", "BF16"}},
-      {"offsets out of range", raw_file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", std::string(16, '\0')),
+      {"offsets out of range",
+       raw_file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", std::string(16, '\0')),
        {"'w'", "[8, 24]", "16 bytes"}},
-      {"offsets end before begin", raw_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", std::string(16, '\0')),
+      {"offsets end before begin",
+       raw_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", std::string(16, '\0')),
        {"'w'", "[8, 4]"}},
       {"overlapping tensors",
-       raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                std::string(12, '\0')),
+       raw_file(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           std::string(12, '\0')),
        {"'a' [0, 8)", "'b' [4, 12)", "overlap"}},
-      {"size not shape x dtype", raw_file(R"({"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,16]}})", std::string(16, '\0')),
+      {"size not shape x dtype",
+       raw_file(R"({"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,16]}})", std::string(16, '\0')),
        {"'w'", "16 bytes", "[3, 2]", "needs 12"}},
-      {"negative dim", raw_file(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", std::string(16, '\0')),
+      {"negative dim",
+       raw_file(R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})", std::string(16, '\0')),
        {"'w' shape[0]", "non-negative integer"}},
-      {"numel overflow", raw_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", ""),
+      {"numel overflow",
+       raw_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", ""),
        {"'w'", "overflows"}},
-      {"duplicate tensor", raw_file(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})", "ab"),
+      {"duplicate tensor",
+       raw_file(
+           R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+           "ab"),
        {"'w' appears twice"}},
-      {"unknown key", raw_file(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}})", "a"), {"unknown key 'x'"}},
+      {"unknown key",
+       raw_file(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}})", "a"),
+       {"unknown key 'x'"}},
       {"missing key", raw_file(R"({"w":{"dtype":"U8","shape":[1]}})", "a"), {"'w' is missing \"data_offsets\""}},
   };
   for (const auto& c : cases) {

@@ -74,8 +74,8 @@ int run_comm() {
   at::Tensor gathered = comm.all_gather(piece(rank), 0, sizes);
   std::vector<at::Tensor> pieces;
   for (int64_t r = 0; r < world; ++r) pieces.push_back(piece(r));
-  TORCH_CHECK(at::equal(gathered, at::cat(pieces, 0)), "all_gather: result of shape ",
-              gathered.sizes(), " differs from the concatenated inputs");
+  TORCH_CHECK(at::equal(gathered, at::cat(pieces, 0)), "all_gather: result of shape ", gathered.sizes(),
+              " differs from the concatenated inputs");
 
   comm.barrier();
   std::cout << "rank " << rank << " ok" << std::endl;
@@ -115,14 +115,14 @@ int run_shm() {
           if (wire == tp::WirePrecision::kBFloat16 && dtype == at::kFloat) {
             // The bound documented at tp::WirePrecision, with L = 2 (covers one-shot's
             // 1 and, up to world 4, recursive doubling's ceil(log2 world)).
-            const at::Tensor bound = magnitude * (2 * std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -6)) +
-                                                  world * std::ldexp(1.0, -24));
+            const at::Tensor bound =
+                magnitude * (2 * std::ldexp(1.0, -8) * (1 + std::ldexp(1.0, -6)) + world * std::ldexp(1.0, -24));
             TORCH_CHECK(at::all(err <= bound).item<bool>(), "shm: ", strategy, " bf16 wire numel ", n,
                         " exceeds the documented bound: max err/S ", (err / magnitude).max().item<double>());
           } else {
             const double tol = dtype == at::kFloat ? 1e-5 : 1e-2;
-            TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, tol, tol), "shm: ", strategy, " ", dtype,
-                        " numel ", n, " differs from the float64 reference by up to ", err.max().item<double>());
+            TORCH_CHECK(at::allclose(t.to(at::kDouble), expected, tol, tol), "shm: ", strategy, " ", dtype, " numel ",
+                        n, " differs from the float64 reference by up to ", err.max().item<double>());
           }
           // Bitwise identical across ranks: every rank's hash of its bytes equals rank 0's.
           const at::Tensor hash = at::tensor({bytes_hash(t)}, at::kLong);
@@ -141,9 +141,9 @@ int run_shm() {
   // Auto on one host takes shared memory.
   at::Tensor small = at::ones({256});
   const auto chosen = comm.resolve_all_reduce(small);
-  TORCH_CHECK(chosen == tp::AllReduceStrategy::kSharedMemoryOneShot ||
-                  chosen == tp::AllReduceStrategy::kSharedMemoryTwoShot,
-              "shm: auto took ", chosen, " for 1 KiB on one host");
+  TORCH_CHECK(
+      chosen == tp::AllReduceStrategy::kSharedMemoryOneShot || chosen == tp::AllReduceStrategy::kSharedMemoryTwoShot,
+      "shm: auto took ", chosen, " for 1 KiB on one host");
   if (rank == 0) {
     const std::string prefix = "tp-" + std::to_string(::getpid()) + "-";
     DIR* dir = ::opendir("/dev/shm");
@@ -248,7 +248,8 @@ int run_mlp() {
   const auto reference = at::linear(at::silu(at::linear(x, wg)) * at::linear(x, wu), wd, bd);
 
   const auto split = tp::SplitPolicy{}.with_granularity(8);
-  tp::GateUpParallelLinear gate_up(tp::GateUpParallelLinearOptions(hidden, inter).dtype(at::kDouble).split(split), comm);
+  tp::GateUpParallelLinear gate_up(tp::GateUpParallelLinearOptions(hidden, inter).dtype(at::kDouble).split(split),
+                                   comm);
   tp::RowParallelLinear down(tp::RowParallelLinearOptions(inter, hidden).dtype(at::kDouble).split(split), comm);
   gate_up->load_weights(ckpt, "mlp");
   down->load_weights(ckpt, "mlp.down_proj");
@@ -257,8 +258,8 @@ int run_mlp() {
   const double err = (y - reference).abs().max().item<double>();
   TORCH_CHECK(err < 1e-12, "mlp: rank ", comm.rank(), " differs from the reference by ", err);
 
-  tp::ColumnParallelLinear fc(tp::ColumnParallelLinearOptions(hidden, inter).dtype(at::kDouble).gather_output(true)
-                                  .bias(false), comm);
+  tp::ColumnParallelLinear fc(
+      tp::ColumnParallelLinearOptions(hidden, inter).dtype(at::kDouble).gather_output(true).bias(false), comm);
   fc->load_weights(ckpt, "mlp.up_proj");
   const double fc_err = (fc->forward(x) - at::linear(x, wu)).abs().max().item<double>();
   TORCH_CHECK(fc_err < 1e-12, "gathered column: rank ", comm.rank(), " differs from the reference by ", fc_err);

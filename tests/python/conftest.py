@@ -14,4 +14,9 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.join(_ROOT, os.environ.get("TP_BUILD_DIR", "build"), "python"))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [sys.path[0], os.environ.get("PYTHONPATH")]))
-    import tp  # noqa: F401
+    try:
+        import tp  # noqa: F401
+    except ImportError:
+        # Without a build, the modules that need tp fail at their own `import tp`;
+        # those that need only Python packages (test_checkpoint_makers.py) still run.
+        pass

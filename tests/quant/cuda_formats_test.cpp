@@ -21,7 +21,8 @@ using namespace tp;
 namespace {
 
 void require_gpu() {
-  if (!torch::cuda::is_available()) FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
+  if (!torch::cuda::is_available())
+    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
 }
 
 void check_on_cuda(const QuantConfig& config, at::ScalarType dtype, double tolerance) {

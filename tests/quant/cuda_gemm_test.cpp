@@ -24,7 +24,8 @@ using tp::test::relative_error;
 namespace {
 
 void require_gpu() {
-  if (!torch::cuda::is_available()) FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
+  if (!torch::cuda::is_available())
+    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
 }
 
 const at::Device kCuda(at::kCUDA, 0);
@@ -39,7 +40,8 @@ std::pair<at::Tensor, at::Tensor> quantize_fp8_blocks(const at::Tensor& w) {
   auto q = at::empty({N, K}, at::kFloat);
   for (int64_t i = 0; i < nb; ++i) {
     for (int64_t j = 0; j < kb; ++j) {
-      auto blk = w.narrow(0, i * 128, std::min<int64_t>(128, N - i * 128)).narrow(1, j * 128, std::min<int64_t>(128, K - j * 128));
+      auto blk = w.narrow(0, i * 128, std::min<int64_t>(128, N - i * 128))
+                     .narrow(1, j * 128, std::min<int64_t>(128, K - j * 128));
       const double s = std::max(blk.abs().max().item<double>() / 448.0, 1e-12);
       scale[i][j] = s;
       q.narrow(0, i * 128, blk.size(0)).narrow(1, j * 128, blk.size(1)).copy_(blk / s);
@@ -56,9 +58,12 @@ at::Tensor expand_blocks(const at::Tensor& scale, int64_t rows_per, int64_t cols
 
 TEST_CASE("cuda::linear matches the float64 reference (bias epilogue, odd shapes, 3-D x)", "[cuda][quant]") {
   require_gpu();
-  struct Shape { int64_t m, n, k; };
+  struct Shape {
+    int64_t m, n, k;
+  };
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    for (const auto& s : {Shape{1, 256, 128}, Shape{7, 96, 64}, Shape{33, 7, 13}, Shape{256, 512, 384}, Shape{0, 16, 16}}) {
+    for (const auto& s :
+         {Shape{1, 256, 128}, Shape{7, 96, 64}, Shape{33, 7, 13}, Shape{256, 512, 384}, Shape{0, 16, 16}}) {
       for (bool with_bias : {false, true}) {
         INFO("dtype=" << dtype << " M=" << s.m << " N=" << s.n << " K=" << s.k << " bias=" << with_bias);
         const auto x = randn({s.m, s.k}, 1).to(dtype);
@@ -109,7 +114,9 @@ TEST_CASE("quantize_groups: per-token and 1x128 groups, int8 and FP8", "[cuda][q
 
 TEST_CASE("fp8_gemm: per-tensor, per-channel and 128x128 block scales match the float64 reference", "[cuda][quant]") {
   require_gpu();
-  struct Shape { int64_t m, n, k; };
+  struct Shape {
+    int64_t m, n, k;
+  };
   // Aligned shapes take cuBLASLt (or its fallback where this GPU lacks a scale mode);
   // the last one (N=100, K=200) is outside the FP8 rules and takes the fallback.
   for (const auto& s : {Shape{1, 256, 384}, Shape{5, 384, 256}, Shape{64, 256, 512}, Shape{3, 100, 200}}) {
@@ -121,8 +128,9 @@ TEST_CASE("fp8_gemm: per-tensor, per-channel and 128x128 block scales match the 
       at::Tensor wq, ws, xq, xs, w_deq, x_deq;
       if (scaling == cuda::Fp8Scaling::kBlock) {
         std::tie(wq, ws) = quantize_fp8_blocks(w);
-        std::tie(xq, xs) = cuda::quantize_groups(
-            at::constant_pad_nd(xf, {0, (s.k + 127) / 128 * 128 - s.k}).to(at::kFloat).to(kCuda), at::kFloat8_e4m3fn, 128);
+        std::tie(xq, xs) =
+            cuda::quantize_groups(at::constant_pad_nd(xf, {0, (s.k + 127) / 128 * 128 - s.k}).to(at::kFloat).to(kCuda),
+                                  at::kFloat8_e4m3fn, 128);
         xq = xq.narrow(1, 0, s.k).contiguous();
         w_deq = f64(wq) * expand_blocks(f64(ws), 128, 128, s.n, s.k);
         x_deq = f64(xq) * expand_blocks(f64(xs), 1, 128, s.m, s.k);
@@ -141,8 +149,8 @@ TEST_CASE("fp8_gemm: per-tensor, per-channel and 128x128 block scales match the 
         w_deq = f64(wq) * f64(ws);
         x_deq = f64(xq) * f64(xs);
       }
-      const auto y = cuda::fp8_gemm(xq.to(kCuda), xs.to(kCuda), wq.to(kCuda), ws.to(kCuda), scaling,
-                                    bias.to(kCuda), at::kBFloat16);
+      const auto y = cuda::fp8_gemm(xq.to(kCuda), xs.to(kCuda), wq.to(kCuda), ws.to(kCuda), scaling, bias.to(kCuda),
+                                    at::kBFloat16);
       REQUIRE(y.sizes() == at::IntArrayRef{s.m, s.n});
       CHECK(y.scalar_type() == at::kBFloat16);
       // The GEMM of the dequantized operands: only accumulation order and the bf16
@@ -151,8 +159,8 @@ TEST_CASE("fp8_gemm: per-tensor, per-channel and 128x128 block scales match the 
       CHECK(relative_error(y.cpu(), ref) <= 2 * test::tolerance(at::kBFloat16));
       // fp8_linear quantizes x itself; against the unquantized product the error is
       // the FP8 rounding of both operands (about 2^-4 relative per element, averaged).
-      const auto y2 = cuda::fp8_linear(xf.to(at::kBFloat16).to(kCuda), wq.to(kCuda), ws.to(kCuda), scaling,
-                                       bias.to(kCuda));
+      const auto y2 =
+          cuda::fp8_linear(xf.to(at::kBFloat16).to(kCuda), wq.to(kCuda), ws.to(kCuda), scaling, bias.to(kCuda));
       CHECK(relative_error(y2.cpu(), at::linear(f64(xf.to(at::kBFloat16)), w_deq, f64(bias))) <= 0.08);
     }
   }
@@ -160,7 +168,9 @@ TEST_CASE("fp8_gemm: per-tensor, per-channel and 128x128 block scales match the 
 
 TEST_CASE("int8_gemm and int8_linear (W8A8) match the reference", "[cuda][quant]") {
   require_gpu();
-  struct Shape { int64_t m, n, k; };
+  struct Shape {
+    int64_t m, n, k;
+  };
   for (const auto& s : {Shape{1, 256, 384}, Shape{16, 64, 128}, Shape{40, 256, 256}, Shape{3, 30, 50}}) {
     INFO("M=" << s.m << " N=" << s.n << " K=" << s.k);
     auto g = test::generator(20);
@@ -169,7 +179,8 @@ TEST_CASE("int8_gemm and int8_linear (W8A8) match the reference", "[cuda][quant]
     const auto xs = (at::rand({s.m}, g) * 0.01 + 0.001).to(at::kFloat);
     const auto ws = (at::rand({s.n}, g) * 0.01 + 0.001).to(at::kFloat);
     const auto bias = randn({s.n}, 21).to(at::kBFloat16);
-    const auto y = cuda::int8_gemm(xq.to(kCuda), xs.to(kCuda), wq.to(kCuda), ws.to(kCuda), bias.to(kCuda), at::kBFloat16);
+    const auto y =
+        cuda::int8_gemm(xq.to(kCuda), xs.to(kCuda), wq.to(kCuda), ws.to(kCuda), bias.to(kCuda), at::kBFloat16);
     const auto ref = at::linear(f64(xq) * f64(xs).unsqueeze(1), f64(wq) * f64(ws).unsqueeze(1), f64(bias));
     CHECK(relative_error(y.cpu(), ref) <= 2 * test::tolerance(at::kBFloat16));
     const auto x = randn({s.m, s.k}, 22).to(at::kBFloat16);
@@ -197,24 +208,27 @@ TEST_CASE("weight-only INT8 / INT4: GEMV (M <= 16) and dequantize + GEMM match t
             if (with_zeros) z = zeros.to(kCuda);
             const double zero_default = bits == 8 ? 0.0 : 8.0;
             const auto zref = with_zeros ? f64(zeros) : at::full({N, G}, zero_default, at::kDouble);
-            const auto w_ref = (f64(codes) - zref.repeat_interleave(group, 1)) * f64(scales).repeat_interleave(group, 1);
+            const auto w_ref =
+                (f64(codes) - zref.repeat_interleave(group, 1)) * f64(scales).repeat_interleave(group, 1);
             const auto x = randn({m, K}, 31).to(dtype);
             const auto bias = randn({N}, 32).to(dtype);
             const auto y = cuda::weight_only_linear(x.to(kCuda), qweight.to(kCuda), bits, scales.to(kCuda), z, group,
                                                     bias.to(kCuda));
             REQUIRE(y.sizes() == at::IntArrayRef{m, N});
             CHECK(relative_error(y.cpu(), at::linear(f64(x), w_ref, f64(bias))) <= 2 * test::tolerance(dtype));
-            const auto w = cuda::dequantize_weight_only(qweight.to(kCuda), bits, scales.to(kCuda), z, group, at::kFloat);
+            const auto w =
+                cuda::dequantize_weight_only(qweight.to(kCuda), bits, scales.to(kCuda), z, group, at::kFloat);
             CHECK(relative_error(w.cpu(), w_ref) <= 1e-6);
           }
         }
       }
     }
   }
-  REQUIRE_THROWS_WITH(cuda::weight_only_linear(at::ones({1, 256}, at::TensorOptions(kCuda).dtype(at::kBFloat16)),
-                                               at::zeros({8, 128}, at::TensorOptions(kCuda).dtype(at::kByte)), 4,
-                                               at::ones({8, 3}, at::TensorOptions(kCuda)), std::nullopt, 128, std::nullopt),
-                      Catch::Contains("scales must be [8, 2]"));
+  REQUIRE_THROWS_WITH(
+      cuda::weight_only_linear(at::ones({1, 256}, at::TensorOptions(kCuda).dtype(at::kBFloat16)),
+                               at::zeros({8, 128}, at::TensorOptions(kCuda).dtype(at::kByte)), 4,
+                               at::ones({8, 3}, at::TensorOptions(kCuda)), std::nullopt, 128, std::nullopt),
+      Catch::Contains("scales must be [8, 2]"));
 }
 
 TEST_CASE("CUDA graphs: the GEMM paths capture and replay", "[cuda][quant]") {
@@ -231,7 +245,8 @@ TEST_CASE("CUDA graphs: the GEMM paths capture and replay", "[cuda][quant]") {
   const auto stream = c10::cuda::getStreamFromPool();
   const c10::cuda::CUDAStreamGuard guard(stream);
   auto run = [&] {
-    return std::make_pair(cuda::linear(static_x, w, bias), cuda::weight_only_linear(static_x, q4, 4, s4, std::nullopt, 128, bias));
+    return std::make_pair(cuda::linear(static_x, w, bias),
+                          cuda::weight_only_linear(static_x, q4, 4, s4, std::nullopt, 128, bias));
   };
   run();
   stream.synchronize();

@@ -153,23 +153,26 @@ TEST_CASE("fp8_block: every rank reads its own scale blocks (span 128), column a
   Checkpoint ckpt;
   add_to_checkpoint(ckpt, "fc", q);
   const auto x = at::randn({4, k}, test::generator(22)).to(at::kFloat);
-  const auto ref = at::matmul(quantize_activation(x, q, kBlock).to(at::kDouble),
-                              dequantize_weight(q, kBlock).to(at::kDouble).t());
+  const auto ref =
+      at::matmul(quantize_activation(x, q, kBlock).to(at::kDouble), dequantize_weight(q, kBlock).to(at::kDouble).t());
   // Expected per-row block scales: row r of block i, column block j.
   const auto scale_rows = q.at("weight_scale_inv").repeat_interleave(128, 0);  // [640, 3]
   for (int64_t world : {2, 3, 4}) {
     std::vector<at::Tensor> col(world), row(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      ColumnParallelLinear c(ColumnParallelLinearOptions(k, n).bias(false).gather_output(true).quant(kBlock), comm);
-      c->load_weights(ckpt, "fc");
-      const Range mine = c->local_range();
-      const at::Tensor scale = c->named_parameters()["weight_scale_inv"];
-      CHECK(at::equal(scale, scale_rows.narrow(0, mine.begin, mine.size())));
-      col[comm.rank()] = c->forward(x);
-      RowParallelLinear r(RowParallelLinearOptions(k, n).bias(false).input_is_parallel(false).quant(kBlock), comm);
-      r->load_weights(ckpt, "fc");
-      row[comm.rank()] = r->forward(x);
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          ColumnParallelLinear c(ColumnParallelLinearOptions(k, n).bias(false).gather_output(true).quant(kBlock), comm);
+          c->load_weights(ckpt, "fc");
+          const Range mine = c->local_range();
+          const at::Tensor scale = c->named_parameters()["weight_scale_inv"];
+          CHECK(at::equal(scale, scale_rows.narrow(0, mine.begin, mine.size())));
+          col[comm.rank()] = c->forward(x);
+          RowParallelLinear r(RowParallelLinearOptions(k, n).bias(false).input_is_parallel(false).quant(kBlock), comm);
+          r->load_weights(ckpt, "fc");
+          row[comm.rank()] = r->forward(x);
+        },
+        test::test_comm_options());
     for (int64_t r = 0; r < world; ++r) {
       INFO("world " << world << " rank " << r);
       CHECK(test::relative_error(col[r], ref) <= 2e-5);
@@ -185,21 +188,24 @@ TEST_CASE("fp8_channel: a row-parallel layer replicates the [N,1] scales, a colu
   Checkpoint ckpt;
   add_to_checkpoint(ckpt, "fc", q);
   const auto& s = q.at("weight_scale");
-  run_ranks_in_threads(3, [&](Communicator& comm) {
-    RowParallelLinear r(RowParallelLinearOptions(k, n).bias(false).quant(kChannel), comm);
-    r->load_weights(ckpt, "fc");
-    CHECK(at::equal(r->named_parameters()["weight_scale"], s));
-    ColumnParallelLinear c(ColumnParallelLinearOptions(k, n).bias(false).quant(kChannel), comm);
-    c->load_weights(ckpt, "fc");
-    const Range mine = c->local_range();
-    CHECK(at::equal(c->named_parameters()["weight_scale"], s.narrow(0, mine.begin, mine.size())));
-    // Column layers quantize the whole activation row, as the reference does: the
-    // tight float32 bound holds (the row layer's looser one is explained at the top).
-    const auto x = at::randn({5, k}, test::generator(32)).to(at::kFloat);
-    const auto ref = at::matmul(quantize_activation(x, q, kChannel).to(at::kDouble),
-                                dequantize_weight(q, kChannel).to(at::kDouble).t());
-    CHECK(test::relative_error(c->forward(x), ref.narrow(1, mine.begin, mine.size())) <= 2e-5);
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        RowParallelLinear r(RowParallelLinearOptions(k, n).bias(false).quant(kChannel), comm);
+        r->load_weights(ckpt, "fc");
+        CHECK(at::equal(r->named_parameters()["weight_scale"], s));
+        ColumnParallelLinear c(ColumnParallelLinearOptions(k, n).bias(false).quant(kChannel), comm);
+        c->load_weights(ckpt, "fc");
+        const Range mine = c->local_range();
+        CHECK(at::equal(c->named_parameters()["weight_scale"], s.narrow(0, mine.begin, mine.size())));
+        // Column layers quantize the whole activation row, as the reference does: the
+        // tight float32 bound holds (the row layer's looser one is explained at the top).
+        const auto x = at::randn({5, k}, test::generator(32)).to(at::kFloat);
+        const auto ref = at::matmul(quantize_activation(x, q, kChannel).to(at::kDouble),
+                                    dequantize_weight(q, kChannel).to(at::kDouble).t());
+        CHECK(test::relative_error(c->forward(x), ref.narrow(1, mine.begin, mine.size())) <= 2e-5);
+      },
+      test::test_comm_options());
 }
 
 TEST_CASE("fp8_tensor: fused QKV keeps each part's weight scale and uses the largest input scale",
@@ -228,13 +234,19 @@ TEST_CASE("fp8_tensor: fused QKV keeps each part's weight scale and uses the lar
   const auto ref = at::cat(refs, -1);
   for (int64_t world : {1, 2}) {
     std::vector<at::Tensor> out(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      QKVParallelLinear l(QKVParallelLinearOptions(hidden, head_dim, heads, kv_heads)
-                              .bias(false).gather_output(true).quant(kTensor), comm);
-      l->load_weights(ckpt, "attn");
-      CHECK(l->named_parameters()["input_scale"].item<float>() == 8.f / 448);
-      out[comm.rank()] = l->forward(x);
-    }, test::test_comm_options());
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          QKVParallelLinear l(QKVParallelLinearOptions(hidden, head_dim, heads, kv_heads)
+                                  .bias(false)
+                                  .gather_output(true)
+                                  .quant(kTensor),
+                              comm);
+          l->load_weights(ckpt, "attn");
+          CHECK(l->named_parameters()["input_scale"].item<float>() == 8.f / 448);
+          out[comm.rank()] = l->forward(x);
+        },
+        test::test_comm_options());
     for (int64_t r = 0; r < world; ++r) {
       INFO("world " << world << " rank " << r);
       // Relative to max |ref| ~ 100x the q part: the q and v parts are checked on
@@ -256,33 +268,38 @@ TEST_CASE("fp8 layers refuse unsupported shards at construction, listing what wo
   Checkpoint ckpt;
   add_to_checkpoint(ckpt, "down", q);
   const auto x = at::randn({2, 300}, test::generator(52)).to(at::kFloat);
-  run_ranks_in_threads(3, [&](Communicator& comm) {
-    RowParallelLinear r(RowParallelLinearOptions(300, 64).bias(false).input_is_parallel(false).quant(kBlock), comm);
-    r->load_weights(ckpt, "down");
-    out[comm.rank()] = r->forward(x);
-  }, test::test_comm_options());
-  const auto ref = at::matmul(quantize_activation(x, q, kBlock).to(at::kDouble),
-                              dequantize_weight(q, kBlock).to(at::kDouble).t());
+  run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        RowParallelLinear r(RowParallelLinearOptions(300, 64).bias(false).input_is_parallel(false).quant(kBlock), comm);
+        r->load_weights(ckpt, "down");
+        out[comm.rank()] = r->forward(x);
+      },
+      test::test_comm_options());
+  const auto ref =
+      at::matmul(quantize_activation(x, q, kBlock).to(at::kDouble), dequantize_weight(q, kBlock).to(at::kDouble).t());
   for (const auto& y : out) CHECK(test::relative_error(y, ref) <= 2e-5);
 
   // QKV with head_dim=64 and fp8_block: a KV head is half a 128-row block, so two KV
   // heads must stay together; 3 KV heads cannot be split on the block at all.
-  REQUIRE_THROWS_WITH(QKVParallelLinear(QKVParallelLinearOptions(256, 64, 6, 3).quant(kBlock)),
-                      Contains("QKVParallelLinear:") && Contains("granularity 128") &&
-                          Contains("pad num_kv_heads to 4"));
+  REQUIRE_THROWS_WITH(
+      QKVParallelLinear(QKVParallelLinearOptions(256, 64, 6, 3).quant(kBlock)),
+      Contains("QKVParallelLinear:") && Contains("granularity 128") && Contains("pad num_kv_heads to 4"));
   // World 4 with two KV heads of 64 rows: each would be replicated on two ranks,
   // which cuts a 128-row block.
   std::vector<std::string> errors(4);
-  run_ranks_in_threads(4, [&](Communicator& comm) {
-    try {
-      QKVParallelLinear l(QKVParallelLinearOptions(256, 64, 4, 2).quant(kBlock), comm);
-    } catch (const c10::Error& e) {
-      errors[comm.rank()] = e.what_without_backtrace();
-    }
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      4,
+      [&](Communicator& comm) {
+        try {
+          QKVParallelLinear l(QKVParallelLinearOptions(256, 64, 4, 2).quant(kBlock), comm);
+        } catch (const c10::Error& e) {
+          errors[comm.rank()] = e.what_without_backtrace();
+        }
+      },
+      test::test_comm_options());
   for (const auto& e : errors) {
-    CHECK_THAT(e, Contains("QKVParallelLinear:") && Contains("granularity 128") &&
-                      Contains("world sizes that work"));
+    CHECK_THAT(e, Contains("QKVParallelLinear:") && Contains("granularity 128") && Contains("world sizes that work"));
   }
   // A layer dtype that is not floating point, and a device this build cannot run FP8 on.
   REQUIRE_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 128).dtype(at::kInt).quant(kBlock)),

@@ -58,10 +58,13 @@ HandBuilt hand_built(int64_t n, int64_t k, int64_t g) {
   HandBuilt h{n, k, g, at::empty({n, k}), {}, {}};
   const auto code = [&](int64_t nn, int64_t kk) { return (nn * 7 + kk * 5 + nn * kk) % 16; };
   const auto zero = [&](int64_t gg, int64_t nn) { return (gg * 3 + nn) % 15 + 1; };  // 1..15 (GPTQ v1 stores 0..14)
-  const auto scale = [&](int64_t gg, int64_t nn) { return static_cast<float>(1 + nn + n * gg) / 256.0f; };  // exact in f16
+  const auto scale = [&](int64_t gg, int64_t nn) {
+    return static_cast<float>(1 + nn + n * gg) / 256.0f;
+  };  // exact in f16
   auto e = h.expected.accessor<float, 2>();
   for (int64_t nn = 0; nn < n; ++nn)
-    for (int64_t kk = 0; kk < k; ++kk) e[nn][kk] = static_cast<float>(code(nn, kk) - zero(kk / g, nn)) * scale(kk / g, nn);
+    for (int64_t kk = 0; kk < k; ++kk)
+      e[nn][kk] = static_cast<float>(code(nn, kk) - zero(kk / g, nn)) * scale(kk / g, nn);
   auto scales = at::empty({k / g, n});
   auto s = scales.accessor<float, 2>();
   for (int64_t gg = 0; gg < k / g; ++gg)
@@ -106,8 +109,7 @@ HandBuilt hand_built(int64_t n, int64_t k, int64_t g) {
 
 }  // namespace
 
-TEST_CASE("int4 layers match the float64 reference at TP 1-4 (GPTQ and AWQ, g32/64/128, sym/asym)",
-          "[quant][int4]") {
+TEST_CASE("int4 layers match the float64 reference at TP 1-4 (GPTQ and AWQ, g32/64/128, sym/asym)", "[quant][int4]") {
   // Default shapes: in = 384 splits 2+1 groups of 128 at world 2 and 1+1+1+0 at world 4
   // (a rank without input columns); column splits of 640 / 3 leave N % 16 == 8 on some
   // ranks, which run the dequantize reference instead of the ATen kernel.
@@ -152,7 +154,8 @@ TEST_CASE("int4 packings decode hand-built GPTQ and AWQ tensors", "[quant][int4]
   const auto w = test::random_weight(16, 64, 41);
   for (int64_t group : {32, 64}) {
     const auto gptq = int4(QuantFormat::kInt4Gptq, group, true), awq = int4(QuantFormat::kInt4Awq, group, true);
-    CHECK(at::equal(dequantize_weight(quantize_weight(w, gptq), gptq), dequantize_weight(quantize_weight(w, awq), awq)));
+    CHECK(
+        at::equal(dequantize_weight(quantize_weight(w, gptq), gptq), dequantize_weight(quantize_weight(w, awq), awq)));
   }
 }
 
@@ -186,26 +189,30 @@ TEST_CASE("int4 shards: COLUMN and ROW slices of hand-built GPTQ and AWQ tensors
     add_to_checkpoint(ckpt, "fc", format == QuantFormat::kInt4Awq ? h.awq : h.gptq);
     for (int64_t world : {2, 4}) {
       INFO("world " << world);
-      run_ranks_in_threads(world, [&](Communicator& comm) {
-        const int64_t r = comm.rank();
-        const auto x = test::randn({3, k}, 61).to(at::kFloat);
-        const auto local = [&](const torch::nn::Module& m) {
-          return dequantize_weight({{"qweight", param(m, "qweight")}, {"qzeros", param(m, "qzeros")},
-                                    {"scales", param(m, "scales")}}, config);
-        };
-        ColumnParallelLinear col(ColumnParallelLinearOptions(k, n).bias(false).quant(config), comm);
-        col->load_weights(ckpt, "fc");
-        const auto rows = h.expected.narrow(0, r * n / world, n / world);
-        CHECK(at::equal(local(*col), rows));
-        CHECK(test::relative_error(col->forward(x), at::matmul(x, rows.t())) < 3e-2);
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            const int64_t r = comm.rank();
+            const auto x = test::randn({3, k}, 61).to(at::kFloat);
+            const auto local = [&](const torch::nn::Module& m) {
+              return dequantize_weight(
+                  {{"qweight", param(m, "qweight")}, {"qzeros", param(m, "qzeros")}, {"scales", param(m, "scales")}},
+                  config);
+            };
+            ColumnParallelLinear col(ColumnParallelLinearOptions(k, n).bias(false).quant(config), comm);
+            col->load_weights(ckpt, "fc");
+            const auto rows = h.expected.narrow(0, r * n / world, n / world);
+            CHECK(at::equal(local(*col), rows));
+            CHECK(test::relative_error(col->forward(x), at::matmul(x, rows.t())) < 3e-2);
 
-        RowParallelLinear row(RowParallelLinearOptions(k, n).bias(false).quant(config).reduce_output(false), comm);
-        row->load_weights(ckpt, "fc");
-        const auto cols = h.expected.narrow(1, r * k / world, k / world);
-        CHECK(at::equal(local(*row), cols));
-        const auto x_local = x.narrow(1, r * k / world, k / world);
-        CHECK(test::relative_error(row->forward(x_local), at::matmul(x_local, cols.t())) < 3e-2);
-      }, test::test_comm_options());
+            RowParallelLinear row(RowParallelLinearOptions(k, n).bias(false).quant(config).reduce_output(false), comm);
+            row->load_weights(ckpt, "fc");
+            const auto cols = h.expected.narrow(1, r * k / world, k / world);
+            CHECK(at::equal(local(*row), cols));
+            const auto x_local = x.narrow(1, r * k / world, k / world);
+            CHECK(test::relative_error(row->forward(x_local), at::matmul(x_local, cols.t())) < 3e-2);
+          },
+          test::test_comm_options());
     }
   }
 }
@@ -248,8 +255,7 @@ TEST_CASE("int4 construction refuses shapes the format cannot shard", "[quant][i
   const auto g128 = int4(QuantFormat::kInt4Gptq, 128, true);
   // ROW splits K in whole groups: 200 is no multiple of 128 at any world size.
   CHECK_THROWS_WITH(RowParallelLinear(RowParallelLinearOptions(200, 64).quant(g128)),
-                    Contains("RowParallelLinear") && Contains("in_features=200") && Contains("128") &&
-                        Contains("256"));
+                    Contains("RowParallelLinear") && Contains("in_features=200") && Contains("128") && Contains("256"));
   // COLUMN keeps K whole: it must still hold whole groups.
   CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(200, 64).quant(g128)),
                     Contains("int4_gptq:g128:sym") && Contains("(200)") && Contains("group size 128"));
@@ -258,13 +264,17 @@ TEST_CASE("int4 construction refuses shapes the format cannot shard", "[quant][i
                     Contains("ColumnParallelLinear") && Contains("100") && Contains("8") && Contains("104"));
   CHECK_THROWS_WITH(RowParallelLinear(RowParallelLinearOptions(128, 100).quant(g128)),
                     Contains("out_features per rank (100)") && Contains("multiple of 8"));
-  CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 64).quant(int4(QuantFormat::kInt4Awq, 48, true))),
-                    Contains("group_size 48 is not supported"));
+  CHECK_THROWS_WITH(
+      ColumnParallelLinear(ColumnParallelLinearOptions(128, 64).quant(int4(QuantFormat::kInt4Awq, 48, true))),
+      Contains("group_size 48 is not supported"));
   // 384 at TP 2 is fine: whole groups, split 256 + 128.
-  run_ranks_in_threads(2, [&](Communicator& comm) {
-    RowParallelLinear row(RowParallelLinearOptions(384, 64).quant(g128), comm);
-    CHECK(param(*row, "qweight").size(0) * 8 == (comm.rank() == 0 ? 256 : 128));
-  }, test::test_comm_options());
+  run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        RowParallelLinear row(RowParallelLinearOptions(384, 64).quant(g128), comm);
+        CHECK(param(*row, "qweight").size(0) * 8 == (comm.rank() == 0 ? 256 : 128));
+      },
+      test::test_comm_options());
 }
 
 TEST_CASE("int4 load names the tensor with a wrong shape or dtype", "[quant][int4][errors]") {

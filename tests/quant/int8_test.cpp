@@ -62,7 +62,8 @@ TEST_CASE("int8_w8a8 layers match the float64 reference at TP 1-4", "[quant][int
   test::check_quant_layers(file);
 }
 
-TEST_CASE("int8 kernels handle K not a multiple of 16 (exact float32 op, reference for 16-bit) and float16", "[quant][int8]") {
+TEST_CASE("int8 kernels handle K not a multiple of 16 (exact float32 op, reference for 16-bit) and float16",
+          "[quant][int8]") {
   // _weight_int8pack_mm crashes on bfloat16 with K % 16 != 0 in torch 2.11: the method
   // takes the reference path there. Small odd shapes, worlds 1-2.
   test::QuantLayerShapes odd;
@@ -108,19 +109,22 @@ TEST_CASE("int8 shards: COLUMN slices weight and scales, ROW slices the weight a
   const auto q = quantize_weight(w, kWeightOnly);
   Checkpoint ckpt;
   add_to_checkpoint(ckpt, "fc", q);
-  run_ranks_in_threads(2, [&](Communicator& comm) {
-    ColumnParallelLinear col(ColumnParallelLinearOptions(in, out).bias(false).quant(kWeightOnly), comm);
-    col->load_weights(ckpt, "fc");
-    const auto rows = Range{comm.rank() * out / 2, (comm.rank() + 1) * out / 2};
-    CHECK(at::equal(param(*col, "weight"), q.at("weight").narrow(0, rows.begin, rows.size())));
-    CHECK(at::equal(param(*col, "weight_scale"), q.at("weight_scale").narrow(0, rows.begin, rows.size())));
+  run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        ColumnParallelLinear col(ColumnParallelLinearOptions(in, out).bias(false).quant(kWeightOnly), comm);
+        col->load_weights(ckpt, "fc");
+        const auto rows = Range{comm.rank() * out / 2, (comm.rank() + 1) * out / 2};
+        CHECK(at::equal(param(*col, "weight"), q.at("weight").narrow(0, rows.begin, rows.size())));
+        CHECK(at::equal(param(*col, "weight_scale"), q.at("weight_scale").narrow(0, rows.begin, rows.size())));
 
-    RowParallelLinear row(RowParallelLinearOptions(in, out).bias(false).quant(kWeightOnly), comm);
-    row->load_weights(ckpt, "fc");
-    const auto cols = Range{comm.rank() * in / 2, (comm.rank() + 1) * in / 2};
-    CHECK(at::equal(param(*row, "weight"), q.at("weight").narrow(1, cols.begin, cols.size())));
-    CHECK(at::equal(param(*row, "weight_scale"), q.at("weight_scale")));
-  }, test::test_comm_options());
+        RowParallelLinear row(RowParallelLinearOptions(in, out).bias(false).quant(kWeightOnly), comm);
+        row->load_weights(ckpt, "fc");
+        const auto cols = Range{comm.rank() * in / 2, (comm.rank() + 1) * in / 2};
+        CHECK(at::equal(param(*row, "weight"), q.at("weight").narrow(1, cols.begin, cols.size())));
+        CHECK(at::equal(param(*row, "weight_scale"), q.at("weight_scale")));
+      },
+      test::test_comm_options());
 }
 
 TEST_CASE("int8 load names the tensor with a wrong shape or dtype", "[quant][int8][errors]") {
@@ -133,11 +137,10 @@ TEST_CASE("int8 load names the tensor with a wrong shape or dtype", "[quant][int
     ColumnParallelLinear fc(ColumnParallelLinearOptions(48, 32).bias(false).quant(kW8A8));
     fc->load_weights(ckpt, "fc");
   };
-  CHECK_THROWS_WITH(load("weight_scale", at::ones({32, 2})),
-                    Contains("ColumnParallelLinear") && Contains("fc.weight_scale") && Contains("[32, 2]") &&
-                        Contains("expected [32, 1]"));
-  CHECK_THROWS_WITH(load("weight_scale", at::ones({32, 1}, at::kInt)),
-                    Contains("fc.weight_scale") && Contains("Int"));
+  CHECK_THROWS_WITH(load("weight_scale", at::ones({32, 2})), Contains("ColumnParallelLinear") &&
+                                                                 Contains("fc.weight_scale") && Contains("[32, 2]") &&
+                                                                 Contains("expected [32, 1]"));
+  CHECK_THROWS_WITH(load("weight_scale", at::ones({32, 1}, at::kInt)), Contains("fc.weight_scale") && Contains("Int"));
   CHECK_THROWS_WITH(load("weight", q.at("weight").to(at::kFloat)),
                     Contains("fc.weight") && Contains("Float") && Contains("int8"));
   CHECK_THROWS_WITH(load("weight", q.at("weight").narrow(1, 0, 40)),

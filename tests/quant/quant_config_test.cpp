@@ -25,8 +25,7 @@ TEST_CASE("quant configs round-trip through their names", "[quant]") {
 }
 
 TEST_CASE("unknown quant names are errors listing what is accepted", "[quant][errors]") {
-  CHECK_THROWS_WITH(parse_quant_config("fp4"), Catch::Contains("unknown format 'fp4'") &&
-                                                   Catch::Contains("int4_awq"));
+  CHECK_THROWS_WITH(parse_quant_config("fp4"), Catch::Contains("unknown format 'fp4'") && Catch::Contains("int4_awq"));
   CHECK_THROWS_WITH(parse_quant_config("fp8_block:g64"), Catch::Contains("takes none"));
   CHECK_THROWS_WITH(parse_quant_config("int4_gptq:x"), Catch::Contains("unknown option 'x'"));
   CHECK_THROWS_WITH(parse_quant_config(""), Catch::Contains("expected one of"));

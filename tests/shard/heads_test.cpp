@@ -104,8 +104,7 @@ TEST_CASE("plan_heads: an element granularity becomes a whole number of heads", 
 }
 
 TEST_CASE("plan_heads: weights and rotation apply to KV heads, or to query heads within a group", "[shard]") {
-  CHECK(kv_of(all_ranks(16, 4, 64, 3, SplitPolicy{}.with_rotation(1))) ==
-        std::vector<Range>{{0, 1}, {1, 3}, {3, 4}});
+  CHECK(kv_of(all_ranks(16, 4, 64, 3, SplitPolicy{}.with_rotation(1))) == std::vector<Range>{{0, 1}, {1, 3}, {3, 4}});
   CHECK(kv_of(all_ranks(16, 4, 64, 2, SplitPolicy{}.with_weights({3, 1}))) == std::vector<Range>{{0, 3}, {3, 4}});
   // Replicated: rank r's weight is used within the ranks sharing its KV head.
   const auto plans = all_ranks(16, 4, 64, 8, SplitPolicy{}.with_weights({3, 1, 1, 1, 0, 1, 1, 3}));
@@ -137,9 +136,8 @@ TEST_CASE("plan_heads: errors name the numbers and what works", "[shard]") {
   using Catch::Contains;
   REQUIRE_THROWS_AS(tp::plan_heads(10, 4, 64, 2, 0), tp::ShardError);
   REQUIRE_THROWS_WITH(tp::plan_heads(10, 4, 64, 2, 0), Contains("num_heads=10 is not a multiple of num_kv_heads=4"));
-  REQUIRE_THROWS_WITH(tp::plan_heads(8, 2, 64, 3, 0),
-                      Contains("world_size=3") && Contains("multiple of 2") &&
-                          Contains("world sizes that work: 1, 2, 4, 6, 8"));
+  REQUIRE_THROWS_WITH(tp::plan_heads(8, 2, 64, 3, 0), Contains("world_size=3") && Contains("multiple of 2") &&
+                                                          Contains("world sizes that work: 1, 2, 4, 6, 8"));
   REQUIRE_THROWS_WITH(tp::plan_heads(32, 8, 64, 12, 0), Contains("world sizes that work: 1..8, 16, 24, 32"));
   // 3 KV heads of 64 elements cannot be cut on 128-element blocks.
   REQUIRE_THROWS_WITH(tp::plan_heads(12, 3, 64, 1, 0, SplitPolicy{}.with_granularity(128)),
@@ -190,7 +188,8 @@ TEST_CASE("plan_heads property: every head owned once, KV heads replicated as de
 
     const bool ok = (kv * head_dim) % g == 0 && (world <= kv || (world % kv == 0 && head_dim % g == 0));
     if (!ok) {
-      for (int64_t r = 0; r < world; ++r) REQUIRE_THROWS_AS(tp::plan_heads(heads, kv, head_dim, world, r, policy), tp::ShardError);
+      for (int64_t r = 0; r < world; ++r)
+        REQUIRE_THROWS_AS(tp::plan_heads(heads, kv, head_dim, world, r, policy), tp::ShardError);
       continue;
     }
     ++valid;

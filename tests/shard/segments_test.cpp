@@ -37,10 +37,10 @@ TEST_CASE("plan_segments: fused_offset and local_offset are different numbers, b
   CHECK(gate.local() == Range{0, 3});
 
   const tp::SegmentPiece& up = plan.piece("up");
-  CHECK(up.source == Range{3, 6});          // segment coordinates
-  CHECK(up.fused_offset == 12);             // after all of gate, all ranks
+  CHECK(up.source == Range{3, 6});  // segment coordinates
+  CHECK(up.fused_offset == 12);     // after all of gate, all ranks
   CHECK(up.fused_source() == Range{15, 18});
-  CHECK(up.local_offset == 3);              // after this rank's gate piece only
+  CHECK(up.local_offset == 3);  // after this rank's gate piece only
   CHECK(up.local() == Range{3, 6});
 }
 
@@ -96,15 +96,16 @@ TEST_CASE("plan_single is split_for_rank as a one-segment plan", "[shard]") {
   }
   REQUIRE_THROWS_WITH(tp::plan_single("out_features", 100, 2, 0, SplitPolicy{}.with_granularity(64)),
                       Catch::Contains("pad out_features to 128"));
-  REQUIRE_THROWS_WITH(tp::plan_single("x", 10, 2, 2), Catch::Contains("invalid rank 2 (rank should be in the 0..1 range)"));
+  REQUIRE_THROWS_WITH(tp::plan_single("x", 10, 2, 2),
+                      Catch::Contains("invalid rank 2 (rank should be in the 0..1 range)"));
 }
 
 TEST_CASE("SegmentPlan::piece lists the segment names when one is missing", "[shard]") {
   const SegmentPlan plan = tp::plan_segments({{"q", 8}, {"k", 4}, {"v", 4}}, 2, 0);
   CHECK(plan.piece("v").name == "v");
   REQUIRE_THROWS_AS(plan.piece("o"), tp::ShardError);
-  REQUIRE_THROWS_WITH(plan.piece("o"), Catch::Contains("no segment named \"o\"") &&
-                                           Catch::Contains("segments: \"q\", \"k\", \"v\""));
+  REQUIRE_THROWS_WITH(plan.piece("o"),
+                      Catch::Contains("no segment named \"o\"") && Catch::Contains("segments: \"q\", \"k\", \"v\""));
   REQUIRE_THROWS_WITH(SegmentPlan{}.piece("q"), Catch::Contains("segments: none"));
 }
 
@@ -118,8 +119,7 @@ TEST_CASE("make_segment_plan keeps explicit ranges and checks them", "[shard]") 
   CHECK(tp::make_segment_plan({}, {}).pieces.empty());
 
   using Catch::Contains;
-  REQUIRE_THROWS_WITH(tp::make_segment_plan({{"q", 16}, {"k", 8}}, {{0, 16}}),
-                      Contains("2 segments but 1 ranges"));
+  REQUIRE_THROWS_WITH(tp::make_segment_plan({{"q", 16}, {"k", 8}}, {{0, 16}}), Contains("2 segments but 1 ranges"));
   REQUIRE_THROWS_WITH(tp::make_segment_plan({{"q", 16}}, {{8, 20}}),
                       Contains("range [8,20) for segment \"q\" is not inside [0,16)"));
   REQUIRE_THROWS_WITH(tp::make_segment_plan({{"q", 16}}, {{-1, 4}}), Contains("is not inside"));
@@ -134,7 +134,8 @@ TEST_CASE("plan_segments: bad arguments are refused", "[shard]") {
   REQUIRE_THROWS_WITH(tp::plan_segments(segs, 4, 5), Contains("invalid rank 5 (rank should be in the 0..3 range)"));
   REQUIRE_THROWS_WITH(tp::plan_segments(segs, 0, 0), Contains("invalid world_size 0"));
   REQUIRE_THROWS_WITH(tp::plan_segments({{"q", 8, 0}}, 2, 0), Contains("invalid granularity 0 for segment \"q\""));
-  REQUIRE_THROWS_WITH(tp::plan_segments(segs, 2, 0, SplitPolicy{}.with_granularity(-2)), Contains("invalid granularity -2"));
+  REQUIRE_THROWS_WITH(tp::plan_segments(segs, 2, 0, SplitPolicy{}.with_granularity(-2)),
+                      Contains("invalid granularity -2"));
   REQUIRE_THROWS_WITH(tp::plan_segments(segs, 2, 0, SplitPolicy{}.with_weights({1})), Contains("got 1 weights"));
 }
 
@@ -159,9 +160,8 @@ TEST_CASE("plan_segments property: every segment is covered exactly once over al
       const int64_t unit = tp::combine_granularity(g, sg);
       segs.push_back({"s" + std::to_string(s), unit * uni(0, 3 * world), sg});
     }
-    INFO("case " << i << " seed " << kSeed << ": world=" << world << " granularity=" << g
-                 << " rotation=" << policy.rotation << " weighted=" << !policy.weights.empty()
-                 << " segments=" << segs.size());
+    INFO("case " << i << " seed " << kSeed << ": world=" << world << " granularity=" << g << " rotation="
+                 << policy.rotation << " weighted=" << !policy.weights.empty() << " segments=" << segs.size());
 
     std::vector<int64_t> next(segs.size(), 0);  // per segment: where the next rank's piece must begin
     int64_t global = 0;

@@ -71,8 +71,7 @@ TEST_CASE("split: 10 units over 4 ranks gives 3,3,2,2", "[shard]") {
   CHECK(sizes(tp::split(10, 4)) == std::vector<int64_t>{3, 3, 2, 2});
   CHECK(tp::split(10, 4) == std::vector<Range>{{0, 3}, {3, 6}, {6, 8}, {8, 10}});
   // The same in units of a 128-element quant block.
-  CHECK(sizes(tp::split(1280, 4, SplitPolicy{}.with_granularity(128))) ==
-        std::vector<int64_t>{384, 384, 256, 256});
+  CHECK(sizes(tp::split(1280, 4, SplitPolicy{}.with_granularity(128))) == std::vector<int64_t>{384, 384, 256, 256});
   CHECK(tp::split(12, 4) == std::vector<Range>{{0, 3}, {3, 6}, {6, 9}, {9, 12}});
   CHECK(tp::split(7, 1) == std::vector<Range>{{0, 7}});
 }
@@ -103,7 +102,7 @@ TEST_CASE("split: weighted examples", "[shard]") {
     return sizes(tp::split(total, world, SplitPolicy{}.with_weights(w).with_rotation(rotation)));
   };
   CHECK(weighted(8, {1, 1, 2}) == std::vector<int64_t>{2, 2, 4});
-  CHECK(weighted(10, {1, 3}) == std::vector<int64_t>{3, 7});  // 2.5, 7.5: tie, rank 0 first
+  CHECK(weighted(10, {1, 3}) == std::vector<int64_t>{3, 7});     // 2.5, 7.5: tie, rank 0 first
   CHECK(weighted(10, {1, 3}, 1) == std::vector<int64_t>{2, 8});  // the tie goes to rank 1
   CHECK(weighted(5, {1, 0, 1}) == std::vector<int64_t>{3, 0, 2});
   CHECK(weighted(7, {0, 1}) == std::vector<int64_t>{0, 7});
@@ -175,8 +174,7 @@ TEST_CASE("split: bad arguments are refused with the valid range", "[shard]") {
   REQUIRE_THROWS_WITH(tp::split(-4, 2, {}, "rows"), Contains("split(rows): invalid size -4"));
   REQUIRE_THROWS_WITH(tp::split(10, 4, SplitPolicy{}.with_weights({1, 2, 3})),
                       Contains("got 3 weights for world_size 4"));
-  REQUIRE_THROWS_WITH(tp::split(10, 2, SplitPolicy{}.with_weights({1, -1})),
-                      Contains("invalid weight -1 for rank 1"));
+  REQUIRE_THROWS_WITH(tp::split(10, 2, SplitPolicy{}.with_weights({1, -1})), Contains("invalid weight -1 for rank 1"));
   REQUIRE_THROWS_WITH(tp::split(10, 2, SplitPolicy{}.with_weights({std::nan(""), 1})),
                       Contains("invalid weight nan for rank 0"));
   REQUIRE_THROWS_WITH(tp::split(10, 2, SplitPolicy{}.with_weights({std::numeric_limits<double>::infinity(), 1})),
@@ -205,7 +203,8 @@ TEST_CASE("split property: even splits partition the dimension on the granularit
     const Case c = random_case(rng);
     INFO("case " << i << " seed " << kSeed << ": total=" << c.total << " world=" << c.world
                  << " granularity=" << c.granularity << " rotation=" << c.rotation);
-    const auto ranges = tp::split(c.total, c.world, SplitPolicy{}.with_granularity(c.granularity).with_rotation(c.rotation));
+    const auto ranges =
+        tp::split(c.total, c.world, SplitPolicy{}.with_granularity(c.granularity).with_rotation(c.rotation));
     check_partition(ranges, c.total, c.world, c.granularity);
     int64_t lo = c.total, hi = 0;
     for (const Range& r : ranges) {
@@ -222,7 +221,8 @@ TEST_CASE("split property: the remainder goes to ranks rotation..rotation+rem-1"
     const Case c = random_case(rng);
     INFO("case " << i << " seed " << kSeed + 1 << ": total=" << c.total << " world=" << c.world
                  << " granularity=" << c.granularity << " rotation=" << c.rotation);
-    const auto ranges = tp::split(c.total, c.world, SplitPolicy{}.with_granularity(c.granularity).with_rotation(c.rotation));
+    const auto ranges =
+        tp::split(c.total, c.world, SplitPolicy{}.with_granularity(c.granularity).with_rotation(c.rotation));
     const int64_t units = c.total / c.granularity;
     const int64_t base = units / c.world, rem = units % c.world;
     const int64_t start = ((c.rotation % c.world) + c.world) % c.world;

@@ -18,10 +18,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
+#include "support/tp_catch.h"
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
-#include "support/tp_catch.h"
 
 // Its own namespace: every test area links into one tp_tests binary, and inline helpers
 // with the same name in two areas would silently collide.
@@ -56,16 +56,11 @@ inline at::Tensor reference_sum(uint64_t seed, int64_t world, at::IntArrayRef sh
 /// then rounded to the dtype.
 inline std::pair<double, double> tolerance(at::ScalarType dtype) {  // {rtol, atol}
   switch (dtype) {
-    case at::kDouble:
-      return {1e-12, 1e-12};
-    case at::kFloat:
-      return {1e-5, 1e-5};
-    case at::kHalf:
-      return {2e-3, 2e-3};
-    case at::kBFloat16:
-      return {1e-2, 1e-2};
-    default:
-      return {0, 0};
+    case at::kDouble: return {1e-12, 1e-12};
+    case at::kFloat: return {1e-5, 1e-5};
+    case at::kHalf: return {2e-3, 2e-3};
+    case at::kBFloat16: return {1e-2, 1e-2};
+    default: return {0, 0};
   }
 }
 

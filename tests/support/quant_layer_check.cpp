@@ -119,32 +119,51 @@ void check_quant_layers(const QuantCheck& check) {
 
   for (int64_t world : check.worlds) {
     std::vector<at::Tensor> col(world), row(world), qkv(world), gate_up(world);
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      const auto r = comm.rank();
-      ColumnParallelLinear column(ColumnParallelLinearOptions(s.in, s.out)
-                                      .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
-                                  comm);
-      column->load_weights(ckpt, "col");
-      col[r] = column->forward(x_in.to(check.device)).cpu();
+    run_ranks_in_threads(
+        world,
+        [&](Communicator& comm) {
+          const auto r = comm.rank();
+          ColumnParallelLinear column(ColumnParallelLinearOptions(s.in, s.out)
+                                          .bias(check.bias)
+                                          .gather_output(true)
+                                          .dtype(check.dtype)
+                                          .device(check.device)
+                                          .quant(check.config),
+                                      comm);
+          column->load_weights(ckpt, "col");
+          col[r] = column->forward(x_in.to(check.device)).cpu();
 
-      RowParallelLinear rowl(RowParallelLinearOptions(s.in, s.out)
-                                 .bias(check.bias).input_is_parallel(false).dtype(check.dtype).device(check.device).quant(check.config),
-                             comm);
-      rowl->load_weights(ckpt, "row");
-      row[r] = rowl->forward(x_in.to(check.device)).cpu();
+          RowParallelLinear rowl(RowParallelLinearOptions(s.in, s.out)
+                                     .bias(check.bias)
+                                     .input_is_parallel(false)
+                                     .dtype(check.dtype)
+                                     .device(check.device)
+                                     .quant(check.config),
+                                 comm);
+          rowl->load_weights(ckpt, "row");
+          row[r] = rowl->forward(x_in.to(check.device)).cpu();
 
-      QKVParallelLinear q(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
-                              .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
-                          comm);
-      q->load_weights(ckpt, "attn");
-      qkv[r] = q->forward(x_hidden.to(check.device)).cpu();
+          QKVParallelLinear q(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
+                                  .bias(check.bias)
+                                  .gather_output(true)
+                                  .dtype(check.dtype)
+                                  .device(check.device)
+                                  .quant(check.config),
+                              comm);
+          q->load_weights(ckpt, "attn");
+          qkv[r] = q->forward(x_hidden.to(check.device)).cpu();
 
-      GateUpParallelLinear g(GateUpParallelLinearOptions(s.hidden, s.intermediate)
-                                 .bias(check.bias).gather_output(true).dtype(check.dtype).device(check.device).quant(check.config),
-                             comm);
-      g->load_weights(ckpt, "mlp");
-      gate_up[r] = g->forward(x_hidden.to(check.device)).cpu();
-    }, test_comm_options());
+          GateUpParallelLinear g(GateUpParallelLinearOptions(s.hidden, s.intermediate)
+                                     .bias(check.bias)
+                                     .gather_output(true)
+                                     .dtype(check.dtype)
+                                     .device(check.device)
+                                     .quant(check.config),
+                                 comm);
+          g->load_weights(ckpt, "mlp");
+          gate_up[r] = g->forward(x_hidden.to(check.device)).cpu();
+        },
+        test_comm_options());
     expect_close("ColumnParallelLinear world " + std::to_string(world), col, ref_col, check);
     expect_close("RowParallelLinear world " + std::to_string(world), row, ref_row, check);
     expect_close("QKVParallelLinear world " + std::to_string(world), qkv, ref_qkv, check);

@@ -23,20 +23,20 @@ namespace tp::test {
 /// Global shapes of the four layers. Defaults fit every format's alignment
 /// (multiples of 128 and of the INT4 groups) and split unevenly at world 3.
 struct QuantLayerShapes {
-  int64_t in = 384, out = 640;                   // ColumnParallelLinear and RowParallelLinear
+  int64_t in = 384, out = 640;                                    // ColumnParallelLinear and RowParallelLinear
   int64_t hidden = 256, head_dim = 128, heads = 6, kv_heads = 1;  // QKV: MQA, so worlds 1-4 all split
-  int64_t intermediate = 384;                    // GateUp
+  int64_t intermediate = 384;                                     // GateUp
   int64_t tokens = 5;
 };
 
 struct QuantCheck {
   QuantConfig config;
-  at::ScalarType dtype;          // the layers' activation / output dtype
-  double tolerance;              // bound on relative_error (max abs error / max(1, max |ref|))
+  at::ScalarType dtype;  // the layers' activation / output dtype
+  double tolerance;      // bound on relative_error (max abs error / max(1, max |ref|))
   QuantLayerShapes shapes = {};
   std::vector<int64_t> worlds = {1, 2, 3, 4};
   bool bias = true;
-  bool from_file = false;        // write the checkpoint as safetensors and load it through open_checkpoint
+  bool from_file = false;  // write the checkpoint as safetensors and load it through open_checkpoint
   uint64_t seed = 1;
   /// Where the layers (weights and activations) live: CUDA runs the formats' GPU paths;
   /// outputs come back to the CPU for the comparison.

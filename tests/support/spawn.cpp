@@ -20,9 +20,7 @@ extern char** environ;
 namespace tp::test {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  throw std::runtime_error(what + ": " + std::strerror(errno));
-}
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error(what + ": " + std::strerror(errno)); }
 
 /// This process's environment with `changes` applied, as NAME=VALUE strings.
 std::vector<std::string> environment_with(const EnvChanges& changes) {
@@ -60,10 +58,8 @@ int decode(int status) {
 
 }  // namespace
 
-std::vector<ProcessResult> run_processes(const std::string& program,
-                                         const std::vector<std::string>& args,
-                                         const std::vector<EnvChanges>& envs,
-                                         std::chrono::milliseconds deadline) {
+std::vector<ProcessResult> run_processes(const std::string& program, const std::vector<std::string>& args,
+                                         const std::vector<EnvChanges>& envs, std::chrono::milliseconds deadline) {
   const size_t n = envs.size();
   std::vector<ProcessResult> results(n);
   std::vector<pid_t> pids(n, -1);
@@ -164,8 +160,7 @@ int free_tcp_port() {
   return ntohs(addr.sin_port);
 }
 
-std::vector<ProcessResult> run_ranks_as_processes(const std::string& program,
-                                                  const std::vector<std::string>& args,
+std::vector<ProcessResult> run_ranks_as_processes(const std::string& program, const std::vector<std::string>& args,
                                                   int world, std::chrono::milliseconds deadline,
                                                   const EnvChanges& extra) {
   const std::string port = std::to_string(free_tcp_port());

@@ -40,7 +40,7 @@ struct AllReduceRule {
 struct AllReduceTableEntry {
   std::string device = "cpu";  ///< only "cpu" for now (device tensors take process_group)
   int64_t world_size = 2;
-  bool same_host = true;       ///< shared-memory strategies only where this is true
+  bool same_host = true;  ///< shared-memory strategies only where this is true
   std::vector<AllReduceRule> rules;
   /// Informational: the calibration's median microseconds per message size (bytes)
   /// and strategy name, written by to_json; load() skips it.

@@ -76,8 +76,7 @@ class Communicator {
   /// Loads the tuning table named by options.all_reduce_table, and reads
   /// TP_ALLREDUCE, TP_ALLREDUCE_WIRE and TP_COMM_DEBUG, once. Local: the ranks
   /// exchange their host ids (for ranks_on_one_host()) in their first collective.
-  explicit Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
-                        CommunicatorOptions options = {});
+  explicit Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, CommunicatorOptions options = {});
 
   int64_t rank() const;
   int64_t world_size() const;

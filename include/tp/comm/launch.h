@@ -16,8 +16,8 @@ namespace tp {
 
 /// Builds a Gloo process group (over loopback/TCP) for `rank` of `world`, meeting
 /// through `store`, and wraps it. The launchers below are built on this.
-Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
-                                    int64_t world, CommunicatorOptions options = {});
+Communicator make_gloo_communicator(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
+                                    CommunicatorOptions options = {});
 
 /// Runs `fn(comm)` on `world` ranks, each a thread with its own Gloo process group
 /// over an in-process store, and waits for all. If any rank throws, rethrows the

@@ -15,8 +15,8 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/loader/fused_layout.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/heads.h"
 #include "tp/shard/split.h"

@@ -52,10 +52,10 @@ Checkpoint open_checkpoint(const std::string& path);
 /// the logical range of the split dimension this rank reads from it, and where
 /// that range lands in the local weight's split dimension.
 struct WeightPart {
-  std::string prefix;       // checkpoint name without ".weight" / ".weight_scale"
-  Range range;              // in the checkpoint tensor's logical split dimension
-  int64_t local_offset = 0; // in the local weight's split dimension
-  int64_t logical_size = -1;// the checkpoint tensor's logical extent of that dimension
+  std::string prefix;         // checkpoint name without ".weight" / ".weight_scale"
+  Range range;                // in the checkpoint tensor's logical split dimension
+  int64_t local_offset = 0;   // in the local weight's split dimension
+  int64_t logical_size = -1;  // the checkpoint tensor's logical extent of that dimension
 };
 
 }  // namespace tp

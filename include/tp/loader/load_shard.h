@@ -38,8 +38,8 @@ struct LoadOptions {
 ///   replicated); split along dim 0 it is sliced (a column-parallel bias);
 /// - otherwise the range is divided by scale_span * elm_packing and read.
 /// `what` names the caller (layer) in error messages.
-at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range,
-                      const LoadOptions& options = {}, const std::string& what = "load_shard");
+at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range, const LoadOptions& options = {},
+                      const std::string& what = "load_shard");
 
 /// The same for a fused tensor stored as one `[A|B|C]` tensor along the split
 /// dimension: reads each piece of `plan` from its fused_source() range and

@@ -19,9 +19,9 @@ struct HeadPlan {
   int64_t head_dim = 0;
   int64_t world = 1;
   int64_t rank = 0;
-  Range q_heads;             // query heads owned
-  Range kv_heads;            // KV heads held (owned, or a replica)
-  int64_t kv_replicas = 1;   // ranks holding each KV head (1: no replication)
+  Range q_heads;            // query heads owned
+  Range kv_heads;           // KV heads held (owned, or a replica)
+  int64_t kv_replicas = 1;  // ranks holding each KV head (1: no replication)
 
   /// Query heads per KV head (the GQA group size).
   int64_t group_size() const { return num_heads / num_kv_heads; }
@@ -36,7 +36,7 @@ struct HeadPlan {
 /// (or, when KV heads are replicated, to the query heads within a group).
 /// Throws ShardError when num_heads % num_kv_heads != 0, or world > num_kv_heads
 /// and world % num_kv_heads != 0 (listing the world sizes that work).
-HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t world,
-                    int64_t rank, const SplitPolicy& policy = {});
+HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t world, int64_t rank,
+                    const SplitPolicy& policy = {});
 
 }  // namespace tp

@@ -27,10 +27,10 @@ struct Segment {
 /// This rank's piece of one segment.
 struct SegmentPiece {
   std::string name;
-  int64_t segment_size = 0;   // the whole segment, all ranks
-  int64_t fused_offset = 0;   // where the segment starts in the global fused tensor
-  Range source;               // owned elements, in segment coordinates
-  int64_t local_offset = 0;   // where the piece starts in the local tensor
+  int64_t segment_size = 0;  // the whole segment, all ranks
+  int64_t fused_offset = 0;  // where the segment starts in the global fused tensor
+  Range source;              // owned elements, in segment coordinates
+  int64_t local_offset = 0;  // where the piece starts in the local tensor
 
   int64_t size() const { return source.size(); }
   /// The owned elements in the coordinates of the global fused tensor.

@@ -40,10 +40,26 @@ struct SplitPolicy {
   /// (fp8_block: out_features=1000 is 7 full 128-blocks and one of 104).
   bool partial_tail = false;
 
-  SplitPolicy with_granularity(int64_t g) const { auto p = *this; p.granularity = g; return p; }
-  SplitPolicy with_weights(std::vector<double> w) const { auto p = *this; p.weights = std::move(w); return p; }
-  SplitPolicy with_rotation(int64_t r) const { auto p = *this; p.rotation = r; return p; }
-  SplitPolicy with_partial_tail(bool t) const { auto p = *this; p.partial_tail = t; return p; }
+  SplitPolicy with_granularity(int64_t g) const {
+    auto p = *this;
+    p.granularity = g;
+    return p;
+  }
+  SplitPolicy with_weights(std::vector<double> w) const {
+    auto p = *this;
+    p.weights = std::move(w);
+    return p;
+  }
+  SplitPolicy with_rotation(int64_t r) const {
+    auto p = *this;
+    p.rotation = r;
+    return p;
+  }
+  SplitPolicy with_partial_tail(bool t) const {
+    auto p = *this;
+    p.partial_tail = t;
+    return p;
+  }
 };
 
 /// Splits `[0, total)` into `world` contiguous ranges, in rank order.

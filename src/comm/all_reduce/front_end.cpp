@@ -8,14 +8,14 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/call_check.h"
-#include "comm/communicator_state.h"
-#include "comm/all_reduce/select.h"
 #include "comm/all_reduce/front_end.h"
-#include "comm/all_reduce/recursive_doubling.h"
 #include "comm/all_reduce/process_group.h"
-#include "comm/host_identity.h"
+#include "comm/all_reduce/recursive_doubling.h"
+#include "comm/all_reduce/select.h"
+#include "comm/call_check.h"
 #include "comm/collectives.h"
+#include "comm/communicator_state.h"
+#include "comm/host_identity.h"
 #include "comm/run_collective.h"
 
 namespace tp {
@@ -29,7 +29,8 @@ bool applies_bf16_wire(AllReduceStrategy s) {
 
 std::string host_list(const CommunicatorState& s) {
   std::ostringstream out;
-  for (size_t r = 0; r < s.host_ids.size(); ++r) out << (r ? ", " : "") << "rank " << r << " on '" << s.host_ids[r] << "'";
+  for (size_t r = 0; r < s.host_ids.size(); ++r)
+    out << (r ? ", " : "") << "rank " << r << " on '" << s.host_ids[r] << "'";
   return out.str();
 }
 
@@ -42,14 +43,17 @@ void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const a
   }
   if (!is_shared_memory(taken)) return;
   TORCH_CHECK_VALUE(t.is_cpu(), op_name(op), ": strategy ", taken, " reduces CPU tensors only; got a tensor on ",
-                    t.device(), ". Use auto, process_group or recursive_doubling for device tensors (check "
+                    t.device(),
+                    ". Use auto, process_group or recursive_doubling for device tensors (check "
                     "TP_ALLREDUCE and CommunicatorOptions::all_reduce)");
   TORCH_CHECK_VALUE(shm_supports_dtype(t.scalar_type()), op_name(op), ": strategy ", taken,
                     " supports float32, float64, bfloat16 and float16; got ", t.scalar_type(),
                     ". Use auto, process_group or recursive_doubling for this tensor");
-  TORCH_CHECK_VALUE(s.ranks_on_one_host, op_name(op), ": strategy ", taken, " needs every rank on this host, "
-                    "but rank ", s.rank, " of world_size ", s.world, " found the ranks on different hosts (",
-                    host_list(s), "). Use auto, process_group or recursive_doubling (check TP_ALLREDUCE, "
+  TORCH_CHECK_VALUE(s.ranks_on_one_host, op_name(op), ": strategy ", taken,
+                    " needs every rank on this host, "
+                    "but rank ",
+                    s.rank, " of world_size ", s.world, " found the ranks on different hosts (", host_list(s),
+                    "). Use auto, process_group or recursive_doubling (check TP_ALLREDUCE, "
                     "CommunicatorOptions::all_reduce and the layers' Options)");
 }
 
@@ -58,17 +62,16 @@ void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const a
 ShmAllReduce& shm_workspace(const CommunicatorState& s) {
   if (!s.shm) {
     s.shm = std::make_unique<ShmAllReduce>(
-        s.rank, s.world, s.options.timeout, [&](at::Tensor& t) { broadcast_impl(s, t, 0); },
-        [&] { barrier_impl(s); });
+        s.rank, s.world, s.options.timeout, [&](at::Tensor& t) { broadcast_impl(s, t, 0); }, [&] { barrier_impl(s); });
   }
   return *s.shm;
 }
 
-void log_choice(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested,
-                AllReduceStrategy taken, WirePrecision wire, const char* op) {
+void log_choice(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested, AllReduceStrategy taken,
+                WirePrecision wire, const char* op) {
   std::ostringstream line;
-  const char* why = requested != AllReduceStrategy::kAuto ? "requested by the call"
-                    : s.env_all_reduce                     ? "forced by TP_ALLREDUCE"
+  const char* why = requested != AllReduceStrategy::kAuto              ? "requested by the call"
+                    : s.env_all_reduce                                 ? "forced by TP_ALLREDUCE"
                     : s.options.all_reduce != AllReduceStrategy::kAuto ? "forced by CommunicatorOptions::all_reduce"
                                                                        : nullptr;
   line << "[tp comm] rank " << s.rank << "/" << s.world << " " << op << " " << t.scalar_type() << t.sizes() << " "
@@ -132,12 +135,8 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
   if (verify && !shm_step) verify_call(s, op, mine, t.device());
   const bool bf16 = wire == WirePrecision::kBFloat16;
   switch (taken) {
-    case AllReduceStrategy::kProcessGroup:
-      all_reduce_process_group(s, t, op);
-      return;
-    case AllReduceStrategy::kRecursiveDoubling:
-      all_reduce_recursive_doubling(s, t, bf16, op);
-      return;
+    case AllReduceStrategy::kProcessGroup: all_reduce_process_group(s, t, op); return;
+    case AllReduceStrategy::kRecursiveDoubling: all_reduce_recursive_doubling(s, t, bf16, op); return;
     case AllReduceStrategy::kSharedMemoryOneShot:
     case AllReduceStrategy::kSharedMemoryTwoShot:
       shm_workspace(s).run(t, taken == AllReduceStrategy::kSharedMemoryTwoShot, bf16, op,
@@ -148,11 +147,8 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
       // The group's allreduce, which check_possible has established is NCCL's.
       all_reduce_process_group(s, t, op);
       return;
-    case AllReduceStrategy::kNcclBf16Wire:
-      all_reduce_bf16_wire(s, t, op);
-      return;
-    case AllReduceStrategy::kAuto:
-      break;
+    case AllReduceStrategy::kNcclBf16Wire: all_reduce_bf16_wire(s, t, op); return;
+    case AllReduceStrategy::kAuto: break;
   }
   TORCH_INTERNAL_ASSERT(false, "unhandled all-reduce strategy ", to_string(taken));
 }

@@ -20,7 +20,7 @@ WirePrecision resolve_wire(const CommunicatorState& s, WirePrecision requested, 
 
 /// Validates, resolves and counts the strategy, then reduces `t` in place. `verify`:
 /// exchange an all_reduce fingerprint first (the caller has not checked agreement).
-void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy requested,
-                     WirePrecision wire, const char* op, bool verify);
+void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy requested, WirePrecision wire,
+                     const char* op, bool verify);
 
 }  // namespace tp::detail

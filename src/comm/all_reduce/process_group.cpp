@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
-#include "comm/communicator_state.h"
 #include "comm/all_reduce/process_group.h"
+#include "comm/communicator_state.h"
 #include "comm/run_collective.h"
 
 namespace tp::detail {
@@ -19,8 +19,8 @@ void all_reduce_process_group(const CommunicatorState& s, at::Tensor& t, const c
   // half / bfloat16 are summed in fp32: rounding after every hop of the ring would
   // lose bits at each rank boundary.
   const bool widen = t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16;
-  at::Tensor buf = widen ? t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous)
-                         : t.contiguous();
+  at::Tensor buf =
+      widen ? t.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous) : t.contiguous();
   std::vector<at::Tensor> bufs{buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;

@@ -19,8 +19,8 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/communicator_state.h"
 #include "comm/all_reduce/recursive_doubling.h"
+#include "comm/communicator_state.h"
 #include "comm/run_collective.h"
 
 namespace tp::detail {
@@ -111,14 +111,13 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   {
     std::lock_guard<std::mutex> lock(cpu_start_mutex());
     if (folded && !sits_out) {
-      recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)), rank - 1,
-                           kFoldInTag, "folding in"));
+      recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)), rank - 1, kFoldInTag,
+                           "folding in"));
     }
     if (!sits_out) {
       for (int r = 0; r < rounds; ++r) {
         recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)),
-                             real_rank(vrank ^ (int64_t{1} << r)), kFirstRoundTag + r,
-                             "round " + std::to_string(r)));
+                             real_rank(vrank ^ (int64_t{1} << r)), kFirstRoundTag + r, "round " + std::to_string(r)));
       }
     }
     if (sits_out) {

@@ -19,8 +19,7 @@ namespace tp::detail {
 /// The dtypes the shared-memory strategies reduce (accumulating in fp32, or fp64
 /// for float64).
 inline bool shm_supports_dtype(c10::ScalarType dtype) {
-  return dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 ||
-         dtype == c10::kHalf;
+  return dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 || dtype == c10::kHalf;
 }
 
 inline bool is_shared_memory(AllReduceStrategy s) {
@@ -34,9 +33,8 @@ inline bool is_shared_memory(AllReduceStrategy s) {
 /// `table` is looked up first, then the built-in table (for a kind of group the
 /// given table does not cover). A shared-memory choice for a dtype shared memory does
 /// not reduce falls back to the process group.
-inline AllReduceStrategy select_all_reduce(bool is_cuda, int64_t world, int64_t bytes,
-                                           c10::ScalarType dtype, bool same_host,
-                                           const AllReduceTable& table) {
+inline AllReduceStrategy select_all_reduce(bool is_cuda, int64_t world, int64_t bytes, c10::ScalarType dtype,
+                                           bool same_host, const AllReduceTable& table) {
   if (is_cuda || world <= 1) return AllReduceStrategy::kProcessGroup;
   const AllReduceTableEntry* entry = table.find(world, same_host);
   if (entry == nullptr) entry = AllReduceTable::builtin().find(world, same_host);

@@ -35,9 +35,7 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free,
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-size_t flags_bytes(int64_t world) {
-  return round_up(static_cast<size_t>(world) * 7 * kFlagStride, kPage);
-}
+size_t flags_bytes(int64_t world) { return round_up(static_cast<size_t>(world) * 7 * kFlagStride, kPage); }
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -51,8 +49,8 @@ std::string unique_name() {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
   std::ostringstream name;
-  name << "/tp-" << ::getpid() << "-" << std::hex << ((uint64_t{rd()} << 32) | rd()) << std::dec
-       << "-" << counter.fetch_add(1);
+  name << "/tp-" << ::getpid() << "-" << std::hex << ((uint64_t{rd()} << 32) | rd()) << std::dec << "-"
+       << counter.fetch_add(1);
   return name.str();
 }
 
@@ -120,14 +118,13 @@ ShmAllReduce::ShmAllReduce(int64_t rank, int64_t world, std::chrono::millisecond
   if (rank_ != 0) {
     fd = ::shm_open(name.c_str(), O_RDWR, 0600);
     TORCH_CHECK(fd >= 0, "tp shared-memory all_reduce: rank ", rank_, " of world_size ", world_,
-                " could not open rank 0's segment ", name, ": ", errno_text(errno),
-                "; are all ranks on one host?");
+                " could not open rank 0's segment ", name, ": ", errno_text(errno), "; are all ranks on one host?");
   }
   void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int map_errno = errno;
   ::close(fd);  // the mapping keeps the segment alive
-  TORCH_CHECK(p != MAP_FAILED, "tp shared-memory all_reduce: rank ", rank_, " of world_size ",
-              world_, " could not map ", bytes_, " bytes of ", name, ": ", errno_text(map_errno));
+  TORCH_CHECK(p != MAP_FAILED, "tp shared-memory all_reduce: rank ", rank_, " of world_size ", world_,
+              " could not map ", bytes_, " bytes of ", name, ": ", errno_text(map_errno));
   base_ = p;
   flag(rank_, kPid).store(static_cast<uint64_t>(::getpid()), std::memory_order_release);
   // Every rank has the segment mapped once this returns; the Unlinkers then remove the
@@ -149,9 +146,9 @@ ShmAllReduce::ShmAllReduce(int64_t rank, int64_t world, std::chrono::millisecond
 }
 
 void ShmAllReduce::check_usable(const char* op) const {
-  TORCH_CHECK(!broken_, "tp::Communicator::", op, " (", what_, "): rank ", rank_, " of world_size ",
-              world_, ": an earlier shared-memory step of this communicator timed out at sequence ",
-              seq_, "; the ranks are out of step, so this communicator cannot be used again");
+  TORCH_CHECK(!broken_, "tp::Communicator::", op, " (", what_, "): rank ", rank_, " of world_size ", world_,
+              ": an earlier shared-memory step of this communicator timed out at sequence ", seq_,
+              "; the ranks are out of step, so this communicator cannot be used again");
 }
 
 void ShmAllReduce::exchange(const Fingerprint& fp, const char* op, const OnMismatch& on_mismatch) {
@@ -191,8 +188,8 @@ void ShmAllReduce::check_alive(int64_t peer, uint64_t target, const char* waitin
   const bool exited = watch_pid_[peer] && ::kill(pid, 0) != 0 && errno == ESRCH;
   if (!left && !exited) return;
   broken_ = true;
-  TORCH_CHECK(false, "tp::Communicator::", op, " failed on rank ", rank_, " of world_size ", world_,
-              " (strategy ", what_, "): rank ", peer, " is gone (",
+  TORCH_CHECK(false, "tp::Communicator::", op, " failed on rank ", rank_, " of world_size ", world_, " (strategy ",
+              what_, "): rank ", peer, " is gone (",
               left ? "its communicator was destroyed: it failed or stopped calling collectives"
                    : "its process, pid " + std::to_string(pid) + ", has exited",
               ") while this rank waited at sequence ", target, " for it to ", waiting_for,
@@ -222,10 +219,10 @@ void ShmAllReduce::wait_peers(Slot slot, uint64_t target, const char* waiting_fo
         for (int64_t q = 0; q < world_; ++q) {
           if (q != rank_ && flag(q, slot).load(std::memory_order_acquire) < target) missing.push_back(q);
         }
-        TORCH_CHECK(false, "tp::Communicator::", op, " failed on rank ", rank_, " of world_size ",
-                    world_, " (timeout ", timeout_.count(), " ms, strategy ", what_,
-                    "): waited at sequence ", target, " for rank(s) ", c10::IntArrayRef(missing),
-                    " to ", waiting_for, ". Likely causes: a peer rank died or stopped calling collectives, or the "
+        TORCH_CHECK(false, "tp::Communicator::", op, " failed on rank ", rank_, " of world_size ", world_, " (timeout ",
+                    timeout_.count(), " ms, strategy ", what_, "): waited at sequence ", target, " for rank(s) ",
+                    c10::IntArrayRef(missing), " to ", waiting_for,
+                    ". Likely causes: a peer rank died or stopped calling collectives, or the "
                     "ranks made different calls. This communicator's shared-memory state is now "
                     "unknown; do not use it again.");
       }
@@ -234,8 +231,8 @@ void ShmAllReduce::wait_peers(Slot slot, uint64_t target, const char* waiting_fo
 }
 
 template <typename T, typename P, typename Acc>
-void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
-                        const Fingerprint* fp, const OnMismatch& on_mismatch) {
+void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fp,
+                        const OnMismatch& on_mismatch) {
   const uint64_t s = ++seq_;
   const int64_t parity = static_cast<int64_t>(s & 1);
   // Buffer `parity` (and result `parity`) were last used at step s-2: peers must have
@@ -303,13 +300,13 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op,
 }
 
 template <typename T, typename P, typename Acc>
-void ShmAllReduce::run_typed(T* values, int64_t n, bool two_shot, const char* op,
-                             const Fingerprint* fp, const OnMismatch& on_mismatch) {
+void ShmAllReduce::run_typed(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fp,
+                             const OnMismatch& on_mismatch) {
   const int64_t capacity = kBufferBytes / static_cast<int64_t>(sizeof(P));
   for (int64_t offset = 0; offset < n; offset += capacity) {
     // Only the first chunk compares: the ranks agree on the call, hence on the chunks.
-    step<T, P, Acc>(values + offset, std::min(capacity, n - offset), two_shot, op,
-                 offset == 0 ? fp : nullptr, on_mismatch);
+    step<T, P, Acc>(values + offset, std::min(capacity, n - offset), two_shot, op, offset == 0 ? fp : nullptr,
+                    on_mismatch);
   }
 }
 
@@ -330,17 +327,14 @@ void ShmAllReduce::run(at::Tensor& t, bool two_shot, bool bf16_wire, const char*
         run_typed<float, float, float>(c.data_ptr<float>(), n, two_shot, op, fp, on_mismatch);
       }
       break;
-    case at::kDouble:
-      run_typed<double, double, double>(c.data_ptr<double>(), n, two_shot, op, fp, on_mismatch);
-      break;
+    case at::kDouble: run_typed<double, double, double>(c.data_ptr<double>(), n, two_shot, op, fp, on_mismatch); break;
     case at::kBFloat16:
       run_typed<c10::BFloat16, c10::BFloat16, float>(c.data_ptr<c10::BFloat16>(), n, two_shot, op, fp, on_mismatch);
       break;
     case at::kHalf:
       run_typed<c10::Half, c10::Half, float>(c.data_ptr<c10::Half>(), n, two_shot, op, fp, on_mismatch);
       break;
-    default:
-      TORCH_INTERNAL_ASSERT(false, "ShmAllReduce::run: unsupported dtype ", c.scalar_type());
+    default: TORCH_INTERNAL_ASSERT(false, "ShmAllReduce::run: unsupported dtype ", c.scalar_type());
   }
   if (!c.is_same(t)) t.copy_(c);
 }

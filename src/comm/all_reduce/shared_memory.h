@@ -31,8 +31,7 @@ class ShmAllReduce {
   /// Collective: every rank constructs it at the same point. `broadcast_from_rank0`
   /// and `barrier` run over the communicator's process group.
   ShmAllReduce(int64_t rank, int64_t world, std::chrono::milliseconds timeout,
-               const std::function<void(at::Tensor&)>& broadcast_from_rank0,
-               const std::function<void()>& barrier);
+               const std::function<void(at::Tensor&)>& broadcast_from_rank0, const std::function<void()>& barrier);
   ~ShmAllReduce();
   ShmAllReduce(const ShmAllReduce&) = delete;
   ShmAllReduce& operator=(const ShmAllReduce&) = delete;
@@ -61,9 +60,7 @@ class ShmAllReduce {
  private:
   // Per rank: three flags, the fingerprint of the call once per buffer parity, then
   // liveness: 1 once the rank's workspace is destroyed, and the rank's pid.
-  enum Slot : int64_t {
-    kArrived = 0, kReduced = 1, kDone = 2, kFingerprint = 3, kLeft = 5, kPid = 6, kSlots = 7
-  };
+  enum Slot : int64_t { kArrived = 0, kReduced = 1, kDone = 2, kFingerprint = 3, kLeft = 5, kPid = 6, kSlots = 7 };
 
   void check_usable(const char* op) const;
   /// Throws if `peer` can no longer arrive.

@@ -20,12 +20,10 @@ constexpr AllReduceStrategy kAllStrategies[] = {
     AllReduceStrategy::kRecursiveDoubling,
 };
 
-constexpr WirePrecision kAllWires[] = {WirePrecision::kDefault, WirePrecision::kNative,
-                                       WirePrecision::kBFloat16};
+constexpr WirePrecision kAllWires[] = {WirePrecision::kDefault, WirePrecision::kNative, WirePrecision::kBFloat16};
 
 std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
 
@@ -33,20 +31,13 @@ std::string lower(std::string s) {
 
 const char* to_string(AllReduceStrategy s) {
   switch (s) {
-    case AllReduceStrategy::kAuto:
-      return "auto";
-    case AllReduceStrategy::kProcessGroup:
-      return "process_group";
-    case AllReduceStrategy::kSharedMemoryOneShot:
-      return "shm_one_shot";
-    case AllReduceStrategy::kSharedMemoryTwoShot:
-      return "shm_two_shot";
-    case AllReduceStrategy::kNccl:
-      return "nccl";
-    case AllReduceStrategy::kNcclBf16Wire:
-      return "nccl_bf16_wire";
-    case AllReduceStrategy::kRecursiveDoubling:
-      return "recursive_doubling";
+    case AllReduceStrategy::kAuto: return "auto";
+    case AllReduceStrategy::kProcessGroup: return "process_group";
+    case AllReduceStrategy::kSharedMemoryOneShot: return "shm_one_shot";
+    case AllReduceStrategy::kSharedMemoryTwoShot: return "shm_two_shot";
+    case AllReduceStrategy::kNccl: return "nccl";
+    case AllReduceStrategy::kNcclBf16Wire: return "nccl_bf16_wire";
+    case AllReduceStrategy::kRecursiveDoubling: return "recursive_doubling";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown AllReduceStrategy value ", static_cast<int>(s));
 }
@@ -67,12 +58,9 @@ AllReduceStrategy parse_all_reduce_strategy(const std::string& name) {
 
 const char* to_string(WirePrecision w) {
   switch (w) {
-    case WirePrecision::kDefault:
-      return "default";
-    case WirePrecision::kNative:
-      return "native";
-    case WirePrecision::kBFloat16:
-      return "bf16";
+    case WirePrecision::kDefault: return "default";
+    case WirePrecision::kNative: return "native";
+    case WirePrecision::kBFloat16: return "bf16";
   }
   TORCH_INTERNAL_ASSERT(false, "tp::to_string: unknown WirePrecision value ", static_cast<int>(w));
 }

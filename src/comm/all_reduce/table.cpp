@@ -133,8 +133,7 @@ AllReduceTableEntry parse_entry(detail::JsonReader& in, const std::string& where
     } else if (key == "measured_us") {
       in.skip_value(0);  // informational
     } else {
-      detail::fail(where, ": unknown key \"", key,
-                   "\" (expected device, world_size, same_host, rules, measured_us)");
+      detail::fail(where, ": unknown key \"", key, "\" (expected device, world_size, same_host, rules, measured_us)");
     }
   } while (in.next_or_close('}'));
   if (!have_world) detail::fail(where, ": missing \"world_size\"");
@@ -221,20 +220,19 @@ void AllReduceTable::validate() const {
   std::set<std::tuple<std::string, int64_t, bool>> seen;
   for (size_t i = 0; i < entries.size(); ++i) {
     const AllReduceTableEntry& e = entries[i];
-    const std::string where = "entries[" + std::to_string(i) + "] (world_size " +
-                              std::to_string(e.world_size) + ", same_host " + (e.same_host ? "true" : "false") + ")";
+    const std::string where = "entries[" + std::to_string(i) + "] (world_size " + std::to_string(e.world_size) +
+                              ", same_host " + (e.same_host ? "true" : "false") + ")";
     TORCH_CHECK_VALUE(e.device == "cpu", "all-reduce table ", source, ": ", where, ": device \"", e.device,
                       "\" is not supported; expected \"cpu\" (device tensors take process_group)");
-    TORCH_CHECK_VALUE(e.world_size >= 1, "all-reduce table ", source, ": ", where,
-                      ": world_size must be at least 1");
-    TORCH_CHECK_VALUE(seen.insert({e.device, e.world_size, e.same_host}).second, "all-reduce table ", source,
-                      ": ", where, " appears twice");
+    TORCH_CHECK_VALUE(e.world_size >= 1, "all-reduce table ", source, ": ", where, ": world_size must be at least 1");
+    TORCH_CHECK_VALUE(seen.insert({e.device, e.world_size, e.same_host}).second, "all-reduce table ", source, ": ",
+                      where, " appears twice");
     TORCH_CHECK_VALUE(!e.rules.empty(), "all-reduce table ", source, ": ", where, ": rules is empty");
     for (size_t k = 0; k < e.rules.size(); ++k) {
       const AllReduceRule& r = e.rules[k];
       const bool last = k + 1 == e.rules.size();
-      TORCH_CHECK_VALUE(r.strategy != AllReduceStrategy::kAuto, "all-reduce table ", source, ": ", where,
-                        ".rules[", k, "]: strategy \"auto\" is not allowed in a table (name an algorithm)");
+      TORCH_CHECK_VALUE(r.strategy != AllReduceStrategy::kAuto, "all-reduce table ", source, ": ", where, ".rules[", k,
+                        "]: strategy \"auto\" is not allowed in a table (name an algorithm)");
       TORCH_CHECK_VALUE(e.same_host || !is_shared_memory(r.strategy), "all-reduce table ", source, ": ", where,
                         ".rules[", k, "]: ", r.strategy,
                         " needs every rank on one host, but this entry is for same_host false");
@@ -244,9 +242,9 @@ void AllReduceTable::validate() const {
       TORCH_CHECK_VALUE(!last || r.max_bytes < 0, "all-reduce table ", source, ": ", where, ".rules[", k,
                         "]: the last rule must have max_bytes null (no limit), not ", r.max_bytes,
                         ", so that every size has a strategy");
-      TORCH_CHECK_VALUE(k == 0 || last || r.max_bytes > e.rules[k - 1].max_bytes, "all-reduce table ", source,
-                        ": ", where, ".rules[", k, "]: max_bytes ", r.max_bytes,
-                        " must be larger than the previous rule's ", e.rules[k - 1].max_bytes);
+      TORCH_CHECK_VALUE(k == 0 || last || r.max_bytes > e.rules[k - 1].max_bytes, "all-reduce table ", source, ": ",
+                        where, ".rules[", k, "]: max_bytes ", r.max_bytes, " must be larger than the previous rule's ",
+                        e.rules[k - 1].max_bytes);
     }
   }
 }

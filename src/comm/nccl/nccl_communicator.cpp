@@ -155,8 +155,8 @@ class RawNcclWork final : public c10d::Work {
 /// over one NCCL communicator, on the current stream.
 class RawNcclBackend final : public c10d::Backend {
  public:
-  RawNcclBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
-                 std::chrono::milliseconds timeout, const std::string& name)
+  RawNcclBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world, std::chrono::milliseconds timeout,
+                 const std::string& name)
       : c10d::Backend(rank, world), comm_(std::make_shared<NcclComm>()) {
     comm_->rank = rank;
     comm_->world = world;
@@ -185,8 +185,8 @@ class RawNcclBackend final : public c10d::Backend {
                                            const c10d::AllreduceOptions& opts) override {
     auto& t = single(tensors, "allreduce");
     TORCH_CHECK_VALUE(opts.reduceOp == c10d::ReduceOp::SUM, "tp raw NCCL allreduce supports SUM only");
-    TP_CHECK_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type(), "allreduce"),
-                                ncclSum, comm_->comm, stream()),
+    TP_CHECK_NCCL(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type(), "allreduce"), ncclSum,
+                                comm_->comm, stream()),
                   "allreduce of ", t.numel(), " x ", t.scalar_type());
     return work(c10d::OpType::ALLREDUCE, "allreduce");
   }
@@ -205,8 +205,8 @@ class RawNcclBackend final : public c10d::Backend {
                   "allgather of ", n, " x ", in.scalar_type());
     for (int r = 0; r < comm_->world; ++r) {
       auto& out = outputs[0][r];
-      TORCH_CHECK_VALUE(out.numel() == n && out.scalar_type() == in.scalar_type(),
-                        "tp raw NCCL allgather: output ", r, " must match the input's size and dtype");
+      TORCH_CHECK_VALUE(out.numel() == n && out.scalar_type() == in.scalar_type(), "tp raw NCCL allgather: output ", r,
+                        " must match the input's size and dtype");
       out.copy_(flat.narrow(0, r * n, n).view(out.sizes()));
     }
     return work(c10d::OpType::ALLGATHER, "allgather");
@@ -258,8 +258,8 @@ Communicator make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>& store
                                     CommunicatorOptions options, NcclBackend backend, const std::string& name) {
   constexpr const char* fn = "tp::make_nccl_communicator";
   TORCH_CHECK_VALUE(world >= 1, fn, ": world_size=", world, "; expected at least 1");
-  TORCH_CHECK_VALUE(rank >= 0 && rank < world, fn, ": invalid rank ", rank, " (rank should be in the 0..",
-                    world - 1, " range)");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < world, fn, ": invalid rank ", rank, " (rank should be in the 0..", world - 1,
+                    " range)");
   TORCH_CHECK_VALUE(options.timeout.count() > 0, fn, ": options.timeout=", options.timeout.count(),
                     " ms; expected a positive number of milliseconds");
   TORCH_CHECK(at::cuda::is_available(), fn, ": no CUDA device is visible; NCCL needs one GPU per rank");
@@ -294,7 +294,8 @@ void detail::check_nccl_strategy(const c10d::ProcessGroup* group, AllReduceStrat
   const auto name = const_cast<c10d::ProcessGroup*>(group)->getBackend(c10::DeviceType::CUDA)->getBackendName();
   TORCH_CHECK_VALUE(name == "nccl" || name == kRawBackendName, op, ": strategy ", strategy,
                     " needs an NCCL group (tp::make_nccl_communicator, or torch.distributed's nccl); this group's "
-                    "CUDA backend is '", name, "'. Use auto or process_group");
+                    "CUDA backend is '",
+                    name, "'. Use auto or process_group");
 }
 
 #else  // !TP_WITH_NCCL
@@ -303,8 +304,9 @@ bool nccl_available() { return false; }
 
 Communicator make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>&, int64_t, int64_t, CommunicatorOptions,
                                     NcclBackend, const std::string&) {
-  TORCH_CHECK(false, "tp::make_nccl_communicator: this build of tp has no NCCL (configure with TP_WITH_CUDA=ON "
-                     "on a machine with the CUDA toolkit and torch's NCCL)");
+  TORCH_CHECK(false,
+              "tp::make_nccl_communicator: this build of tp has no NCCL (configure with TP_WITH_CUDA=ON "
+              "on a machine with the CUDA toolkit and torch's NCCL)");
 }
 
 void detail::check_nccl_strategy(const c10d::ProcessGroup*, AllReduceStrategy strategy, const at::Tensor&,

@@ -46,8 +46,7 @@ Fp8Prepared prepare_fp8(QuantFormat format, const at::Tensor& weight, const at::
       p.dequantized = (p.weight.to(at::kFloat) * rows.repeat_interleave(128, 1).narrow(1, 0, K)).to(dtype);
       return p;
     }
-    default:
-      TORCH_CHECK_VALUE(false, "prepare_fp8: ", to_string(format), " is not an FP8 format");
+    default: TORCH_CHECK_VALUE(false, "prepare_fp8: ", to_string(format), " is not an FP8 format");
   }
 }
 

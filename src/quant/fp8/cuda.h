@@ -15,11 +15,11 @@ namespace tp::cuda {
 
 /// An FP8 weight ready for fp8_linear.
 struct Fp8Prepared {
-  at::Tensor weight;       // [N, K] float8_e4m3fn
-  at::Tensor w_scale;      // per tensor: [1]; per channel: [N]; block: [ceil(N/128), ceil(K/128)]
+  at::Tensor weight;   // [N, K] float8_e4m3fn
+  at::Tensor w_scale;  // per tensor: [1]; per channel: [N]; block: [ceil(N/128), ceil(K/128)]
   Fp8Scaling scaling = Fp8Scaling::kPerTensor;
   std::optional<at::Tensor> input_scale;  // the static activation scale of fp8_tensor
-  at::Tensor dequantized;  // set instead when the scales fit no cuBLASLt mode (see prepare_fp8)
+  at::Tensor dequantized;                 // set instead when the scales fit no cuBLASLt mode (see prepare_fp8)
 };
 
 /// `scale_rows`: the method's per-row weight scale [N, G] (G = 1, or ceil(K/128) for

@@ -18,11 +18,15 @@
 // the middle of a local 128-row block) - a local block grid could express neither.
 // The cost is out_local * ceil(K/128) floats (~3% of the FP8 weight at K=4096).
 //
-// CPU kernel (all three formats): fp8_linear_f32 in cpu_kernels.cpp - weight chunks
-// decoded to float32 with the scales folded in, then BLAS; activations are
-// quantized-dequantized by the same functions quantize_activation uses, so the layer
-// and the float64 reference see identical activations. cpu_kernels.h has the
-// measurements that rule out at::_scaled_mm and a dequantize-then-linear on CPU.
+// CPU kernels (all three formats): tp's own, in cpu_kernels.h (AVX2 / AVX-512 / scalar,
+// chosen at run time): the E4M3 decode fused into the GEMV / GEMM, the weight read as
+// one byte per element. The activations are quantized-dequantized by
+// fp8_fake_quant_cpu, one C++ pass that is bit for bit the ATen functions below
+// (which quantize_activation, the reference, uses), so the layer and the float64
+// reference see identical activations. finalize() notes whether the weight holds NaN
+// codes (the kernels then decode them exactly); a weight changed in place after
+// finalize() (its version counter moved) takes the NaN-exact decode until the next
+// finalize().
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -31,10 +35,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tp/loader/load_shard.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
 #include "quant/random_weight.h"
+#include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
 #include "quant/fp8/cuda.h"
@@ -57,9 +61,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // amax -> scale; an all-zero group gets scale 1 so that it quantizes to zeros
 // instead of 0/0.
-at::Tensor scale_of(const at::Tensor& amax) {
-  return at::where(amax > 0, amax / kE4m3Max, at::ones_like(amax));
-}
+at::Tensor scale_of(const at::Tensor& amax) { return at::where(amax > 0, amax / kE4m3Max, at::ones_like(amax)); }
 
 // v / scale, saturated to the E4M3 range (the cast alone would give NaN past 448).
 at::Tensor to_e4m3(const at::Tensor& v) { return v.clamp(-kE4m3Max, kE4m3Max).to(at::kFloat8_e4m3fn); }
@@ -138,8 +140,8 @@ class Fp8Method final : public QuantMethod {
     dtype_ = options.dtype().toScalarType();
     in_local_ = in_local;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-    weight_ = layer.register_parameter(
-        "weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)), /*requires_grad=*/false);
+    weight_ = layer.register_parameter("weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
+                                       /*requires_grad=*/false);
     scale_ = layer.register_parameter(scale_name(config_.format), at::ones({out_local, groups()}, f32),
                                       /*requires_grad=*/false);
     if (config_.format == QuantFormat::kFp8PerTensor)
@@ -159,13 +161,15 @@ class Fp8Method final : public QuantMethod {
   }
 
   void finalize() override {
+    nan_codes_ = weight_.defined() && weight_.is_cpu() && weight_.numel() > 0 && fp8_has_nan_codes(weight_);
+    weight_version_ = version_of(weight_);
 #if TP_WITH_CUDA
     // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
     cuda_.reset();
     if (weight_.is_cuda()) {
-      cuda_ = cuda::prepare_fp8(config_.format, weight_, scale_,
-                                input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt,
-                                dtype_);
+      cuda_ =
+          cuda::prepare_fp8(config_.format, weight_, scale_,
+                            input_scale_.defined() ? std::optional<at::Tensor>(input_scale_) : std::nullopt, dtype_);
     }
 #endif
   }
@@ -185,8 +189,8 @@ class Fp8Method final : public QuantMethod {
                         " expects float8_e4m3fn (make it with tp::quantize_weight or a matching exporter)");
       const auto wshape = wsrc.shape();
       TORCH_CHECK_VALUE(wshape.size() == 2 && (n < 0 || wshape[0] == n) && (k < 0 || wshape[1] == k), layer,
-                        ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ",
-                        k, "] (weight is [out_features, in_features])");
+                        ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ", k,
+                        "] (weight is [out_features, in_features])");
       const int64_t n_all = wshape[0], k_all = wshape[1];
       const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_.format), layer);
       check_scale_dtype(layer, ssrc, config_);
@@ -235,9 +239,15 @@ class Fp8Method final : public QuantMethod {
 #if TP_WITH_CUDA
     if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias).to(dtype_);
 #endif
-    const at::Tensor x2d = x.reshape({-1, in_local_}).to(at::kFloat).contiguous();
-    const at::Tensor xq = fake_quant_activation(config_.format, x2d, input_scale_).contiguous();
-    at::Tensor y = fp8_linear_f32(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1));
+    at::Tensor x2d = x.reshape({-1, in_local_});
+    const auto xt = x2d.scalar_type();
+    if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
+    const at::Tensor xq =
+        fp8_fake_quant_cpu(x2d, activation_kind(), input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
+    // NaN-exact decode where the weight has NaN codes, or where it may have changed
+    // since finalize() looked.
+    const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
+    at::Tensor y = fp8_linear_cpu(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1), nan_codes);
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();
@@ -250,6 +260,16 @@ class Fp8Method final : public QuantMethod {
 
  private:
   bool block() const { return config_.format == QuantFormat::kFp8Block; }
+  Fp8Activation activation_kind() const {
+    return config_.format == QuantFormat::kFp8PerTensor    ? Fp8Activation::kStatic
+           : config_.format == QuantFormat::kFp8PerChannel ? Fp8Activation::kPerToken
+                                                           : Fp8Activation::kGroup128;
+  }
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
   // Scale columns per local row: one, or one per 128-column block of in_local.
   int64_t groups() const { return block() ? ceil_div(in_local_, kBlock) : 1; }
 
@@ -285,22 +305,23 @@ class Fp8Method final : public QuantMethod {
       expected = {ceil_div(n, kBlock), ceil_div(k, kBlock)};
       ok = shape == expected;
     }
-    TORCH_CHECK_VALUE(ok, layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; ",
-                      name(), " expects ", c10::IntArrayRef(expected),
-                      config_.format == QuantFormat::kFp8PerTensor ? " (or [1]), one scale for the whole weight"
-                      : config_.format == QuantFormat::kFp8PerChannel
-                          ? " (one scale per output row of the [" + std::to_string(n) + ", " + std::to_string(k) +
-                                "] weight)"
-                          : " (one scale per 128x128 block of the [" + std::to_string(n) + ", " +
-                                std::to_string(k) + "] weight)");
+    TORCH_CHECK_VALUE(
+        ok, layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; ", name(), " expects ",
+        c10::IntArrayRef(expected),
+        config_.format == QuantFormat::kFp8PerTensor ? " (or [1]), one scale for the whole weight"
+        : config_.format == QuantFormat::kFp8PerChannel
+            ? " (one scale per output row of the [" + std::to_string(n) + ", " + std::to_string(k) + "] weight)"
+            : " (one scale per 128x128 block of the [" + std::to_string(n) + ", " + std::to_string(k) + "] weight)");
   }
 
   QuantConfig config_;
   at::ScalarType dtype_ = at::kFloat;
   int64_t in_local_ = 0;
-  at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
-  at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
-  at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
+  at::Tensor weight_;            // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;             // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;       // [] float32, "input_scale" (fp8_tensor only)
+  bool nan_codes_ = false;       // finalize(): the weight holds a NaN code (0x7f / 0xff)
+  int64_t weight_version_ = -2;  // finalize(): weight_'s version counter then
 #if TP_WITH_CUDA
   std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
 #endif

@@ -5,8 +5,8 @@
 
 namespace tp::cuda {
 
-Int4Prepared prepare_int4(const at::Tensor& codes, const at::Tensor& scale_kn, const at::Tensor& zero_kn,
-                          int64_t group, const at::Device& device) {
+Int4Prepared prepare_int4(const at::Tensor& codes, const at::Tensor& scale_kn, const at::Tensor& zero_kn, int64_t group,
+                          const at::Device& device) {
   TORCH_CHECK_VALUE(codes.dim() == 2 && codes.size(1) % 2 == 0, "prepare_int4: codes must be [N, K] with even K; got ",
                     codes.sizes());
   Int4Prepared p;

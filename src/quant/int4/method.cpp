@@ -26,10 +26,10 @@
 
 #include <cmath>
 
-#include "tp/loader/load_shard.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
 #include "quant/random_weight.h"
+#include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
 #include "quant/int4/cuda.h"
@@ -109,16 +109,15 @@ class Int4Method final : public QuantMethod {
       TORCH_INTERNAL_ASSERT(logical >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
       const int64_t n = column ? logical : n_;  // the checkpoint tensor's N and K
       const int64_t k = column ? k_ : logical;
-      TORCH_CHECK_VALUE(n % 8 == 0 && k % g_ == 0, layer, ": '", part.prefix, "' is a [", n, ", ", k,
-                        "] weight; ", name(), " needs out_features a multiple of 8 and in_features a multiple of ",
-                        g_);
+      TORCH_CHECK_VALUE(n % 8 == 0 && k % g_ == 0, layer, ": '", part.prefix, "' is a [", n, ", ", k, "] weight; ",
+                        name(), " needs out_features a multiple of 8 and in_features a multiple of ", g_);
       const auto load_one = [&](const char* suffix, const std::vector<int64_t>& expected, bool integer,
                                 LoadOptions options, const at::Tensor& dst) {
         const auto& source = checkpoint.get(part.prefix + "." + suffix, layer);
         const auto dtype = source.dtype();
         if (integer) {
-          TORCH_CHECK_TYPE(dtype == at::kInt, layer, ": tensor '", source.name(), "' has dtype ", dtype,
-                           "; ", name(), " stores '", suffix, "' as int32 (eight 4-bit values per element)");
+          TORCH_CHECK_TYPE(dtype == at::kInt, layer, ": tensor '", source.name(), "' has dtype ", dtype, "; ", name(),
+                           " stores '", suffix, "' as int32 (eight 4-bit values per element)");
         } else {
           TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, layer, ": tensor '",
                            source.name(), "' has dtype ", dtype, "; ", name(),
@@ -139,9 +138,9 @@ class Int4Method final : public QuantMethod {
         slot.copy_(shard);
       };
       LoadOptions packed_n, packed_k, per_group;
-      packed_n.elm_packing = column ? 8 : 1;  // N packed eight to a word: only COLUMN splits it
-      packed_k.elm_packing = column ? 1 : 8;  // K packed eight to a word: only ROW splits it
-      per_group.scale_span = column ? 1 : g_; // one row of scales/qzeros per group of K
+      packed_n.elm_packing = column ? 8 : 1;   // N packed eight to a word: only COLUMN splits it
+      packed_k.elm_packing = column ? 1 : 8;   // K packed eight to a word: only ROW splits it
+      per_group.scale_span = column ? 1 : g_;  // one row of scales/qzeros per group of K
       if (awq_) {
         load_one("qweight", {k, n / 8}, true, packed_n, qweight_);
       } else {
@@ -193,8 +192,8 @@ class Int4Method final : public QuantMethod {
     } else if (packed_.defined() && x.device().is_cpu() && aten_kernel_dtype(x.scalar_type())) {
       // float32 and bfloat16 run the vectorized bfloat16 kernel, float16 its own.
       const auto kernel_dtype = x.scalar_type() == at::kHalf ? at::kHalf : at::kBFloat16;
-      const auto sz = scales_and_zeros_.scalar_type() == kernel_dtype ? scales_and_zeros_
-                                                                        : scales_and_zeros_.to(kernel_dtype);
+      const auto sz =
+          scales_and_zeros_.scalar_type() == kernel_dtype ? scales_and_zeros_ : scales_and_zeros_.to(kernel_dtype);
       y = at::_weight_int4pack_mm_for_cpu(x2.to(kernel_dtype), packed_, g_, sz).to(x.scalar_type());
     } else {
       const auto w = dequantized_.defined() ? dequantized_ : dequantize_unpacked(unpack(), g_);
@@ -226,8 +225,7 @@ class Int4Method final : public QuantMethod {
                       source.dtype(), "; expected an integer [", k, "] g_idx");
     const auto g_idx = source.read_all().to(at::kLong);
     const auto trivial = at::div(at::arange(k, at::kLong), g_, "floor");
-    TORCH_CHECK_VALUE(at::equal(g_idx, trivial), layer, ": tensor '", source.name(),
-                      "' is not the trivial k / ", g_,
+    TORCH_CHECK_VALUE(at::equal(g_idx, trivial), layer, ": tensor '", source.name(), "' is not the trivial k / ", g_,
                       ": act-order (desc_act) GPTQ checkpoints are not supported; quantize without act-order");
   }
 

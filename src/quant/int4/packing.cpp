@@ -10,9 +10,7 @@ namespace {
 // Column j of an AWQ group of eight sits in nibble kAwqInverse[j] (the inverse of kAwqOrder).
 constexpr int64_t kAwqInverse[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
-at::Tensor index_tensor(const int64_t (&values)[8]) {
-  return at::tensor(at::ArrayRef<int64_t>(values, 8), at::kLong);
-}
+at::Tensor index_tensor(const int64_t (&values)[8]) { return at::tensor(at::ArrayRef<int64_t>(values, 8), at::kLong); }
 
 void check_2d_int32(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.defined() && t.dim() == 2 && t.scalar_type() == at::kInt, "int4: '", name,

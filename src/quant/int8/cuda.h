@@ -15,8 +15,8 @@ namespace tp::cuda {
 /// An INT8 weight (int8 [N, K], weight_scale [N, 1]) for W8A8 or weight-only.
 struct Int8Prepared {
   bool w8a8 = true;
-  at::Tensor weight;   // [N, K] int8
-  at::Tensor scale;    // W8A8: [N] fp32; weight-only: [N, 1] fp32 (one group of K)
+  at::Tensor weight;  // [N, K] int8
+  at::Tensor scale;   // W8A8: [N] fp32; weight-only: [N, 1] fp32 (one group of K)
 };
 Int8Prepared prepare_int8(bool w8a8, const at::Tensor& weight, const at::Tensor& weight_scale);
 at::Tensor apply(const Int8Prepared& p, const at::Tensor& x, const std::optional<at::Tensor>& bias);

@@ -20,11 +20,15 @@
 //   crash in torch 2.11 (seen for K = 8, 33, 40): float32 then takes the exact float32
 //   op, the others the reference. Float64 layers and other devices take the
 //   reference: dequantize to the activation dtype, then at::matmul.
-// - int8_w8a8: x is quantized per token (scale = amax / 127, round to nearest, clamp
-//   to +-127, the same helper quantize_activation uses), at::_int_mm computes the
-//   exact int32 products (no shape rules on the CPU in torch 2.11), then
-//   y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
-//   Off the CPU the products go through a float32 matmul instead.
+// - int8_w8a8: x is quantized per token (scale = amax / 127, round half to even, clamp
+//   to +-127: w8a8_quantize_per_token, bit for bit the ATen helper below that
+//   quantize_activation uses), tp's own kernels compute the exact int32 products
+//   (w8a8_kernels.h: AVX2 / AVX-VNNI / AVX-512 (VNNI) / scalar, chosen at run time),
+//   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
+//   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight changed
+//   in place since (its version counter moved) has them recomputed per call. K past
+//   kW8a8MaxK (int32 could overflow) takes at::_int_mm; off the CPU the products go
+//   through a float32 matmul.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -33,9 +37,10 @@
 #include <cmath>
 #include <utility>
 
-#include "tp/loader/load_shard.h"
 #include "quant/int8/int8.h"
+#include "quant/int8/w8a8_kernels.h"
 #include "quant/random_weight.h"
+#include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
 #include "quant/int8/cuda.h"
@@ -101,8 +106,8 @@ class Int8Method final : public QuantMethod {
       const int64_t k = column ? k_ : part.logical_size;
 
       const auto& w = checkpoint.get(part.prefix + ".weight", layer);
-      TORCH_CHECK_TYPE(w.dtype() == at::kChar, layer, ": tensor '", w.name(), "' has dtype ", w.dtype(), "; ",
-                       name(), " stores the weight as int8");
+      TORCH_CHECK_TYPE(w.dtype() == at::kChar, layer, ": tensor '", w.name(), "' has dtype ", w.dtype(), "; ", name(),
+                       " stores the weight as int8");
       TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
                         shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
       weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
@@ -124,11 +129,15 @@ class Int8Method final : public QuantMethod {
   void finalize() override {
     // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
     scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
-    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
+    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
+    row_sums_ = at::Tensor();
+    if (w8a8_ && weight_.is_cpu() && weight_.scalar_type() == at::kChar) row_sums_ = w8a8_row_sums(weight_);
+    weight_version_ = version_of(weight_);
 #if TP_WITH_CUDA
     // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
     cuda_.reset();
-    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar) cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
+    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar)
+      cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
 #endif
   }
 
@@ -143,6 +152,12 @@ class Int8Method final : public QuantMethod {
     at::Tensor y;
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
+    } else if (w8a8_ && x.device().is_cpu() && k_ <= kW8a8MaxK) {
+      const auto xt = x2.scalar_type();
+      const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
+      const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
+      const at::Tensor sums = version_of(weight_) == weight_version_ ? row_sums_ : at::Tensor();
+      y = w8a8_linear_cpu(q, x_scale, weight_, weight_row_scale_.reshape({-1}), sums).to(x.scalar_type());
     } else if (w8a8_) {
       const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
@@ -170,6 +185,12 @@ class Int8Method final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
+
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
   // than compute with it.
   void check_stored() const {
@@ -189,6 +210,8 @@ class Int8Method final : public QuantMethod {
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
   at::Tensor scales_bf16_;             // bf16 [N], for _weight_int8pack_mm
   at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
+  at::Tensor row_sums_;                // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+  int64_t weight_version_ = -2;        // weight_'s version counter when finalize() ran
 };
 
 }  // namespace
@@ -216,8 +239,8 @@ at::Tensor dequantize_int8(const QuantizedTensors& tensors, const QuantConfig& c
   };
   const auto w = get("weight"), s = get("weight_scale");
   TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && s.numel() == w.size(0), "dequantize_weight(",
-                    to_string(config), "): expected an int8 [N, K] weight and an [N, 1] weight_scale; got ",
-                    w.sizes(), " ", w.scalar_type(), " and ", s.sizes());
+                    to_string(config), "): expected an int8 [N, K] weight and an [N, 1] weight_scale; got ", w.sizes(),
+                    " ", w.scalar_type(), " and ", s.sizes());
   return w.to(at::kFloat) * s.to(at::kFloat).reshape({-1, 1});
 }
 

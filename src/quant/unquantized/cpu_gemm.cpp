@@ -275,12 +275,10 @@ at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>&
   return linear(x, bias, backend_for(x, bias));
 }
 
-at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias,
-                           CpuGemmBackend backend) const {
+at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, CpuGemmBackend backend) const {
   if (backend != CpuGemmBackend::kAtLinear &&
-      (!can_run(x, bias) ||
-       !cpu_gemm_supports(backend, cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0), weight_.size(1),
-                                                    weight_.scalar_type()))))
+      (!can_run(x, bias) || !cpu_gemm_supports(backend, cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0),
+                                                                         weight_.size(1), weight_.scalar_type()))))
     backend = CpuGemmBackend::kAtLinear;
   counts_[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
   global_counts()[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
@@ -297,7 +295,8 @@ at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std
   at::Tensor y;  // float32 unless the backend produced the layer's dtype
   switch (backend) {
     case CpuGemmBackend::kOneDnn:
-      return onednn_linear(x2d, packed(backend), has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
+      return onednn_linear(x2d, packed(backend),
+                           has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
     case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
     case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
     case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;

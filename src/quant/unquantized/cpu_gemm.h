@@ -62,15 +62,15 @@ CpuGemmBackend parse_cpu_gemm_backend(const std::string& name);
 
 /// What the choice of a backend depends on.
 struct CpuGemmProblem {
-  int64_t m = 0, n = 0, k = 0;           ///< x: [m, k], W: [n, k]
-  at::ScalarType dtype = at::kFloat;     ///< of x and W (float32 or bfloat16)
-  CpuIsa isa = CpuIsa::kScalar;          ///< cpu_isa(): what own kernels may use
-  bool native_bf16 = false;              ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
-  bool amd = false;                      ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
-  int threads = 1;                       ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
-  bool onednn = false;                   ///< ATen's oneDNN ops take this dtype here
-  bool mkl_packed = false;               ///< MKL's packed SGEMM found (float32 only)
-  bool allow_packs = true;               ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
+  int64_t m = 0, n = 0, k = 0;        ///< x: [m, k], W: [n, k]
+  at::ScalarType dtype = at::kFloat;  ///< of x and W (float32 or bfloat16)
+  CpuIsa isa = CpuIsa::kScalar;       ///< cpu_isa(): what own kernels may use
+  bool native_bf16 = false;           ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
+  bool amd = false;                   ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
+  int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
+  bool onednn = false;                ///< ATen's oneDNN ops take this dtype here
+  bool mkl_packed = false;            ///< MKL's packed SGEMM found (float32 only)
+  bool allow_packs = true;            ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
 };
 
 /// The problem for a call made now: cpu_isa(), cpu_features(), at::get_num_threads(),

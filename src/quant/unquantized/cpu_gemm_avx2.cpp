@@ -72,8 +72,8 @@ void rows_block(const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t 
 }
 
 template <int M, typename W>
-void rows_range(const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t k, float* y, int64_t ld_y,
-                int64_t n0, int64_t n1, bool accumulate) {
+void rows_range(const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t k, float* y, int64_t ld_y, int64_t n0,
+                int64_t n1, bool accumulate) {
   constexpr int R = M <= 2 ? 4 : 2;
   int64_t n = n0;
   for (; n + R <= n1; n += R) rows_block<M, R>(x, ld_x, w + n * ld_w, ld_w, k, y + n, ld_y, accumulate);
@@ -82,8 +82,8 @@ void rows_range(const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t 
 
 // One pass of rows [m0, m0 + g) of x (g <= 4) over W[n0:n1, k0:k0 + kc].
 template <typename W>
-void group_pass(int64_t g, const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t kc, float* y,
-                int64_t ld_y, int64_t n0, int64_t n1, bool accumulate) {
+void group_pass(int64_t g, const float* x, int64_t ld_x, const W* w, int64_t ld_w, int64_t kc, float* y, int64_t ld_y,
+                int64_t n0, int64_t n1, bool accumulate) {
   switch (g) {
     case 1: rows_range<1>(x, ld_x, w, ld_w, kc, y, ld_y, n0, n1, accumulate); break;
     case 2: rows_range<2>(x, ld_x, w, ld_w, kc, y, ld_y, n0, n1, accumulate); break;
@@ -93,8 +93,8 @@ void group_pass(int64_t g, const float* x, int64_t ld_x, const W* w, int64_t ld_
 }
 
 template <typename W>
-void gemv_any(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y,
-              int64_t ld_y, int64_t n0, int64_t n1) {
+void gemv_any(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y, int64_t ld_y,
+              int64_t n0, int64_t n1) {
   if (m <= 4) {
     // Decode: one pass streams W[n0:n1] once from memory, x stays in L1/L2.
     group_pass(m, x, ld_x, w, ld_w, k, y, ld_y, n0, n1, false);
@@ -109,8 +109,8 @@ void gemv_any(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, in
     for (int64_t k0 = 0; k0 < k; k0 += kDepth) {
       const int64_t kc = k - k0 < kDepth ? k - k0 : kDepth;
       for (int64_t m0 = 0; m0 < m; m0 += 4)
-        group_pass(m - m0 < 4 ? m - m0 : 4, x + m0 * ld_x + k0, ld_x, w + k0, ld_w, kc, y + m0 * ld_y, ld_y, nb,
-                   ne, k0 > 0);
+        group_pass(m - m0 < 4 ? m - m0 : 4, x + m0 * ld_x + k0, ld_x, w + k0, ld_w, kc, y + m0 * ld_y, ld_y, nb, ne,
+                   k0 > 0);
     }
   }
 }

