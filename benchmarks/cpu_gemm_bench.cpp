@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference;  // as a model's forward runs; the backends need no graph
   std::printf("tp-cpu-gemm-bench: load %s\n%s\n", tp::bench::load_average().c_str(),
               tp::bench::cpu_description().c_str());
-  const auto limits = tp::bench::measure_machine_limits(args.limits_seconds);
+  const auto limits = tp::bench::measure_machine_limits(
+      args.limits_seconds, args.cpu_clock ? tp::bench::LimitClock::kThreadCpu : tp::bench::LimitClock::kWall);
   std::printf("%s\n", limits.describe().c_str());
   std::printf(
       "ms: median per call (%s clock) over alternating rounds (~%.2f s per side), %s weights; x lin: at::linear's "

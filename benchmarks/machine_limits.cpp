@@ -5,6 +5,8 @@
 #include <ATen/Version.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,12 +71,21 @@ uint64_t sum_pass(const uint64_t* p, int64_t n) {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// What the passes and GEMMs are timed by (the budgets always run on the wall clock).
+using Timer = double (*)();
+
 struct Bandwidth {
   double gb_s = 0.0;
   int64_t bytes = 0;
 };
 
-Bandwidth measure_read_bandwidth(int64_t llc, double budget) {
+Bandwidth measure_read_bandwidth(int64_t llc, double budget, Timer timer) {
   // 4x the LLC (at least 256 MiB), at most 1/8 of the RAM: every pass comes from DRAM.
   const int64_t ram = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   int64_t bytes = std::max<int64_t>(int64_t{256} << 20, 4 * llc);
@@ -92,9 +103,9 @@ Bandwidth measure_read_bandwidth(int64_t llc, double budget) {
   double best = 0.0;
   volatile uint64_t sink = 0;
   for (int pass = 0; pass < 20; ++pass) {
-    const double t0 = now_s();
+    const double t0 = timer();
     sink = sink + sum_pass(p, words);
-    best = std::max(best, static_cast<double>(bytes) / (now_s() - t0) / 1e9);
+    best = std::max(best, static_cast<double>(bytes) / (timer() - t0) / 1e9);
     if (pass >= 2 && now_s() - start > budget) break;
   }
   return {best, bytes};
@@ -128,14 +139,14 @@ struct Rate {
 
 // The best rate of `kernel`: n grows from 256 until one GEMM takes ~1/6 of the budget
 // (or n = 2048), then calls repeat until the budget is spent; the fastest call counts.
-Rate peak_rate(const std::string& kernel, c10::ScalarType dtype, double budget) {
+Rate peak_rate(const std::string& kernel, c10::ScalarType dtype, double budget, Timer timer) {
   const double start = now_s();
   int64_t n = 256;
   auto gemm = square_gemm(kernel, dtype, n);
   gemm();
-  double t0 = now_s();
+  double t0 = timer();
   gemm();
-  double t = now_s() - t0;
+  double t = timer() - t0;
   while (t < budget / 6 && n < 2048 && now_s() - start < budget / 2) {
     const double grow = std::cbrt(budget / 6 / std::max(t, 1e-6));
     const int64_t next = std::min<int64_t>(2048, std::max<int64_t>(2 * n, static_cast<int64_t>(n * grow) / 256 * 256));
@@ -143,15 +154,15 @@ Rate peak_rate(const std::string& kernel, c10::ScalarType dtype, double budget) 
     n = next;
     gemm = square_gemm(kernel, dtype, n);
     gemm();
-    t0 = now_s();
+    t0 = timer();
     gemm();
-    t = now_s() - t0;
+    t = timer() - t0;
   }
   double best = t;
   for (int i = 0; i < 50 && now_s() - start < budget; ++i) {
-    t0 = now_s();
+    t0 = timer();
     gemm();
-    best = std::min(best, now_s() - t0);
+    best = std::min(best, timer() - t0);
   }
   return {2.0 * n * n * n / best / 1e9, n};
 }
@@ -166,10 +177,11 @@ double MachineLimits::peak_gflop_s(c10::ScalarType dtype) const {
 std::string MachineLimits::describe() const {
   return format(
       "limits: read %.1f GB/s (streaming %.2f GiB, LLC %.0f MiB, %d threads); GEMM peak fp32 %.0f GFLOP/s "
-      "(%s, n=%lld), bf16 %.0f GFLOP/s (%s, n=%lld); balance fp32 %.1f flop/B; measured in %.1f s",
+      "(%s, n=%lld), bf16 %.0f GFLOP/s (%s, n=%lld); balance fp32 %.1f flop/B; %s clock; measured in %.1f s",
       read_gb_s, read_buffer_bytes / double(1 << 30), llc_bytes / double(1 << 20), threads, fp32_gflop_s,
       fp32_kernel.c_str(), static_cast<long long>(fp32_size), bf16_gflop_s, bf16_kernel.c_str(),
-      static_cast<long long>(bf16_size), balance(c10::kFloat), seconds);
+      static_cast<long long>(bf16_size), balance(c10::kFloat), clock == LimitClock::kThreadCpu ? "thread CPU" : "wall",
+      seconds);
 }
 
 std::string cpu_description() {
@@ -182,13 +194,17 @@ std::string cpu_description() {
       env_or_dash("ONEDNN_MAX_CPU_ISA"), env_or_dash("MKL_ENABLE_INSTRUCTIONS"), at::get_num_threads());
 }
 
-MachineLimits measure_machine_limits(double seconds) {
+MachineLimits measure_machine_limits(double seconds, LimitClock clock) {
   c10::InferenceMode inference;
   const double start = now_s();
   MachineLimits l;
   l.threads = at::get_num_threads();
+  TORCH_CHECK(clock == LimitClock::kWall || l.threads == 1,
+              "measure_machine_limits: the thread CPU clock needs 1 thread (another thread's time would not count)");
+  l.clock = clock;
+  const Timer timer = clock == LimitClock::kThreadCpu ? thread_cpu_s : now_s;
   l.llc_bytes = llc_size();
-  const auto bw = measure_read_bandwidth(l.llc_bytes, 0.4 * seconds);
+  const auto bw = measure_read_bandwidth(l.llc_bytes, 0.4 * seconds, timer);
   l.read_gb_s = bw.gb_s;
   l.read_buffer_bytes = bw.bytes;
   const double gemm_budget = 0.15 * seconds;  // per kernel and dtype: 4 of them
@@ -202,7 +218,7 @@ MachineLimits measure_machine_limits(double seconds) {
         c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "").typed<bool()>().call();
     for (const std::string k : {"at::mm", "onednn"}) {
       if (k == "onednn" && dtype == c10::kBFloat16 && !onednn_bf16) continue;
-      const auto r = peak_rate(k, dtype, gemm_budget);
+      const auto r = peak_rate(k, dtype, gemm_budget, timer);
       if (r.gflop_s > rate) rate = r.gflop_s, kernel = k, size = r.n;
     }
   }

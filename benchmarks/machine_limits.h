@@ -23,6 +23,11 @@
 
 namespace tp::bench {
 
+/// What the limits are timed by. kThreadCpu (1 thread only): the calling thread's CPU
+/// time, so the other tenants of a shared machine that preempt it do not count (their
+/// use of memory bandwidth still does); for benchmarks that time their rows the same way.
+enum class LimitClock { kWall, kThreadCpu };
+
 /// What this machine can do at most, measured once.
 struct MachineLimits {
   int threads = 1;                ///< at::get_num_threads() during the measurement
@@ -35,7 +40,8 @@ struct MachineLimits {
   double bf16_gflop_s = 0.0;      ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
   std::string bf16_kernel;
   int64_t bf16_size = 0;
-  double seconds = 0.0;  ///< how long measuring took
+  double seconds = 0.0;                  ///< how long measuring took (wall)
+  LimitClock clock = LimitClock::kWall;  ///< what the rates were timed by
 
   /// The GEMM peak a row in `dtype` is held to. bfloat16: the better of the bf16 and
   /// fp32 peaks (a bf16 GEMM can always be run in fp32 after an exact conversion).
@@ -51,8 +57,8 @@ struct MachineLimits {
 std::string cpu_description();
 
 /// Measures the limits with the current thread count, spending about `seconds` (the
-/// bandwidth buffer's first touch included).
-MachineLimits measure_machine_limits(double seconds = 1.5);
+/// bandwidth buffer's first touch included), timed by `clock`.
+MachineLimits measure_machine_limits(double seconds = 1.5, LimitClock clock = LimitClock::kWall);
 
 /// The binding limit of one row and how close the row came to it.
 struct LimitFraction {
