@@ -18,6 +18,8 @@ void init_config(pybind11::module_& m);
 void init_loader(pybind11::module_& m);
 /// The four layers and their options.
 void init_layers(pybind11::module_& m);
+/// The differentiable collectives and the sequence-parallel token rule.
+void init_differentiable(pybind11::module_& m);
 
 /// `p` owned by a shared_ptr whose deleter releases the GIL while `*p` is destroyed.
 ///

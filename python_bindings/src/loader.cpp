@@ -40,6 +40,10 @@ void init_loader(py::module_& m) {
   m.def("save_safetensors", &save_safetensors, py::arg("path"), py::arg("tensors"),
         py::arg("metadata") = std::map<std::string, std::string>{}, py::call_guard<py::gil_scoped_release>(),
         "Writes name -> tensor (and optional string metadata) as one .safetensors file.");
+  m.def("save_sharded_safetensors", &save_sharded_safetensors, py::arg("dir"), py::arg("tensors"),
+        py::arg("max_file_bytes"), py::call_guard<py::gil_scoped_release>(),
+        "Writes name -> tensor as a Hugging Face sharded checkpoint folder (model-0000i-of-0000N.safetensors "
+        "of at most max_file_bytes of data each, and model.safetensors.index.json); returns the number of files.");
 }
 
 }  // namespace tp::python

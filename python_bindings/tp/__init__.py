@@ -12,6 +12,11 @@ torch.distributed process group (gloo on CPU, nccl on GPUs)::
 
 Errors from C++ arrive as ValueError (bad arguments), TypeError (wrong dtype),
 IndexError, or RuntimeError (e.g. a collective that timed out), with the C++ message.
+
+Training: the layers are differentiable at every TP size (their collectives are
+autograd functions, also available as ``tp.copy_to_parallel`` etc.), and
+``tp.gather_weights(model)`` gathers what was trained into full tensors under Hugging
+Face names for ``tp.save_safetensors``.
 """
 
 import torch  # noqa: F401  (loads libtorch and torch's pybind11 casters before _C)
@@ -29,7 +34,19 @@ from ._C import (
     WirePrecision,
     open_checkpoint,
     save_safetensors,
+    save_sharded_safetensors,
     split,
+)
+from .collectives import (
+    copy_to_parallel,
+    gather_from_parallel,
+    gather_from_sequence_parallel,
+    reduce_from_parallel,
+    reduce_scatter_to_sequence_parallel,
+    scatter_to_parallel,
+    scatter_to_sequence_parallel,
+    sequence_ranges,
+    sequence_sizes,
 )
 from .distributed import Communicator, communicator
 from .layers import (
@@ -37,6 +54,7 @@ from .layers import (
     GateUpParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    gather_weights,
 )
 
 __all__ = [
@@ -55,7 +73,18 @@ __all__ = [
     "SplitPolicy",
     "WirePrecision",
     "communicator",
+    "copy_to_parallel",
+    "gather_from_parallel",
+    "gather_from_sequence_parallel",
+    "gather_weights",
     "open_checkpoint",
+    "reduce_from_parallel",
+    "reduce_scatter_to_sequence_parallel",
     "save_safetensors",
+    "save_sharded_safetensors",
+    "scatter_to_parallel",
+    "scatter_to_sequence_parallel",
+    "sequence_ranges",
+    "sequence_sizes",
     "split",
 ]

@@ -41,13 +41,24 @@ void ColumnParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
 void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::ColumnParallelLinear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", local_out=" << local_range();
-  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm,
+                     options.sequence_parallel());
 }
 
-at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  return core_->forward(x, options.gather_output(),
+                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
+}
 
 void ColumnParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
   core_->load(checkpoint, {prefix});
+}
+
+std::map<std::string, at::Tensor> ColumnParallelLinearImpl::gather_weights(const std::string& prefix) const {
+  const auto [w, b] = core_->gather_parameters();
+  std::map<std::string, at::Tensor> out{{detail::join_name(prefix, "weight"), w}};
+  if (b.defined()) out[detail::join_name(prefix, "bias")] = b;
+  return out;
 }
 
 Range ColumnParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }

@@ -54,10 +54,14 @@ void QKVParallelLinearImpl::pretty_print(std::ostream& stream) const {
          << ", num_heads=" << options.num_heads() << ", num_kv_heads=" << options.num_kv_heads()
          << ", local_q_heads=" << head_plan_.q_heads << ", local_kv_heads=" << head_plan_.kv_heads;
   if (head_plan_.kv_replicas > 1) stream << ", kv_replicas=" << head_plan_.kv_replicas;
-  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm,
+                     options.sequence_parallel());
 }
 
-at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) {
+  return core_->forward(x, options.gather_output(),
+                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> QKVParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
@@ -120,6 +124,19 @@ void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
     }
   }
   core_->load_parts(checkpoint, parts, what.str());
+}
+
+std::map<std::string, at::Tensor> QKVParallelLinearImpl::gather_weights(const std::string& prefix,
+                                                                        const QKVCheckpointLayout& layout) const {
+  TORCH_CHECK_VALUE(layout.layout() != QKVLayout::kInterleavedGroups, kLayer,
+                    ": gather_weights writes the separate or fused layout, not ", to_string(layout.layout()));
+  const auto [w, b] = core_->gather_parameters();
+  if (layout.layout() == QKVLayout::kFused) {
+    std::map<std::string, at::Tensor> out{{detail::join_name(prefix, layout.fused_name() + ".weight"), w}};
+    if (b.defined()) out[detail::join_name(prefix, layout.fused_name() + ".bias")] = b;
+    return out;
+  }
+  return detail::split_segments(core_->plan(), w, b, prefix, {layout.q_name(), layout.k_name(), layout.v_name()});
 }
 
 SplitPolicy QKVParallelLinearImpl::attention_output_split() const {

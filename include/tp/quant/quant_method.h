@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -56,6 +57,18 @@ class QuantMethod {
   virtual void finalize() {}
   /// y = x W^T (+ bias). x: [..., in_local]; bias: [out_local] or none; y: [..., out_local].
   virtual at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const = 0;
+  /// The weight apply() computes with, as a plain tensor: [out_local, in_local] in the
+  /// activation dtype, on the weights' device (the format's dequantize_weight of this
+  /// rank's stored tensors). The layers' backward takes the input gradient through it,
+  /// grad_x = grad_y W, so frozen quantized weights still pass gradients on (adapter
+  /// and frozen-base training); for formats that also quantize activations that is the
+  /// straight-through rule (docs/DESIGN.md, Training). For kNone it is the trainable
+  /// parameter itself. Computed on each call (no cached full-precision copy).
+  virtual at::Tensor dequantized_weight() const {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, name(),
+                                ": this format has no dequantized weight, so its layers give no "
+                                "input gradient");
+  }
   /// The dtype activations must have.
   virtual at::ScalarType activation_dtype() const = 0;
   /// Where the weights live; inputs must be there too.

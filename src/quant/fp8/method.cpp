@@ -255,6 +255,13 @@ class Fp8Method final : public QuantMethod {
     return y.to(dtype_).reshape(shape);
   }
 
+  // The weight times its per-row scale (one per 128-column block of in_local for fp8_block).
+  at::Tensor dequantized_weight() const override {
+    const at::Tensor w = weight_.to(at::kFloat);
+    const at::Tensor s = block() ? scale_.repeat_interleave(kBlock, 1).narrow(1, 0, in_local_) : scale_;
+    return (w * s).to(dtype_);
+  }
+
   at::ScalarType activation_dtype() const override { return dtype_; }
   at::Device weight_device() const override { return weight_.device(); }
 

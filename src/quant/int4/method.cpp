@@ -203,6 +203,13 @@ class Int4Method final : public QuantMethod {
     return y.view(out_shape);
   }
 
+  at::Tensor dequantized_weight() const override {
+    check_stored();
+    if (n_ == 0 || k_ == 0) return at::zeros({n_, k_}, at::TensorOptions().dtype(dtype_).device(qweight_.device()));
+    if (dequantized_.defined()) return dequantized_;
+    return dequantize_unpacked(unpack(), g_).to(qweight_.device(), dtype_);
+  }
+
   at::ScalarType activation_dtype() const override {
     check_stored();
     return dtype_;

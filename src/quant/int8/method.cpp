@@ -178,6 +178,12 @@ class Int8Method final : public QuantMethod {
     return y.view(out_shape);
   }
 
+  // weight * weight_scale per output channel (dequantize_int8), not the kernels' bfloat16 scales.
+  at::Tensor dequantized_weight() const override {
+    check_stored();
+    return (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(dtype_);
+  }
+
   at::ScalarType activation_dtype() const override {
     check_stored();
     return dtype_;

@@ -27,6 +27,7 @@ class UnquantizedMethod final : public QuantMethod {
   void finalize() override;
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override;
   at::Tensor weight() const override { return weight_; }
+  at::Tensor dequantized_weight() const override { return weight_; }
   at::ScalarType activation_dtype() const override { return weight_.scalar_type(); }
   at::Device weight_device() const override { return weight_.device(); }
 
