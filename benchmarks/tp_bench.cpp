@@ -26,6 +26,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -33,6 +34,7 @@
 
 #include "backward_bench.h"
 #include "bench_report.h"
+#include "machine_limits.h"
 #include "tp/comm/launch.h"
 #include "tp/quant/quant_config.h"
 
@@ -402,7 +404,16 @@ int main(int argc, char** argv) {
         << "    AllReduce); comm ms = the AllReduce(s) of [M, hidden] alone; GB/s and GFLOP/s: the global problem\n"
         << "    (weights as stored + activations in and out; 2*M*K*N) over TP ms; rel_err = ||TP - ref|| / ||ref||\n"
         << "    over each rank's part, worst rank; '!' marks an error above the dtype's bound\n"
+        << "    limit = the row's fraction of the machine limit that binds it (CPU; measured below): bytes / TP ms\n"
+        << "    over the read bandwidth where the row's flop per byte is below the machine's balance (mem), else\n"
+        << "    GFLOP/s over the GEMM peak (fp32 / bf16); kernel = the GEMM kernels the TP forward ran\n"
         << std::flush;
+    std::optional<MachineLimits> limits;
+    if (!config.device.is_cuda()) {
+      std::cout << "  " << cpu_description() << "\n" << std::flush;
+      limits = measure_machine_limits();
+      std::cout << "  " << limits->describe() << "\n" << std::flush;
+    }
     BenchResults results;
     if (args.launch == "threads") {
       results = run_bench(config);
@@ -424,6 +435,13 @@ int main(int argc, char** argv) {
       }
     }
 
+    if (limits) {
+      for (auto& r : results.rows) {
+        const auto f =
+            limit_fraction(*limits, r.bytes, r.flops, r.tp_s, r.dtype == "bfloat16" ? c10::kBFloat16 : c10::kFloat);
+        r.limit_fraction = f.fraction, r.limit = f.limit;
+      }
+    }
     // One table per (dtype, format, allreduce) setting, in the order run.
     std::vector<std::tuple<std::string, std::string, std::string>> settings;
     for (const auto& r : results.rows) {

@@ -39,3 +39,19 @@ TEST_CASE("the quantized-layer check passes for the unquantized method at TP 1-4
   check.seed = 2;
   test::check_quant_layers(check);
 }
+
+TEST_CASE("unquantized layers match the float64 reference at TP 1-4 at every CPU GEMM's M (float32, bfloat16)",
+          "[quant][layers]") {
+  // M = 1 and 5: the own GEMV (decode pass, L2-blocked); 40: oneDNN, MKL's packed SGEMM
+  // or bf16_tiles by ISA and dtype (src/quant/unquantized/cpu_gemm.cpp's table).
+  uint64_t seed = 10;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t tokens : {1, 5, 40}) {
+      INFO(c10::toString(dtype) << " tokens " << tokens);
+      test::QuantCheck check{QuantConfig{}, dtype, test::tolerance(dtype)};
+      check.shapes.tokens = tokens;
+      check.seed = ++seed;
+      test::check_quant_layers(check);
+    }
+  }
+}

@@ -16,6 +16,11 @@ namespace tp::detail {
 void UnquantizedMethod::create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
                                        const at::TensorOptions& options) {
   weight_ = layer.register_parameter("weight", at::empty({out_local, in_local}, options));
+  cpu_gemm_.bind(weight_);  // nothing to pack before reset_parameters or load fills it
+}
+
+void UnquantizedMethod::finalize() {
+  if (weight_.is_cpu()) cpu_gemm_.prepare(weight_);
 }
 
 void UnquantizedMethod::reset_parameters(int64_t global_in_features) {
@@ -66,6 +71,7 @@ at::Tensor UnquantizedMethod::apply(const at::Tensor& x, const std::optional<at:
     return cuda::linear(x, weight_, bias);
   }
 #endif
+  if (cpu_gemm_.serves(x)) return cpu_gemm_.linear(x, bias);
   return at::linear(x, weight_, bias);
 }
 
