@@ -194,7 +194,13 @@ at::Tensor copy_to_parallel(const at::Tensor& x, const Communicator& comm) {
 at::Tensor reduce_from_parallel(const at::Tensor& x, const Communicator& comm, AllReduceStrategy strategy,
                                 WirePrecision wire) {
   TORCH_CHECK_VALUE(x.defined(), "reduce_from_parallel: the tensor is undefined");
-  if (comm.world_size() == 1) return x;
+  if (comm.world_size() == 1) {
+    // Still the communicator's call: it validates the strategy and counts it in
+    // all_reduce_counts at world 1 as at any other size (the data is untouched).
+    at::Tensor alias = x;
+    comm.all_reduce(alias, strategy, wire);
+    return x;
+  }
   if (!wants_autograd(x)) return plain_all_reduce(x, comm, strategy, wire);
   return ReduceFromParallel::apply(x, comm, strategy, wire);
 }
