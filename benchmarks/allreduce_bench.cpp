@@ -49,6 +49,11 @@ const char* kUsage = R"(usage: tp-allreduce-bench [options]
   --verify 0|1     exchange call fingerprints before each call   (default 0)
   --from-env 0|1   this process is one rank (RANK, WORLD_SIZE, MASTER_ADDR,
                    MASTER_PORT), instead of --world ranks as threads (default 0)
+  --reduce-scatter 0|1  instead: reduce_scatter (each rank gets 1/world, uneven
+                   when world does not divide it) against all_reduce of the same
+                   tensor, both taking the communicator's strategy (--strategy)
+  --strategy S     the communicator's default strategy (CommunicatorOptions::
+                   all_reduce), for --reduce-scatter    (default auto)
   --tune FILE      calibrate: write the fastest strategy per size for this group
                    into FILE (a tuning table; an existing FILE keeps its entries for
                    other world sizes / topologies). Load it with TP_ALLREDUCE_TABLE=FILE
@@ -65,6 +70,8 @@ struct Config {
   bool verify = false;
   bool from_env = false;
   std::string tune;
+  bool reduce_scatter = false;
+  AllReduceStrategy strategy = AllReduceStrategy::kAuto;
 };
 
 const std::vector<AllReduceStrategy> kStrategies = {
@@ -117,6 +124,10 @@ Config parse_args(int argc, char** argv) {
       c.verify = value == "1";
     else if (flag == "--from-env")
       c.from_env = value == "1";
+    else if (flag == "--reduce-scatter")
+      c.reduce_scatter = value == "1";
+    else if (flag == "--strategy")
+      c.strategy = tp::parse_all_reduce_strategy(value);
     else if (flag == "--tune")
       c.tune = value;
     else
@@ -177,6 +188,51 @@ Measured measure(tp::Communicator& comm, const std::vector<int64_t>& sizes, tp::
     for (auto strategy : kStrategies) out.seconds[bytes][strategy] = worst[static_cast<int64_t>(i++)].item<double>();
   }
   return out;
+}
+
+/// reduce_scatter against all_reduce of the same float32 tensor, per size: the
+/// slowest rank's median of each, and what the strategy took. Bytes each rank
+/// receives (a model, for the shared-memory and ring-like paths): all_reduce
+/// (world - 1) x the tensor in one-shot, reduce_scatter (world - 1) x its piece.
+std::string reduce_scatter_table(tp::Communicator& comm, const std::vector<int64_t>& sizes) {
+  const int64_t world = comm.world_size();
+  std::vector<double> mine;
+  std::vector<std::string> took;
+  for (int64_t bytes : sizes) {
+    const int64_t n = bytes / 4;
+    std::vector<int64_t> pieces(world, n / world);
+    for (int64_t r = 0; r < n % world; ++r) ++pieces[r];
+    at::Tensor t = at::rand({n}, at::kFloat);
+    const int64_t iters = std::max<int64_t>(5, std::min<int64_t>(100, (int64_t{32} << 20) / bytes));
+    const auto before = comm.all_reduce_counts();
+    for (int w = 0; w < 3; ++w) comm.reduce_scatter(t, 0, pieces);
+    for (const auto& [s, count] : comm.all_reduce_counts()) {
+      const auto it = before.find(s);
+      if (count != (it == before.end() ? 0 : it->second)) took.push_back(tp::to_string(s));
+    }
+    std::vector<double> ar, rs;
+    for (int64_t i = 0; i < iters; ++i) {  // interleaved, so both see the same machine
+      at::Tensor copy = t.clone();
+      auto t0 = std::chrono::steady_clock::now();
+      comm.all_reduce(copy);
+      ar.push_back(seconds_since(t0));
+      t0 = std::chrono::steady_clock::now();
+      comm.reduce_scatter(t, 0, pieces);
+      rs.push_back(seconds_since(t0));
+    }
+    mine.push_back(median(ar));
+    mine.push_back(median(rs));
+  }
+  const at::Tensor local = at::tensor(mine, at::kDouble).view({1, -1});
+  const at::Tensor worst = std::get<0>(comm.all_gather(local, 0, std::vector<int64_t>(world, 1)).max(0));
+  Table table({"world", "bytes", "took", "all_reduce us", "reduce_scatter us", "rs x", "AR recv/rank", "RS recv/rank"});
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const double ar = worst[static_cast<int64_t>(2 * i)].item<double>();
+    const double rs = worst[static_cast<int64_t>(2 * i + 1)].item<double>();
+    table.add({std::to_string(world), human(sizes[i]), i < took.size() ? took[i] : "?", micros(ar), micros(rs),
+               ratio(ar, rs), human((world - 1) * sizes[i]), human((world - 1) * sizes[i] / world)});
+  }
+  return table.str();
 }
 
 std::string table(const std::vector<int64_t>& sizes, Measured& r) {
@@ -262,6 +318,24 @@ int main(int argc, char** argv) {
     for (int64_t kib = config.min_kib; kib <= config.max_kib; kib *= config.step) sizes.push_back(kib << 10);
     tp::CommunicatorOptions options;
     options.verify_calls = config.verify;
+    options.all_reduce = config.strategy;
+    if (config.reduce_scatter) {
+      std::cout << "tp-allreduce-bench --reduce-scatter: float32, strategy " << tp::to_string(config.strategy)
+                << ", verify_calls=" << (config.verify ? "1" : "0")
+                << "; us per call = max over ranks of each rank's median, the two calls interleaved\n";
+      auto run = [&](tp::Communicator& comm) {
+        const std::string text = reduce_scatter_table(comm, sizes);
+        if (comm.rank() == 0) std::cout << "\n" << text << std::flush;
+      };
+      if (config.from_env) {
+        tp::Communicator comm = tp::communicator_from_env(options);
+        run(comm);
+        comm.barrier();
+      } else {
+        for (int64_t world : config.worlds) tp::run_ranks_in_threads(world, run, options);
+      }
+      return 0;
+    }
     const std::string what = std::string("float32 all_reduce, wire ") + tp::to_string(config.wire) +
                              ", verify_calls=" + (config.verify ? "1" : "0") +
                              "; us per call = max over ranks of each rank's median";

@@ -18,7 +18,7 @@ std::string serialize(const BenchResults& results) {
     os << "row\t" << r.row << "\t" << r.format << "\t" << r.dtype << "\t" << r.allreduce << "\t" << r.allreduce_taken
        << "\t" << r.tp << "\t" << r.tokens << "\t" << r.in_features << "\t" << r.out_features << "\t" << r.flops << "\t"
        << r.bytes << "\t" << r.max_abs_err << "\t" << r.rel_err << "\t" << r.reference_s << "\t" << r.tp_s << "\t"
-       << r.gemm_s << "\t" << r.comm_s << "\t" << r.suspicious << "\n";
+       << r.gemm_s << "\t" << r.comm_s << "\t" << r.suspicious << "\t" << r.kernel << "\n";
   }
   for (const auto& l : results.loads) {
     os << "load\t" << l.format << "\t" << l.dtype << "\t" << l.checkpoint << "\t" << l.written << "\t" << l.write_s
@@ -37,13 +37,14 @@ BenchResults deserialize(const std::string& text) {
     std::istringstream fields(line);
     std::string field;
     while (std::getline(fields, field, '\t')) f.push_back(field);
-    if (!f.empty() && f[0] == "row" && f.size() == 19) {
+    if (!f.empty() && f[0] == "row" && f.size() == 20) {
       RowResult r;
       r.row = f[1], r.format = f[2], r.dtype = f[3], r.allreduce = f[4], r.allreduce_taken = f[5];
       r.tp = std::stoll(f[6]), r.tokens = std::stoll(f[7]), r.in_features = std::stoll(f[8]);
       r.out_features = std::stoll(f[9]), r.flops = std::stod(f[10]), r.bytes = std::stod(f[11]);
       r.max_abs_err = std::stod(f[12]), r.rel_err = std::stod(f[13]), r.reference_s = std::stod(f[14]);
       r.tp_s = std::stod(f[15]), r.gemm_s = std::stod(f[16]), r.comm_s = std::stod(f[17]), r.suspicious = f[18] == "1";
+      r.kernel = f[19];
       results.rows.push_back(r);
     } else if (!f.empty() && f[0] == "load" && f.size() == 11) {
       LoadResult l;
@@ -69,14 +70,15 @@ std::string row_table(const std::vector<RowResult>& rows) {
     return std::make_tuple(order(a.row), a.tp, a.tokens) < std::make_tuple(order(b.row), b.tp, b.tokens);
   });
   Table table({"row", "TP", "M", "max_abs_err", "rel_err", "ref ms", "TP ms", "GEMM ms", "comm ms", "TP/ref", "GB/s",
-               "GFLOP/s", "allreduce"});
+               "GFLOP/s", "limit", "allreduce", "kernel"});
   for (const auto& r : sorted) {
     table.add({r.row, std::to_string(r.tp), std::to_string(r.tokens), format("%.2e", r.max_abs_err),
                format("%.2e%s", r.rel_err, r.suspicious ? " !" : ""), format("%.3f", r.reference_s * 1e3),
                format("%.3f", r.tp_s * 1e3), format("%.3f", r.gemm_s * 1e3),
                r.allreduce_taken == "-" && r.comm_s == 0.0 ? std::string("-") : format("%.3f", r.comm_s * 1e3),
                format("%.3f", r.ratio()), format("%.1f", r.gbytes_per_s()), format("%.1f", r.gflops()),
-               r.allreduce_taken});
+               r.limit.empty() ? std::string("-") : format("%.0f%% %s", 100.0 * r.limit_fraction, r.limit.c_str()),
+               r.allreduce_taken, r.kernel});
   }
   return table.str();
 }
@@ -127,7 +129,8 @@ std::string to_json(const BenchConfig& config, const BenchResults& results, cons
        << ", \"rel_err\": " << r.rel_err << ", \"ref_ms\": " << r.reference_s * 1e3 << ", \"tp_ms\": " << r.tp_s * 1e3
        << ", \"gemm_ms\": " << r.gemm_s * 1e3 << ", \"comm_ms\": " << r.comm_s * 1e3 << ", \"ratio\": " << r.ratio()
        << ", \"gb_per_s\": " << r.gbytes_per_s() << ", \"gflop_per_s\": " << r.gflops()
-       << ", \"suspicious\": " << (r.suspicious ? "true" : "false") << "}";
+       << ", \"limit_fraction\": " << r.limit_fraction << ", \"limit\": " << json_string(r.limit)
+       << ", \"kernel\": " << json_string(r.kernel) << ", \"suspicious\": " << (r.suspicious ? "true" : "false") << "}";
   }
   os << "\n  ]\n}\n";
   return os.str();
@@ -136,13 +139,14 @@ std::string to_json(const BenchConfig& config, const BenchResults& results, cons
 std::string to_csv(const BenchConfig& config, const BenchResults& results) {
   std::ostringstream os;
   os << "preset,device,row,format,dtype,allreduce,allreduce_taken,tp,m,in_features,out_features,flops,bytes,"
-        "max_abs_err,rel_err,ref_ms,tp_ms,gemm_ms,comm_ms,ratio,gb_per_s,gflop_per_s\n";
+        "max_abs_err,rel_err,ref_ms,tp_ms,gemm_ms,comm_ms,ratio,gb_per_s,gflop_per_s,limit_fraction,limit,kernel\n";
   for (const auto& r : results.rows) {
     os << config.shape.name << "," << config.device.str() << "," << r.row << "," << r.format << "," << r.dtype << ","
        << r.allreduce << "," << r.allreduce_taken << "," << r.tp << "," << r.tokens << "," << r.in_features << ","
        << r.out_features << "," << r.flops << "," << r.bytes << "," << r.max_abs_err << "," << r.rel_err << ","
        << r.reference_s * 1e3 << "," << r.tp_s * 1e3 << "," << r.gemm_s * 1e3 << "," << r.comm_s * 1e3 << ","
-       << r.ratio() << "," << r.gbytes_per_s() << "," << r.gflops() << "\n";
+       << r.ratio() << "," << r.gbytes_per_s() << "," << r.gflops() << "," << r.limit_fraction << "," << r.limit << ","
+       << r.kernel << "\n";
   }
   return os.str();
 }

@@ -73,6 +73,9 @@ struct RowResult {
   double gemm_s = 0.0;                        // median TP forward without its AllReduces, slowest rank
   double comm_s = 0.0;                        // median of the AllReduces alone, slowest rank (0: none)
   bool suspicious = false;                    // rel_err above the dtype's bound
+  std::string kernel = "-";                   // the GEMM kernels the TP forward ran (rank 0's process), '+'-joined
+  double limit_fraction = 0.0;                // of the binding machine limit (set by tp-bench's main; CPU only)
+  std::string limit;                          // "mem", "fp32", "bf16"; empty: not measured
   double ratio() const { return reference_s > 0 ? tp_s / reference_s : 0.0; }
   double gflops() const { return tp_s > 0 ? flops / tp_s * 1e-9 : 0.0; }
   double gbytes_per_s() const { return tp_s > 0 ? bytes / tp_s * 1e-9 : 0.0; }

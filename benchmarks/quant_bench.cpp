@@ -24,6 +24,8 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "common/kernel_counts.h"
+#include "machine_limits.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/quant/quantize.h"
 
@@ -35,8 +37,8 @@ namespace {
 struct Args {
   int64_t k = 4096, n = 11008;
   std::vector<int64_t> m = {1, 16, 256};
-  std::vector<std::string> formats = {"fp8_tensor",       "fp8_channel",    "fp8_block",    "int8_w8a8",
-                                      "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
+  std::vector<std::string> formats = {"none",      "fp8_tensor",       "fp8_channel",    "fp8_block",
+                                      "int8_w8a8", "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   double seconds = 0.5;  // measuring per side and M
 };
@@ -134,13 +136,20 @@ double rel_error(const at::Tensor& y, const at::Tensor& ref) {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  at::NoGradGuard no_grad;  // a forward as inference runs it: the CPU GEMMs need no graph
   std::printf("tp-quant-bench: one %lld x %lld layer (in x out), TP = 1, %s, torch threads %d, load %s\n",
               static_cast<long long>(args.k), static_cast<long long>(args.n), bench::machine_description().c_str(),
               at::get_num_threads(), bench::load_average().c_str());
+  std::printf("%s\n", bench::cpu_description().c_str());
+  const auto limits = bench::measure_machine_limits();
+  std::printf("%s\n", limits.describe().c_str());
   std::printf(
       "time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
       "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
-      "the original float weight; err model: the same against the format's own float64 model.\n\n",
+      "the original float weight; err model: the same against the format's own float64 model; limit: the\n"
+      "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
+      "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak); kernel: what the layer's forward ran ('-': the\n"
+      "format does not report it).\n\n",
       args.seconds);
 
   const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));
@@ -149,7 +158,13 @@ int main(int argc, char** argv) {
   // a kernel off by more than this against its own model is broken, and the run fails.
   constexpr double kModelErrorBound = 0.1;
   int wrong = 0;
-  bench::Table table({"format", "dtype", "M", "ms", "x fp32", "x bf16", "weight MB", "GB/s", "err float", "err model"});
+  bench::Table table({"format", "dtype", "M", "ms", "x fp32", "x bf16", "weight MB", "GB/s", "limit", "kernel",
+                      "err float", "err model"});
+  // The limit a row is held to: its bytes (weights as stored, x in, y out) and flops.
+  auto limit = [&](double weight_bytes, int64_t m, at::ScalarType dtype, double ms) {
+    const double bytes = weight_bytes + static_cast<double>(m) * (args.k + args.n) * c10::elementSize(dtype);
+    return bench::format_limit(bench::limit_fraction(limits, bytes, 2.0 * m * args.n * args.k, ms * 1e-3, dtype));
+  };
   for (const auto& fmt : args.formats) {
     const QuantConfig config = parse_quant_config(fmt);
     const auto stored = quantize_weight(w32, config);
@@ -171,7 +186,13 @@ int main(int argc, char** argv) {
                       args.seconds);
         const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
         const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
-        const double mb = static_cast<double>(stored_bytes(stored)) / 1e6;
+        // Format none keeps the weight in the layer's dtype (the checkpoint holds float32).
+        const double mb = config.format == QuantFormat::kNone
+                              ? static_cast<double>(args.n) * args.k * c10::elementSize(dtype) / 1e6
+                              : static_cast<double>(stored_bytes(stored)) / 1e6;
+        const auto kernels_before = tp::detail::kernel_counts();
+        (void)layer->forward(x);
+        const auto kernel = tp::detail::kernels_between(kernels_before, tp::detail::kernel_counts());
         const double err_model = rel_error(y, ref_model);
         if (!(err_model <= kModelErrorBound)) {
           std::fprintf(stderr, "tp-quant-bench: %s %s M=%lld: error %.3g against the format's model exceeds %.2g\n",
@@ -180,15 +201,17 @@ int main(int argc, char** argv) {
         }
         table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]),
                    format("%.2f", ms[0] / ms[2]), format("%.2f", ms[1] / ms[2]), format("%.1f", mb),
-                   format("%.1f", mb / ms[2]), format("%.1e", rel_error(y, ref_float)), format("%.1e", err_model)});
+                   format("%.1f", mb / ms[2]), limit(mb * 1e6, m, dtype, ms[2]), kernel,
+                   format("%.1e", rel_error(y, ref_float)), format("%.1e", err_model)});
         if (fmt == args.formats.front() && dtype_name == args.dtypes.front()) {
           // The baselines once per M, for reference.
           table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "1.00",
                      format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
-                     format("%.1f", 4e-6 * args.n * args.k / ms[0]), "", ""});
+                     format("%.1f", 4e-6 * args.n * args.k / ms[0]), limit(4.0 * args.n * args.k, m, at::kFloat, ms[0]),
+                     "at::linear", "", ""});
           table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), format("%.2f", ms[0] / ms[1]),
-                     "1.00", format("%.1f", 2e-6 * args.n * args.k), format("%.1f", 2e-6 * args.n * args.k / ms[1]), "",
-                     ""});
+                     "1.00", format("%.1f", 2e-6 * args.n * args.k), format("%.1f", 2e-6 * args.n * args.k / ms[1]),
+                     limit(2.0 * args.n * args.k, m, at::kBFloat16, ms[1]), "at::linear", "", ""});
         }
       }
     }

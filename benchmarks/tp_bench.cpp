@@ -26,12 +26,15 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "backward_bench.h"
 #include "bench_report.h"
+#include "machine_limits.h"
 #include "tp/comm/launch.h"
 #include "tp/quant/quant_config.h"
 
@@ -59,6 +62,9 @@ const char* kUsage = R"(usage: tp-bench [options]
   --csv FILE         write the result rows as CSV
   --ckpt-dir DIR     where the generated checkpoints are cached          (default ~/.cache/tp/bench)
   --verify           keep the communicator's per-collective shape check on (off: it costs a small allgather per call)
+  --backward         forward + backward instead of the forward: time per layer and for the block vs the
+                     single-device reference (at::linear with autograd), and the error of every gradient
+                     (input, weights, biases; every layer gets a bias); format none only
   --help
 )";
 
@@ -110,6 +116,7 @@ struct Args {
   std::string json, csv;
   std::string launch = "threads";  // threads | processes | worker (one rank, started by tp-bench)
   std::string worker_results;      // worker: where rank 0 writes its results
+  bool backward = false;           // --backward: forward + backward (backward_bench.h)
 };
 
 Args parse_args(int argc, char** argv) {
@@ -125,6 +132,10 @@ Args parse_args(int argc, char** argv) {
     }
     if (flag == "--verify") {
       config.verify_calls = true;
+      continue;
+    }
+    if (flag == "--backward") {
+      args.backward = true;
       continue;
     }
     TORCH_CHECK_VALUE(i + 1 < argc, "tp-bench: ", flag, " needs a value\n", kUsage);
@@ -213,15 +224,16 @@ int worker_main(const Args& args) {
   tp::Communicator comm = tp::communicator_from_env(options);
   TORCH_CHECK_VALUE(comm.world_size() == config.tp_sizes[0], "tp-bench --launch worker: WORLD_SIZE=", comm.world_size(),
                     " but --tp ", config.tp_sizes[0]);
-  const auto results =
-      run_bench(config, [&](int64_t, const std::function<void(tp::Communicator&)>& body) { body(comm); });
-  if (comm.rank() == 0) write_file(args.worker_results, serialize(results), false);
+  const RankLauncher launcher = [&](int64_t, const std::function<void(tp::Communicator&)>& body) { body(comm); };
+  const std::string text =
+      args.backward ? serialize_backward(run_backward_bench(config, launcher)) : serialize(run_bench(config, launcher));
+  if (comm.rank() == 0) write_file(args.worker_results, text, false);
   return 0;
 }
 
 // Runs `world` copies of this program as ranks 0..world-1 of one TP group and returns
-// rank 0's results. A rank that fails ends the others.
-BenchResults run_processes(int argc, char** argv, int64_t world) {
+// rank 0's results as text (serialize / serialize_backward). A rank that fails ends the others.
+std::string run_processes(int argc, char** argv, int64_t world) {
   const std::string results_path = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
                                    "/tp-bench-" + std::to_string(::getpid()) + "-tp" + std::to_string(world) + ".txt";
   std::vector<std::string> child_args(argv, argv + argc);
@@ -287,9 +299,72 @@ BenchResults run_processes(int argc, char** argv, int64_t world) {
     }
   }
   TORCH_CHECK(failure.empty(), "tp-bench: TP=", world, " as processes: ", failure);
-  auto results = deserialize(read_file(results_path));
+  auto text = read_file(results_path);
   std::remove(results_path.c_str());
-  return results;
+  return text;
+}
+
+// tp-bench --backward: forward + backward per layer and for the block.
+int backward_main(int argc, char** argv, const Args& args) {
+  const auto& config = args.config;
+  TORCH_CHECK_VALUE(args.json.empty() && args.csv.empty(), "tp-bench --backward: --json and --csv are not supported");
+  const auto& s = config.shape;
+  std::cout
+      << "tp-bench --backward: forward + backward of one Transformer block's TP layers vs the single-device\n"
+      << "  reference (at::linear with autograd on the full weights)\n"
+      << "  machine: " << machine_description() << "; torch " << TORCH_VERSION_MAJOR << "." << TORCH_VERSION_MINOR
+      << "." << TORCH_VERSION_PATCH << "; device " << config.device << "; " << at::get_num_threads()
+      << " intra-op threads (each of N ranks gets 1/N of them, at least 1; the reference gets all)\n"
+      << "  load average (1, 5, 15 min) at the start: " << load_average() << "\n"
+      << "  shape '" << s.name << "': hidden " << s.hidden << ", intermediate " << s.intermediate << ", heads "
+      << s.heads << ", kv_heads " << s.kv_heads << ", head_dim " << s.head_dim
+      << "; every layer with a bias (to check its gradient)\n"
+      << "  block: " << block_description() << "\n"
+      << "  ranks: " << (args.launch == "processes" ? "one process each" : "threads of this process")
+      << ", Gloo groups; per-collective verification " << (config.verify_calls ? "on" : "off") << "\n"
+      << "  each iteration: forward, then backward of the output against a fixed random gradient; times are\n"
+      << "    medians after " << config.timing.warmup << " warm-ups, TP sides the slowest rank per iteration;\n"
+      << "    TP fwd ms = the forward part of the same iterations. rel_err = ||TP - ref|| / ||ref|| of the\n"
+      << "    output (y), the input gradient (dx), the weight and bias gradients (dW, db; the block: worst\n"
+      << "    layer) over each rank's part vs float64 at::linear autograd, worst rank; '!' above the dtype's bound\n"
+      << std::flush;
+  std::vector<BackwardResult> results;
+  if (args.launch == "threads") {
+    results = run_backward_bench(config);
+  } else {
+    prepare_checkpoints(config);
+    for (const auto tp : config.tp_sizes) {
+      std::vector<BackwardResult> one;
+      if (tp == 1) {
+        auto single = config;
+        single.tp_sizes = {1};
+        single.ranks_are_processes = true;
+        one = run_backward_bench(single);
+      } else {
+        std::cerr << "  TP=" << tp << ": starting " << tp << " processes\n" << std::flush;
+        one = deserialize_backward(run_processes(argc, argv, tp));
+      }
+      results.insert(results.end(), one.begin(), one.end());
+    }
+  }
+  bool suspicious = false;
+  std::vector<std::string> dtypes;
+  for (const auto& r : results) {
+    suspicious = suspicious || r.suspicious;
+    if (std::find(dtypes.begin(), dtypes.end(), r.dtype) == dtypes.end()) dtypes.push_back(r.dtype);
+  }
+  for (const auto& dtype : dtypes) {
+    std::vector<BackwardResult> rows;
+    for (const auto& r : results)
+      if (r.dtype == dtype) rows.push_back(r);
+    std::cout << "\n== forward + backward, " << dtype << ", format none\n" << backward_table(rows);
+  }
+  std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
+  if (suspicious) {
+    std::cerr << "tp-bench --backward: some errors ('!') are above the bound for their dtype: a gradient is wrong\n";
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -298,6 +373,7 @@ int main(int argc, char** argv) {
   try {
     const auto args = parse_args(argc, argv);
     if (args.launch == "worker") return worker_main(args);
+    if (args.backward) return backward_main(argc, argv, args);
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();
@@ -328,7 +404,16 @@ int main(int argc, char** argv) {
         << "    AllReduce); comm ms = the AllReduce(s) of [M, hidden] alone; GB/s and GFLOP/s: the global problem\n"
         << "    (weights as stored + activations in and out; 2*M*K*N) over TP ms; rel_err = ||TP - ref|| / ||ref||\n"
         << "    over each rank's part, worst rank; '!' marks an error above the dtype's bound\n"
+        << "    limit = the row's fraction of the machine limit that binds it (CPU; measured below): bytes / TP ms\n"
+        << "    over the read bandwidth where the row's flop per byte is below the machine's balance (mem), else\n"
+        << "    GFLOP/s over the GEMM peak (fp32 / bf16); kernel = the GEMM kernels the TP forward ran\n"
         << std::flush;
+    std::optional<MachineLimits> limits;
+    if (!config.device.is_cuda()) {
+      std::cout << "  " << cpu_description() << "\n" << std::flush;
+      limits = measure_machine_limits();
+      std::cout << "  " << limits->describe() << "\n" << std::flush;
+    }
     BenchResults results;
     if (args.launch == "threads") {
       results = run_bench(config);
@@ -343,13 +428,20 @@ int main(int argc, char** argv) {
           one = run_bench(single);
         } else {
           std::cerr << "  TP=" << tp << ": starting " << tp << " processes\n" << std::flush;
-          one = run_processes(argc, argv, tp);
+          one = deserialize(run_processes(argc, argv, tp));
         }
         results.rows.insert(results.rows.end(), one.rows.begin(), one.rows.end());
         results.loads.insert(results.loads.end(), one.loads.begin(), one.loads.end());
       }
     }
 
+    if (limits) {
+      for (auto& r : results.rows) {
+        const auto f =
+            limit_fraction(*limits, r.bytes, r.flops, r.tp_s, r.dtype == "bfloat16" ? c10::kBFloat16 : c10::kFloat);
+        r.limit_fraction = f.fraction, r.limit = f.limit;
+      }
+    }
     // One table per (dtype, format, allreduce) setting, in the order run.
     std::vector<std::tuple<std::string, std::string, std::string>> settings;
     for (const auto& r : results.rows) {

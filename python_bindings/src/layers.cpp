@@ -47,6 +47,8 @@ py::class_<Options> bind_options(py::module_& m, const char* name, const char* d
   TP_OPTION(cls, Options, split);
   TP_OPTION(cls, Options, dtype);
   TP_OPTION(cls, Options, device);
+  TP_OPTION(cls, Options, sequence_parallel);
+  TP_OPTION(cls, Options, sequence_dim);
   return cls;
 }
 
@@ -56,8 +58,15 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
   py::class_<Impl, std::shared_ptr<Impl>> cls(m, name, doc);
   // The layer holds a Communicator, hence maybe the last reference to its process
   // group: destroyed without the GIL (see release_gil_on_delete).
+  // Construction is collective at world > 1 (a rank-local failure fails every rank):
+  // without the GIL, so ranks that are threads of one process can all get there.
   cls.def(py::init([](Options options, const Communicator& comm) {
-            return release_gil_on_delete(new Impl(std::move(options), comm));
+            Impl* impl = nullptr;
+            {
+              py::gil_scoped_release no_gil;
+              impl = new Impl(std::move(options), comm);
+            }
+            return release_gil_on_delete(impl);
           }),
           py::arg("options"), py::arg("communicator"))
       .def(
@@ -103,7 +112,9 @@ void bind_column(py::module_& m) {
       m, "ColumnParallelLinear",
       "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
       .def("local_range", &ColumnParallelLinearImpl::local_range)
-      .def("ranges", &ColumnParallelLinearImpl::ranges);
+      .def("ranges", &ColumnParallelLinearImpl::ranges)
+      .def("gather_weights", &ColumnParallelLinearImpl::gather_weights, py::arg("prefix"), Release(),
+           "The whole weight (and bias) under prefix + '.weight' / '.bias', on every rank (all-gathers).");
 }
 
 void bind_row(py::module_& m) {
@@ -120,7 +131,9 @@ void bind_row(py::module_& m) {
   bind_layer<RowParallelLinearImpl, RowParallelLinearOptions>(
       m, "RowParallelLinear", "y = x W^T + b with W's columns sharded; partial sums reduced over ranks.")
       .def("local_range", &RowParallelLinearImpl::local_range)
-      .def("ranges", &RowParallelLinearImpl::ranges);
+      .def("ranges", &RowParallelLinearImpl::ranges)
+      .def("gather_weights", &RowParallelLinearImpl::gather_weights, py::arg("prefix"), Release(),
+           "The whole weight (and the mirrored bias) under prefix + '.weight' / '.bias', on every rank.");
 }
 
 void bind_qkv(py::module_& m) {
@@ -141,7 +154,12 @@ void bind_qkv(py::module_& m) {
       .def_property_readonly("local_q_heads", &QKVParallelLinearImpl::local_q_heads)
       .def_property_readonly("local_kv_heads", &QKVParallelLinearImpl::local_kv_heads)
       .def("attention_output_split", &QKVParallelLinearImpl::attention_output_split,
-           "The SplitPolicy that gives the O projection (RowParallelLinear) exactly this rank's query heads.");
+           "The SplitPolicy that gives the O projection (RowParallelLinear) exactly this rank's query heads.")
+      .def(
+          "gather_weights",
+          [](const QKVParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
+          py::arg("prefix"), Release(),
+          "The whole q_proj, k_proj, v_proj weights (and biases) under prefix, replicated KV heads once; every rank.");
 }
 
 void bind_gate_up(py::module_& m) {
@@ -155,7 +173,12 @@ void bind_gate_up(py::module_& m) {
   bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
       m, "GateUpParallelLinear", "Fused [gate | up] projection of a gated MLP, column-parallel.")
       .def("split", &GateUpParallelLinearImpl::split, py::arg("output"), "(gate, up) views of a forward output.")
-      .def("local_range", &GateUpParallelLinearImpl::local_range);
+      .def("local_range", &GateUpParallelLinearImpl::local_range)
+      .def(
+          "gather_weights",
+          [](const GateUpParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
+          py::arg("prefix"), Release(),
+          "The whole gate_proj and up_proj weights (and biases) under prefix; every rank.");
 }
 
 #undef TP_OPTION

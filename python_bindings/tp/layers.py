@@ -8,7 +8,7 @@ data of those tensors in place (as torch::nn::Module::to does), so both sides st
 in sync. Sizes are GLOBAL; parameters have this rank's LOCAL shapes.
 """
 
-from typing import Mapping, Optional, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -16,16 +16,18 @@ from torch import nn
 
 from . import _C
 from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
+from .loading import LoadSession
 
 __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "QKVParallelLinear",
     "GateUpParallelLinear",
+    "gather_weights",
 ]
 
 QuantLike = Union[None, str, "_C.QuantFormat", "_C.QuantConfig"]
-CheckpointLike = Union["_C.Checkpoint", Mapping[str, torch.Tensor]]
+CheckpointLike = Union["_C.Checkpoint", "LoadSession", Mapping[str, torch.Tensor]]
 
 
 def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
@@ -55,6 +57,10 @@ class _ParallelLinear(nn.Module):
         options.device = torch.device("cpu" if device is None else device)
         for name, value in fields.items():
             setattr(options, name, value)
+        self._build(impl_type, options, group, communicator)
+
+    def _build(self, impl_type, options, group, communicator):
+        """Builds ``impl_type(options, comm)`` and registers its tensors as parameters."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
@@ -68,6 +74,23 @@ class _ParallelLinear(nn.Module):
         if "bias" not in self._parameters:
             self.register_parameter("bias", None)
 
+    @classmethod
+    def from_options(cls, options, *, group: Optional["dist.ProcessGroup"] = None,
+                     communicator: Optional["_C.Communicator"] = None):
+        """The layer from its C++ options, e.g. those tp.ModelConfig gives::
+
+            opts = tp.ModelConfig.from_pretrained(folder).decoder_layer_options(0)
+            qkv = tp.QKVParallelLinear.from_options(opts.qkv)
+            o = tp.RowParallelLinear.from_options(opts.o_proj(qkv))
+        """
+        if not isinstance(options, cls._options_type):
+            raise TypeError(f"{cls.__name__}.from_options: expected {cls._options_type.__name__}, "
+                            f"got {type(options).__name__}")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._build(cls._impl_type, options, group, communicator)
+        return layer
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Runs the C++ forward with the GIL released (collectives included)."""
         return self._impl.forward(input)
@@ -75,12 +98,22 @@ class _ParallelLinear(nn.Module):
     def load_weights(self, checkpoint: CheckpointLike, prefix: str) -> None:
         """Loads this rank's slice of the checkpoint tensors named ``prefix`` + ...
 
-        ``checkpoint`` is a tp.Checkpoint or a dict of Hugging Face names to full
-        (global) tensors, e.g. ``load_weights(hf_state_dict, "model.layers.0.mlp.down_proj")``.
+        ``checkpoint`` is a tp.Checkpoint, a tp.LoadSession (its reads are recorded) or a
+        dict of Hugging Face names to full (global) tensors, e.g.
+        ``load_weights(hf_state_dict, "model.layers.0.mlp.down_proj")``. Strict: a tensor
+        under ``prefix`` the layer would not read is a ValueError naming it and the fix.
+        Collective: an error on any rank raises on every rank, naming the rank.
         """
+        if isinstance(checkpoint, LoadSession):
+            checkpoint = checkpoint.checkpoint
         if not isinstance(checkpoint, _C.Checkpoint):
             checkpoint = _C.Checkpoint(dict(checkpoint))
         self._impl.load_weights(checkpoint, prefix)
+
+    def gather_weights(self, prefix: str) -> Dict[str, torch.Tensor]:
+        """The whole (unsharded) tensors under the names ``load_weights(ckpt, prefix)`` reads,
+        on every rank (it all-gathers: every rank must call it). Unquantized layers only."""
+        return self._impl.gather_weights(prefix)
 
     def reset_parameters(self) -> None:
         """Fresh random weights, drawn with the GLOBAL fan-in."""
@@ -149,7 +182,15 @@ class ColumnParallelLinear(_ParallelLinear):
     Input [..., in_features] (the same on every rank); output [..., local out] (this
     rank's slice, see ``local_range()``), or [..., out_features] with gather_output.
     Parameters: weight [local out, in_features], bias [local out].
+
+    Differentiable at every TP size: the input gradient is summed over ranks.
+    sequence_parallel: the input is this rank's piece of the tokens along
+    ``sequence_dim`` (any counts; exchanged), all-gathered before the GEMM; the backward
+    reduce-scatters the input gradient. The column layers (QKV and GateUp too) take it.
     """
+
+    _impl_type = _C.ColumnParallelLinear
+    _options_type = _C.ColumnParallelLinearOptions
 
     def __init__(
         self,
@@ -158,6 +199,8 @@ class ColumnParallelLinear(_ParallelLinear):
         bias: bool = True,
         *,
         gather_output: bool = False,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
         quant: QuantLike = None,
         split: Optional["_C.SplitPolicy"] = None,
         dtype: Optional[torch.dtype] = None,
@@ -168,7 +211,7 @@ class ColumnParallelLinear(_ParallelLinear):
         super().__init__(
             _C.ColumnParallelLinear, _C.ColumnParallelLinearOptions(in_features, out_features),
             bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output,
+            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
         )
 
     in_features = property(lambda self: self._impl.options.in_features)
@@ -190,8 +233,15 @@ class RowParallelLinear(_ParallelLinear):
     ColumnParallelLinear) or the whole [..., in_features]. Output [..., out_features],
     summed over ranks unless reduce_output=False (then a partial sum; rank 0 adds the
     bias, so it still sums to the right answer). Parameters: weight [out_features,
-    local in], bias [out_features].
+    local in], bias [out_features] (every rank's copy gets the full gradient).
+
+    sequence_parallel: the partial sums are reduce-scattered along ``sequence_dim``
+    instead of all-reduced: this rank gets its tokens, ``tp.sequence_ranges(tokens,
+    world)[rank]``; the backward all-gathers the output gradient.
     """
+
+    _impl_type = _C.RowParallelLinear
+    _options_type = _C.RowParallelLinearOptions
 
     def __init__(
         self,
@@ -203,6 +253,8 @@ class RowParallelLinear(_ParallelLinear):
         reduce_output: bool = True,
         all_reduce: Union[str, "_C.AllReduceStrategy"] = "auto",
         wire: Union[str, "_C.WirePrecision"] = "default",
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
         quant: QuantLike = None,
         split: Optional["_C.SplitPolicy"] = None,
         dtype: Optional[torch.dtype] = None,
@@ -215,6 +267,7 @@ class RowParallelLinear(_ParallelLinear):
             bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
             input_is_parallel=input_is_parallel, reduce_output=reduce_output,
             all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire),
+            sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
         )
 
     in_features = property(lambda self: self._impl.options.in_features)
@@ -238,6 +291,9 @@ class QKVParallelLinear(_ParallelLinear):
     gives (q, k, v).
     """
 
+    _impl_type = _C.QKVParallelLinear
+    _options_type = _C.QKVParallelLinearOptions
+
     def __init__(
         self,
         hidden_size: int,
@@ -247,6 +303,8 @@ class QKVParallelLinear(_ParallelLinear):
         bias: bool = False,
         *,
         gather_output: bool = False,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
         quant: QuantLike = None,
         split: Optional["_C.SplitPolicy"] = None,
         dtype: Optional[torch.dtype] = None,
@@ -258,7 +316,7 @@ class QKVParallelLinear(_ParallelLinear):
         super().__init__(
             _C.QKVParallelLinear, _C.QKVParallelLinearOptions(hidden_size, head_dim, num_heads, num_kv_heads),
             bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output,
+            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
         )
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -282,6 +340,9 @@ class GateUpParallelLinear(_ParallelLinear):
     (gate, up), so SiLU(gate) * up needs no communication.
     """
 
+    _impl_type = _C.GateUpParallelLinear
+    _options_type = _C.GateUpParallelLinearOptions
+
     def __init__(
         self,
         hidden_size: int,
@@ -289,6 +350,8 @@ class GateUpParallelLinear(_ParallelLinear):
         bias: bool = False,
         *,
         gather_output: bool = False,
+        sequence_parallel: bool = False,
+        sequence_dim: int = 0,
         quant: QuantLike = None,
         split: Optional["_C.SplitPolicy"] = None,
         dtype: Optional[torch.dtype] = None,
@@ -299,7 +362,7 @@ class GateUpParallelLinear(_ParallelLinear):
         super().__init__(
             _C.GateUpParallelLinear, _C.GateUpParallelLinearOptions(hidden_size, intermediate_size),
             bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output,
+            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
         )
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -309,3 +372,53 @@ class GateUpParallelLinear(_ParallelLinear):
     def local_range(self) -> Tuple[int, int]:
         """This rank's slice of the intermediate dimension (the down projection's input)."""
         return tuple(self._impl.local_range())
+
+
+_FUSED = (QKVParallelLinear, GateUpParallelLinear)
+_PLAIN = (ColumnParallelLinear, RowParallelLinear)
+
+
+def gather_weights(module: nn.Module, prefix: str = "") -> Dict[str, torch.Tensor]:
+    """Every tensor of ``module`` and its descendants, whole (unsharded), by name, on every rank.
+
+    Names are module paths after ``prefix``, as ``named_parameters`` gives them, except
+    that the tp layers gather their shards (every rank must call this: it all-gathers)
+    and write what their ``load_weights`` reads: Column/Row at path P give P.weight and
+    P.bias; QKV at P gives parent(P).q_proj / k_proj / v_proj (replicated KV heads once),
+    GateUp at P parent(P).gate_proj / up_proj, as vLLM names fused layers
+    (``...self_attn.qkv_proj`` writes ``...self_attn.q_proj.weight``). A module tree
+    shaped like the Hugging Face model therefore gives its names, and
+    ``tp.save_safetensors(path, gather_weights(model))`` on rank 0 writes a checkpoint
+    that loads at any TP size. Other modules contribute their parameters and persistent
+    buffers, copied. Quantized layers raise (their weights are frozen).
+    """
+    out: Dict[str, torch.Tensor] = {}
+
+    def join(path, name):
+        return f"{path}.{name}" if path else name
+
+    def merge(tensors):
+        for name, t in tensors.items():
+            if name in out:
+                raise ValueError(f"gather_weights: two tensors are named {name!r}")
+            out[name] = t
+
+    def visit(m, path, parent):
+        if isinstance(m, _PLAIN):
+            return merge(m.gather_weights(path))
+        if isinstance(m, _FUSED):
+            return merge(m.gather_weights(parent))
+        own = {}
+        for name, p in m._parameters.items():
+            if p is not None:
+                own[join(path, name)] = p.detach().clone()
+        for name, b in m._buffers.items():
+            if b is not None and name not in m._non_persistent_buffers_set:
+                own[join(path, name)] = b.detach().clone()
+        merge(own)
+        for name, child in m._modules.items():
+            if child is not None:
+                visit(child, join(path, name), path)
+
+    visit(module, prefix, prefix)
+    return out

@@ -1,4 +1,4 @@
-// The collectives other than all_reduce (all_gather, reduce_scatter, broadcast,
+// The collectives other than all_reduce and reduce_scatter (all_gather, broadcast,
 // barrier) over the process group.
 
 #include <algorithm>
@@ -57,13 +57,10 @@ void barrier_impl(const CommunicatorState& s) {
   run_collective(s, "barrier", gloo, [&] { return s.group->getDefaultBackend()->barrier(opts); });
 }
 
-namespace {
-
 void check_defined(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), op_name(op), ": the tensor is undefined");
 }
 
-/// `dim` wrapped into [0, ndim).
 int64_t wrap_dim(const at::Tensor& t, int64_t dim, const char* op) {
   const int64_t n = t.dim();
   TORCH_CHECK_INDEX(n > 0, op_name(op), ": dim=", dim, " is invalid for a 0-dimensional tensor; ",
@@ -73,7 +70,6 @@ int64_t wrap_dim(const at::Tensor& t, int64_t dim, const char* op) {
   return dim < 0 ? dim + n : dim;
 }
 
-/// One extent per rank, none negative.
 void check_sizes(const CommunicatorState& s, const std::vector<int64_t>& sizes, const char* op) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(sizes.size()) == s.world, op_name(op), ": sizes has ", sizes.size(),
                     " entries but world_size is ", s.world, "; pass one extent per rank");
@@ -83,7 +79,6 @@ void check_sizes(const CommunicatorState& s, const std::vector<int64_t>& sizes, 
   }
 }
 
-}  // namespace
 }  // namespace detail
 
 at::Tensor Communicator::all_gather(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes) const {
@@ -131,39 +126,6 @@ at::Tensor Communicator::all_gather(const at::Tensor& t, int64_t dim, const std:
     pieces.push_back(outputs[0][r].view(t.scalar_type()).view(padded_shape).narrow(d, 0, sizes[r]));
   }
   return at::cat(pieces, d);
-}
-
-at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim, const std::vector<int64_t>& sizes) const {
-  using namespace detail;
-  const CommunicatorState& s = *state_;
-  const char* op = "reduce_scatter";
-  check_defined(t, op);
-  const int64_t d = wrap_dim(t, dim, op);
-  check_sizes(s, sizes, op);
-  const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  TORCH_CHECK_VALUE(total == t.size(d), op_name(op), ": sizes ", c10::IntArrayRef(sizes), " add up to ", total,
-                    " but the tensor has extent ", t.size(d), " along dim ", d, " (shape ", t.sizes(),
-                    "); the slices must cover it exactly");
-  if (s.world == 1) {
-    at::Tensor alias = t;  // counted and validated like world > 1; the reduction is a no-op
-    all_reduce_impl(s, alias, AllReduceStrategy::kAuto, WirePrecision::kDefault, op, /*verify=*/false);
-    return t;
-  }
-  ensure_host_ids(s, op);
-  const AllReduceStrategy strategy = resolve_strategy(s, AllReduceStrategy::kAuto, t);
-  verify_call(s, op,
-              fingerprint(CallKind::kReduceScatter, &t, -1, d, strategy, &sizes,
-                          resolve_wire(s, WirePrecision::kDefault, strategy, t)),
-              t.device());
-  // A full all-reduce, then this rank's slice: simple and correct, and every rank's
-  // slice is bitwise what the others computed for it. A bandwidth-optimal version
-  // (the group's reduce_scatter on padded slices, 1/world of the traffic) is future
-  // work. The all-reduce is counted in all_reduce_counts like any other.
-  at::Tensor sum = t.clone(at::MemoryFormat::Contiguous);
-  all_reduce_impl(s, sum, AllReduceStrategy::kAuto, WirePrecision::kDefault, op, /*verify=*/false);
-  const int64_t offset = std::accumulate(sizes.begin(), sizes.begin() + s.rank, int64_t{0});
-  // clone: do not keep the whole reduced tensor alive behind a narrow view.
-  return sum.narrow(d, offset, sizes[s.rank]).clone(at::MemoryFormat::Contiguous);
 }
 
 void Communicator::broadcast(at::Tensor& t, int64_t root) const { detail::broadcast_impl(*state_, t, root); }

@@ -1,7 +1,7 @@
 #pragma once
 // JsonReader: a small, strict, bounded JSON reader for the safetensors header and
-// index, and the all-reduce tuning table (no torch, so the fuzz target builds
-// without it).
+// index, the all-reduce tuning table and (through JsonValue, common/json_value.h) a
+// model's config.json (no torch, so the fuzz target builds without it).
 // Recursion is limited to kMaxJsonDepth; every read is bounds-checked; errors are
 // FormatError with the byte offset.
 
@@ -33,17 +33,64 @@ template <typename... Args>
   throw FormatError(os.str());
 }
 
+/// The length (1 to 4) of the well-formed UTF-8 sequence that starts at p[0], n bytes
+/// available; 0 if there is none there. Well-formed as RFC 3629 (and Rust's
+/// str::from_utf8) define it: no overlong forms, no surrogates (U+D800..U+DFFF),
+/// nothing past U+10FFFF, no missing or stray continuation bytes.
+inline size_t utf8_sequence(const unsigned char* p, size_t n) {
+  if (n == 0) return 0;
+  const unsigned char c = p[0];
+  if (c < 0x80) return 1;
+  size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;  // overlong below U+0800
+    if (c == 0xED) hi = 0x9F;  // surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;  // overlong below U+10000
+    if (c == 0xF4) hi = 0x8F;  // past U+10FFFF
+  } else {
+    return 0;  // a continuation byte, C0/C1 (overlong ASCII) or F5..FF
+  }
+  if (n < len || p[1] < lo || p[1] > hi) return 0;
+  for (size_t i = 2; i < len; ++i) {
+    if (p[i] < 0x80 || p[i] > 0xBF) return 0;
+  }
+  return len;
+}
+
+/// The offset of the first byte of the first ill-formed UTF-8 sequence in [p, p + n),
+/// or n when all of it is well-formed.
+inline size_t first_invalid_utf8(const char* p, size_t n) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  size_t i = 0;
+  while (i < n) {
+    const size_t len = utf8_sequence(u + i, n - i);
+    if (len == 0) return i;
+    i += len;
+  }
+  return n;
+}
+
 // Recursive descent over [p_, end_). Every read is bounds-checked; positions in
-// messages are byte offsets from the start of the JSON text.
+// messages are byte offsets, counted from `base` at the text's first byte (the text's
+// offset in its file, so that messages give file offsets). Strings must be
+// well-formed UTF-8, as JSON text must be (RFC 8259); escapes must not produce
+// surrogate halves.
 class JsonReader {
  public:
-  JsonReader(const char* begin, const char* end, const char* what) : begin_(begin), p_(begin), end_(end), what_(what) {}
+  JsonReader(const char* begin, const char* end, const char* what, size_t base = 0)
+      : begin_(begin), p_(begin), end_(end), what_(what), base_(base) {}
 
   void skip_ws() {
     while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
   }
   bool at_end() const { return p_ >= end_; }
-  size_t pos() const { return static_cast<size_t>(p_ - begin_); }
+  size_t pos() const { return base_ + static_cast<size_t>(p_ - begin_); }
   char peek() {
     skip_ws();
     if (p_ >= end_) fail_here("unexpected end of the JSON text");
@@ -78,6 +125,14 @@ class JsonReader {
       const unsigned char c = static_cast<unsigned char>(*p_++);
       if (c == '"') return out;
       if (c < 0x20) fail_here("control character in a string (it must be escaped)");
+      if (c >= 0x80) {
+        --p_;
+        const size_t len = utf8_sequence(reinterpret_cast<const unsigned char*>(p_), static_cast<size_t>(end_ - p_));
+        if (len == 0) fail_here("invalid UTF-8 in a string (" + bytes_here(4) + "); JSON text must be UTF-8");
+        out.append(p_, len);
+        p_ += len;
+        continue;
+      }
       if (c != '\\') {
         out += static_cast<char>(c);
         continue;
@@ -115,6 +170,15 @@ class JsonReader {
     if (p_ - start > 1 && *start == '0') fail_here(field + " has a leading zero");
     if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) fail_here(field + " must be an integer");
     return v;
+  }
+
+  // A JSON number's text, checked against JSON's grammar (for callers that convert it).
+  std::string number_text() {
+    const char c = peek();
+    if (c != '-' && (c < '0' || c > '9')) fail_here("expected a number, found " + found());
+    const char* start = p_;
+    number();
+    return std::string(start, p_);
   }
 
   // Any JSON value, checked and discarded.
@@ -159,6 +223,18 @@ class JsonReader {
     const unsigned char c = static_cast<unsigned char>(*p_);
     if (c >= 0x20 && c < 0x7f) return std::string("'") + static_cast<char>(c) + "'";
     return "byte " + std::to_string(c);
+  }
+
+  // Up to `n` bytes from here, in hex ("bytes 0xc0 0xaf").
+  std::string bytes_here(size_t n) const {
+    static const char* hex = "0123456789abcdef";
+    std::string out = "bytes";
+    for (const char* q = p_; q < end_ && q < p_ + n; ++q) {
+      const auto b = static_cast<unsigned char>(*q);
+      if (q > p_ && (b < 0x80 || b > 0xBF)) break;  // past the sequence
+      out += std::string(" 0x") + hex[b >> 4] + hex[b & 15];
+    }
+    return out;
   }
 
   uint32_t hex4() {
@@ -234,6 +310,7 @@ class JsonReader {
   const char* p_;
   const char* end_;
   const char* what_;
+  size_t base_;
 };
 
 }  // namespace tp::detail

@@ -6,6 +6,9 @@
 #include <algorithm>
 
 #include "layers/layer_common.h"
+#include "layers/strict_load.h"
+#include "tp/comm/collective_status.h"
+#include "tp/comm/differentiable.h"
 #include "tp/loader/load_shard.h"
 
 namespace tp::detail {
@@ -36,6 +39,34 @@ ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<Segment
   method_->create_weights(owner, out_local, in_features_, options);
   weight_ = method_->weight();
   if (bias) bias_ = owner.register_parameter("bias", at::empty({out_local}, options));
+
+  // Replicated pieces: a segment piece whose source rows other ranks hold as well (KV
+  // heads when world > num_kv_heads). Each such group gets one slot of the backward's
+  // replica all-reduce, numbered in (segment, first holder) order, the same on every rank.
+  auto replicas = std::make_shared<ReplicaSum>();
+  replicas->comm = comm_;
+  const auto& mine = plan();
+  for (size_t s = 0; s < mine.pieces.size(); ++s) {
+    std::vector<Range> seen;
+    for (const auto& p : plans_) {
+      const auto& piece = p.pieces[s];
+      if (piece.size() == 0 || std::find(seen.begin(), seen.end(), piece.source) != seen.end()) continue;
+      int64_t holders = 0;
+      for (const auto& q : plans_) {
+        const Range other = q.pieces[s].source;
+        const bool overlaps = other.begin < piece.source.end && piece.source.begin < other.end;
+        TORCH_INTERNAL_ASSERT(!overlaps || other == piece.source, layer_, ": segment '", piece.name,
+                              "' has pieces that overlap without being equal: ", piece.source, " and ", other);
+        holders += overlaps ? 1 : 0;
+      }
+      seen.push_back(piece.source);
+      if (holders < 2) continue;
+      if (mine.pieces[s].source == piece.source)
+        replicas->mine.push_back({mine.pieces[s].local_offset, replicas->rows, piece.size()});
+      replicas->rows += piece.size();
+    }
+  }
+  if (replicas->rows > 0) replicas_ = std::move(replicas);
 }
 
 void ColumnCore::reset_parameters() {
@@ -43,23 +74,29 @@ void ColumnCore::reset_parameters() {
   reset_bias(bias_, in_features_);
 }
 
-at::Tensor ColumnCore::forward(const at::Tensor& x, bool gather_output) const {
+at::Tensor ColumnCore::forward(const at::Tensor& x, bool gather_output, std::optional<int64_t> sequence_dim) const {
   check_input(layer_, x, in_features_, "in_features", method_->activation_dtype(), method_->weight_device());
-  // A rank that owns no output columns skips its GEMM (weighted splits, more ranks than units).
-  at::Tensor y = plan().local_size == 0
-                     ? at::empty(with_last_dim(x, 0), x.options())
-                     : method_->apply(x, bias_.defined() ? std::optional<at::Tensor>(bias_) : std::nullopt);
-  return gather_output ? gather(y) : y;
+  // Megatron's f: identity forward, the input gradient summed over ranks in the backward.
+  // Sequence parallel: the token pieces gathered, the gradient reduce-scattered back.
+  const at::Tensor xin =
+      sequence_dim ? gather_from_sequence_parallel(x, comm_, *sequence_dim) : copy_to_parallel(x, comm_);
+  // A rank that owns no output columns skips its GEMM (weighted splits, more ranks than
+  // units) but stays in the graph: its backward still takes part in the collectives.
+  const at::Tensor y =
+      parallel_linear(method_, xin, bias_, /*add_bias=*/true, plan().local_size, in_features_, replicas_);
+  return gather_output ? gather(y, -1) : y;
 }
 
-at::Tensor ColumnCore::gather(const at::Tensor& y_local) const {
+at::Tensor ColumnCore::gather(const at::Tensor& y_local, int64_t dim) const {
   if (comm_.world_size() == 1) return y_local;
   std::vector<int64_t> sizes;
   for (const auto& p : plans_) sizes.push_back(p.local_size);
   // One collective for all segments; then each segment is rebuilt from the ranks'
   // pieces in source order. A replicated piece (KV heads when world > num_kv_heads)
-  // is taken once.
-  const at::Tensor all = comm_.all_gather(y_local.contiguous(), -1, sizes);
+  // is taken once, from its first holder. All of it is autograd ops over a
+  // differentiable all-gather, so the backward routes every piece's gradient to the
+  // rank it came from (zeros to the copies not taken).
+  const at::Tensor all = gather_from_parallel(y_local, comm_, dim, sizes);
   std::vector<at::Tensor> out;
   const auto& mine = plan();
   for (size_t s = 0; s < mine.pieces.size(); ++s) {
@@ -70,7 +107,7 @@ at::Tensor ColumnCore::gather(const at::Tensor& y_local) const {
       const bool seen =
           std::any_of(blocks.begin(), blocks.end(), [&](const auto& b) { return b.first == piece.source; });
       if (!seen && piece.size() > 0)
-        blocks.emplace_back(piece.source, all.narrow(-1, rank_offset + piece.local_offset, piece.size()));
+        blocks.emplace_back(piece.source, all.narrow(dim, rank_offset + piece.local_offset, piece.size()));
       rank_offset += p.local_size;
     }
     std::sort(blocks.begin(), blocks.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
@@ -83,7 +120,19 @@ at::Tensor ColumnCore::gather(const at::Tensor& y_local) const {
     }
     TORCH_INTERNAL_ASSERT(covered == mine.pieces[s].segment_size);
   }
-  return out.empty() ? all : at::cat(out, -1);
+  return out.empty() ? all : at::cat(out, dim);
+}
+
+std::pair<at::Tensor, at::Tensor> ColumnCore::gather_parameters() const {
+  TORCH_CHECK_VALUE(method_->name() == "none", layer_, ": gather_weights needs an unquantized layer; this one is ",
+                    method_->name(), ", whose weights are frozen (they are still the checkpoint's)");
+  at::NoGradGuard no_grad;
+  at::Tensor w = gather(weight_, 0);
+  at::Tensor b = bias_.defined() ? gather(bias_, 0) : at::Tensor();
+  // At world size 1 the gather is the parameter itself: hand out a copy.
+  w = w.is_same(weight_) ? w.clone() : w.contiguous();
+  if (b.defined()) b = b.is_same(bias_) ? b.clone() : b.contiguous();
+  return {w, b};
 }
 
 std::vector<at::Tensor> ColumnCore::split(const at::Tensor& y, bool gathered) const {
@@ -112,6 +161,17 @@ void ColumnCore::load(const Checkpoint& checkpoint, const std::vector<std::strin
 
 void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts,
                             const std::string& what) {
+  std::vector<std::string> prefixes;
+  for (const auto& part : parts) prefixes.push_back(part.prefix);
+  // Collective: a failure on any rank (a bad slice only it reads) fails every rank.
+  run_collectively(comm_, layer_ + ".load_weights", [&] {
+    load_strictly(checkpoint, prefixes, {what, bias_.defined(), method_->name()},
+                  [&](const Checkpoint& ckpt) { load_local(ckpt, parts, what); });
+  });
+}
+
+void ColumnCore::load_local(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts,
+                            const std::string& what) {
   // Every local row is written by exactly one part: a gap would keep stale weights.
   std::vector<Range> local;
   for (const auto& part : parts) {
@@ -131,8 +191,7 @@ void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<Weig
   at::NoGradGuard no_grad;
   for (const auto& part : parts) {
     const auto& source = checkpoint.get(part.prefix + ".bias", what);
-    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{part.logical_size}, what, ": tensor '", source.name(),
-                      "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", part.logical_size, "]");
+    check_bias(what, source, part.logical_size);
     bias_.narrow(0, part.local_offset, part.range.size())
         .copy_(load_shard(source, ShardMode::kColumn, part.range, {}, what));
   }

@@ -8,11 +8,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
+#include "layers/linear_function.h"
 #include "tp/comm/communicator.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -47,8 +50,17 @@ class ColumnCore {
   /// Fresh random weights and bias (global fan-in).
   void reset_parameters();
   /// x: [..., in] -> [..., local_out], or [..., global_out] with `gather` (segments
-  /// in global order, each whole).
-  at::Tensor forward(const at::Tensor& x, bool gather) const;
+  /// in global order, each whole). Differentiable at every TP size: x enters through
+  /// copy_to_parallel (its gradient is summed over ranks), or, with `sequence_dim`
+  /// set, x is this rank's tokens along that dim and enters through
+  /// gather_from_sequence_parallel (the gradient is reduce-scattered back).
+  at::Tensor forward(const at::Tensor& x, bool gather, std::optional<int64_t> sequence_dim = std::nullopt) const;
+  /// Whether some local rows are copies of rows other ranks hold (replicated KV heads).
+  bool has_replicas() const { return replicas_ != nullptr; }
+  /// The whole weight [global_out, in] and bias [global_out] (undefined without one)
+  /// from every rank's shard, segments in global order, replicated rows once. Every
+  /// rank calls it and gets the same tensors.
+  std::pair<at::Tensor, at::Tensor> gather_parameters() const;
   /// Splits an output into its segments: local pieces, or whole segments when
   /// `gathered`.
   std::vector<at::Tensor> split(const at::Tensor& y, bool gathered) const;
@@ -59,18 +71,25 @@ class ColumnCore {
   /// reads one range of rows of `part.prefix + ".weight"` (and ".bias") into its
   /// local offset; the parts must tile the local output exactly. `what` names the
   /// layer and the layout in errors.
+  /// Strict and collective (docs/DESIGN.md): a tensor under a part's prefix that the
+  /// layer would not read is an error, and an error on any rank is thrown on every rank.
   void load_parts(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
  private:
-  at::Tensor gather(const at::Tensor& y_local) const;
+  /// The global [..., global_out] from every rank's [..., local_out] along `dim`
+  /// (differentiable: each piece's gradient goes back to the rank it was taken from).
+  at::Tensor gather(const at::Tensor& y_local, int64_t dim) const;
+  // load_parts' work on this rank alone.
+  void load_local(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, const std::string& what);
 
   std::string layer_;
   Communicator comm_;
   std::vector<SegmentPlan> plans_;
   int64_t in_features_;
   std::shared_ptr<QuantMethod> method_;
-  at::Tensor weight_;  // as registered by the method
-  at::Tensor bias_;    // [local_out] or undefined
+  at::Tensor weight_;                           // as registered by the method
+  at::Tensor bias_;                             // [local_out] or undefined
+  std::shared_ptr<const ReplicaSum> replicas_;  // null when no row is replicated
 };
 
 /// What the column layers' options share (their sizes differ; these do not).

@@ -5,6 +5,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -21,19 +22,23 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(ColumnParallelLinearOptions o
 }
 
 void ColumnParallelLinearImpl::reset() {
-  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
-                        options.dtype());
-  const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) {
-        return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
-      },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                          options.dtype());
+    const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) {
+          return plan_single("out_features", options.out_features(), comm.world_size(), r, policy);
+        },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void ColumnParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
@@ -41,13 +46,24 @@ void ColumnParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
 void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::ColumnParallelLinear(in_features=" << options.in_features()
          << ", out_features=" << options.out_features() << ", local_out=" << local_range();
-  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm,
+                     options.sequence_parallel());
 }
 
-at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
+  return core_->forward(x, options.gather_output(),
+                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
+}
 
 void ColumnParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
   core_->load(checkpoint, {prefix});
+}
+
+std::map<std::string, at::Tensor> ColumnParallelLinearImpl::gather_weights(const std::string& prefix) const {
+  const auto [w, b] = core_->gather_parameters();
+  std::map<std::string, at::Tensor> out{{detail::join_name(prefix, "weight"), w}};
+  if (b.defined()) out[detail::join_name(prefix, "bias")] = b;
+  return out;
 }
 
 Range ColumnParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }

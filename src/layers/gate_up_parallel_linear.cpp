@@ -5,6 +5,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -21,19 +22,23 @@ GateUpParallelLinearImpl::GateUpParallelLinearImpl(GateUpParallelLinearOptions o
 }
 
 void GateUpParallelLinearImpl::reset() {
-  detail::check_options(kLayer,
-                        {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
-                        options.dtype());
-  const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
-  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer,
+                          {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
+                          options.dtype());
+    const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
+    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void GateUpParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
@@ -41,10 +46,14 @@ void GateUpParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
 void GateUpParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::GateUpParallelLinear(hidden_size=" << options.hidden_size()
          << ", intermediate_size=" << options.intermediate_size() << ", local_intermediate=" << local_range();
-  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm,
+                     options.sequence_parallel());
 }
 
-at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) {
+  return core_->forward(x, options.gather_output(),
+                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
+}
 
 std::tuple<at::Tensor, at::Tensor> GateUpParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
@@ -74,6 +83,17 @@ void GateUpParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const 
              {name, up.fused_source(), up.local_offset, plan.global_size}};
   }
   core_->load_parts(checkpoint, parts, what);
+}
+
+std::map<std::string, at::Tensor> GateUpParallelLinearImpl::gather_weights(const std::string& prefix,
+                                                                           const GateUpCheckpointLayout& layout) const {
+  const auto [w, b] = core_->gather_parameters();
+  if (layout.layout() == GateUpLayout::kFused) {
+    std::map<std::string, at::Tensor> out{{detail::join_name(prefix, layout.fused_name() + ".weight"), w}};
+    if (b.defined()) out[detail::join_name(prefix, layout.fused_name() + ".bias")] = b;
+    return out;
+  }
+  return detail::split_segments(core_->plan(), w, b, prefix, {layout.gate_name(), layout.up_name()});
 }
 
 Range GateUpParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }

@@ -27,6 +27,35 @@ void check_input(const std::string& layer, const at::Tensor& x, int64_t expected
                     device);
 }
 
+std::optional<int64_t> sequence_dim_of(const std::string& layer, const at::Tensor& x, bool sequence_parallel,
+                                       int64_t dim) {
+  if (!sequence_parallel) return std::nullopt;
+  const int64_t n = x.dim();
+  TORCH_CHECK_INDEX(n >= 2 && dim >= -n && dim < n - 1 && dim != -1, layer, ": sequence_dim=", dim,
+                    " is not a token dim of the input of shape ", x.sizes(),
+                    " (sequence parallelism needs [..., tokens, ..., features]; sequence_dim should be in the ", -n,
+                    "..", n - 2, " range, not the last dim)");
+  return dim < 0 ? dim + n : dim;
+}
+
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::map<std::string, at::Tensor> split_segments(const SegmentPlan& plan, const at::Tensor& weight,
+                                                 const at::Tensor& bias, const std::string& prefix,
+                                                 const std::vector<std::string>& names) {
+  TORCH_INTERNAL_ASSERT(names.size() == plan.pieces.size() && weight.size(0) == plan.global_size);
+  std::map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto& piece = plan.pieces[i];
+    const auto name = join_name(prefix, names[i]);
+    out[name + ".weight"] = weight.narrow(0, piece.fused_offset, piece.segment_size).clone();
+    if (bias.defined()) out[name + ".bias"] = bias.narrow(0, piece.fused_offset, piece.segment_size).clone();
+  }
+  return out;
+}
+
 std::vector<int64_t> with_last_dim(const at::Tensor& x, int64_t last) {
   auto shape = x.sizes().vec();
   shape.back() = last;
@@ -57,9 +86,10 @@ void check_options(const std::string& layer, std::initializer_list<NamedSize> si
 }
 
 void print_tail(std::ostream& stream, bool bias, bool gather_output, const QuantMethod& method,
-                const Communicator& comm) {
+                const Communicator& comm, bool sequence_parallel) {
   stream << ", bias=" << (bias ? "true" : "false");
   if (gather_output) stream << ", gather_output=true";
+  if (sequence_parallel) stream << ", sequence_parallel=true";
   if (method.name() != "none") stream << ", quant=" << method.name();
   stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }

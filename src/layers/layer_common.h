@@ -3,15 +3,19 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include "tp/comm/communicator.h"
 #include "tp/quant/quant_method.h"
+#include "tp/shard/segments.h"
 #include "tp/shard/shard_mode.h"
 #include "tp/shard/split.h"
 
@@ -38,6 +42,21 @@ SplitPolicy aligned_policy(const std::string& layer, const SplitPolicy& policy, 
 void check_input(const std::string& layer, const at::Tensor& x, int64_t expected_in, const char* in_name,
                  at::ScalarType dtype, const at::Device& device);
 
+/// The token dim of a sequence-parallel forward: nullopt when `sequence_parallel` is
+/// off, else `dim` wrapped into [0, x.dim() - 1) (the last dim holds the features;
+/// naming it is an error that says so).
+std::optional<int64_t> sequence_dim_of(const std::string& layer, const at::Tensor& x, bool sequence_parallel,
+                                       int64_t dim);
+
+/// `prefix + "." + name`, or `name` alone for an empty prefix.
+std::string join_name(const std::string& prefix, const std::string& name);
+
+/// A fused layer's full weight [global_out, in] (and bias) cut into its segments, as
+/// `prefix + "." + names[i] + ".weight"` (".bias"); `plan` gives the segment offsets.
+std::map<std::string, at::Tensor> split_segments(const SegmentPlan& plan, const at::Tensor& weight,
+                                                 const at::Tensor& bias, const std::string& prefix,
+                                                 const std::vector<std::string>& names);
+
 /// x's shape with the last dimension replaced by `last`.
 std::vector<int64_t> with_last_dim(const at::Tensor& x, int64_t last);
 
@@ -54,8 +73,9 @@ struct NamedSize {
 /// them all), and a floating-point dtype.
 void check_options(const std::string& layer, std::initializer_list<NamedSize> sizes, at::ScalarType dtype);
 
-/// The end every pretty_print shares: ", bias=..., [gather_output=true, ][quant=..., ]rank=r/w)".
+/// The end every pretty_print shares:
+/// ", bias=..., [gather_output=true, ][sequence_parallel=true, ][quant=..., ]rank=r/w)".
 void print_tail(std::ostream& stream, bool bias, bool gather_output, const QuantMethod& method,
-                const Communicator& comm);
+                const Communicator& comm, bool sequence_parallel = false);
 
 }  // namespace tp::detail

@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "layers/layer_common.h"
-#include "layers/parallel_autograd.h"
 #include "layers/vocab_common.h"
+#include "tp/comm/differentiable.h"
 #include "tp/layers/vocab_parallel_loss.h"
 
 namespace tp {
@@ -43,9 +43,8 @@ void ParallelLMHeadImpl::reset() {
                          {"vocab_size", options.vocab_size()},
                          {"pad_to_multiple_of", options.pad_to_multiple_of()}},
                         options.dtype());
-  partition_ = detail::with_layer_context(kLayer, [&] {
-    return partition_vocab(options.vocab_size(), comm.world_size(), options.pad_to_multiple_of());
-  });
+  partition_ = detail::with_layer_context(
+      kLayer, [&] { return partition_vocab(options.vocab_size(), comm.world_size(), options.pad_to_multiple_of()); });
   const Range rows = local_range(), real = vocab_range();
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   if (tied_) {
@@ -56,8 +55,8 @@ void ParallelLMHeadImpl::reset() {
   }
   padding_mask_ = at::Tensor();
   if (real.size() < rows.size())
-    padding_mask_ = at::arange(rows.size(), at::TensorOptions().dtype(at::kLong).device(options.device()))
-                        .ge(real.size());
+    padding_mask_ =
+        at::arange(rows.size(), at::TensorOptions().dtype(at::kLong).device(options.device())).ge(real.size());
   reset_parameters();
 }
 
@@ -81,11 +80,11 @@ void ParallelLMHeadImpl::pretty_print(std::ostream& stream) const {
 at::Tensor ParallelLMHeadImpl::forward(const at::Tensor& x) {
   detail::check_input(kLayer, x, options.hidden_size(), "hidden_size", weight.scalar_type(), weight.device());
   // Every rank's logits depend on all of x: its gradient is the sum of the ranks' parts.
-  at::Tensor logits = at::linear(detail::copy_to_parallel(x, comm), weight);  // [..., local rows]
+  at::Tensor logits = at::linear(copy_to_parallel(x, comm), weight);  // [..., local rows]
   if (options.gather_output()) {
     std::vector<int64_t> sizes;
     for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(partition_.real(r).size());
-    return detail::gather_last_dim(logits.narrow(-1, 0, vocab_range().size()), comm, sizes);
+    return gather_from_parallel(logits.narrow(-1, 0, vocab_range().size()), comm, -1, sizes);
   }
   if (padding_mask_.defined()) logits = logits.masked_fill(padding_mask_, -std::numeric_limits<double>::infinity());
   return logits;

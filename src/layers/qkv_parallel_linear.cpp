@@ -8,6 +8,7 @@
 
 #include "layers/column_core.h"
 #include "layers/layer_common.h"
+#include "tp/comm/collective_status.h"
 
 namespace tp {
 
@@ -25,26 +26,30 @@ QKVParallelLinearImpl::QKVParallelLinearImpl(QKVParallelLinearOptions options_, 
 }
 
 void QKVParallelLinearImpl::reset() {
-  detail::check_options(kLayer,
-                        {{"hidden_size", options.hidden_size()},
-                         {"head_dim", options.head_dim()},
-                         {"num_heads", options.num_heads()},
-                         {"num_kv_heads", options.num_kv_heads()}},
-                        options.dtype());
-  const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                options.split(),       options.dtype(), options.device()};
-  core_ = detail::make_column_core(
-      kLayer, spec, comm,
-      [&](int64_t r, const SplitPolicy& policy) {
-        auto plan =
-            plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
-        if (r == comm.rank()) head_plan_ = plan;
-        return plan.qkv_plan();
-      },
-      *this);
-  weight = core_->weight();
-  bias = core_->bias();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer,
+                          {{"hidden_size", options.hidden_size()},
+                           {"head_dim", options.head_dim()},
+                           {"num_heads", options.num_heads()},
+                           {"num_kv_heads", options.num_kv_heads()}},
+                          options.dtype());
+    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
+                                  options.split(),       options.dtype(), options.device()};
+    core_ = detail::make_column_core(
+        kLayer, spec, comm,
+        [&](int64_t r, const SplitPolicy& policy) {
+          auto plan =
+              plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
+          if (r == comm.rank()) head_plan_ = plan;
+          return plan.qkv_plan();
+        },
+        *this);
+    weight = core_->weight();
+    bias = core_->bias();
+    reset_parameters();
+  });
 }
 
 void QKVParallelLinearImpl::reset_parameters() { core_->reset_parameters(); }
@@ -54,10 +59,14 @@ void QKVParallelLinearImpl::pretty_print(std::ostream& stream) const {
          << ", num_heads=" << options.num_heads() << ", num_kv_heads=" << options.num_kv_heads()
          << ", local_q_heads=" << head_plan_.q_heads << ", local_kv_heads=" << head_plan_.kv_heads;
   if (head_plan_.kv_replicas > 1) stream << ", kv_replicas=" << head_plan_.kv_replicas;
-  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm);
+  detail::print_tail(stream, options.bias(), options.gather_output(), core_->method(), comm,
+                     options.sequence_parallel());
 }
 
-at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x, options.gather_output()); }
+at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) {
+  return core_->forward(x, options.gather_output(),
+                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> QKVParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
@@ -120,6 +129,19 @@ void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
     }
   }
   core_->load_parts(checkpoint, parts, what.str());
+}
+
+std::map<std::string, at::Tensor> QKVParallelLinearImpl::gather_weights(const std::string& prefix,
+                                                                        const QKVCheckpointLayout& layout) const {
+  TORCH_CHECK_VALUE(layout.layout() != QKVLayout::kInterleavedGroups, kLayer,
+                    ": gather_weights writes the separate or fused layout, not ", to_string(layout.layout()));
+  const auto [w, b] = core_->gather_parameters();
+  if (layout.layout() == QKVLayout::kFused) {
+    std::map<std::string, at::Tensor> out{{detail::join_name(prefix, layout.fused_name() + ".weight"), w}};
+    if (b.defined()) out[detail::join_name(prefix, layout.fused_name() + ".bias")] = b;
+    return out;
+  }
+  return detail::split_segments(core_->plan(), w, b, prefix, {layout.q_name(), layout.k_name(), layout.v_name()});
 }
 
 SplitPolicy QKVParallelLinearImpl::attention_output_split() const {

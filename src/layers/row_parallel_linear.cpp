@@ -4,6 +4,11 @@
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
+#include "layers/linear_function.h"
+#include "layers/strict_load.h"
+#include "tp/comm/collective_status.h"
+#include "tp/comm/differentiable.h"
+#include "tp/layers/sequence_parallel.h"
 #include "tp/loader/load_shard.h"
 #include "tp/quant/quant_method.h"
 
@@ -22,19 +27,23 @@ RowParallelLinearImpl::RowParallelLinearImpl(RowParallelLinearOptions options_, 
 }
 
 void RowParallelLinearImpl::reset() {
-  detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
-                        options.dtype());
-  method_ = make_quant_method(options.quant());
-  const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
-  ranges_ = detail::with_layer_context(
-      kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
-  range_ = ranges_.at(comm.rank());
-  const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
-  method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
-  weight = method_->weight();
-  bias =
-      options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
-  reset_parameters();
+  // Collective: a rank-local failure (options that differ between ranks, an allocation)
+  // fails every rank instead of leaving the others in their first collective.
+  run_collectively(comm, std::string(kLayer) + " construction", [&] {
+    detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
+                          options.dtype());
+    method_ = make_quant_method(options.quant());
+    const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
+    ranges_ = detail::with_layer_context(
+        kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
+    range_ = ranges_.at(comm.rank());
+    const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
+    method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
+    weight = method_->weight();
+    bias =
+        options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
+    reset_parameters();
+  });
 }
 
 void RowParallelLinearImpl::reset_parameters() {
@@ -49,42 +58,70 @@ void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
   if (!options.reduce_output()) stream << ", reduce_output=false";
   if (options.all_reduce() != AllReduceStrategy::kAuto) stream << ", all_reduce=" << to_string(options.all_reduce());
   if (options.wire() != WirePrecision::kDefault) stream << ", wire=" << to_string(options.wire());
-  detail::print_tail(stream, options.bias(), /*gather_output=*/false, *method_, comm);
+  detail::print_tail(stream, options.bias(), /*gather_output=*/false, *method_, comm, options.sequence_parallel());
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   at::Tensor x = input;
+  const int64_t world = comm.world_size();
   if (options.input_is_parallel()) {
     detail::check_input(kLayer, x, range_.size(), "the local in_features", method_->activation_dtype(),
                         method_->weight_device());
   } else {
     detail::check_input(kLayer, x, options.in_features(), "in_features", method_->activation_dtype(),
                         method_->weight_device());
-    x = x.narrow(-1, range_.begin, range_.size());
+    // This rank's columns; the backward all-gathers the input gradient.
+    std::vector<int64_t> sizes;
+    for (const auto& r : ranges_) sizes.push_back(r.size());
+    x = scatter_to_parallel(x, comm, -1, sizes);
   }
-  // Bias contract: only rank 0 adds the bias, so the reduction counts it once.
-  const bool add_bias = bias.defined() && comm.rank() == 0;
-  at::Tensor y;
-  if (range_.size() == 0) {
-    // No input columns here: skip the GEMM and contribute zeros (plus the bias on rank 0).
-    y = at::zeros(detail::with_last_dim(x, options.out_features()), x.options());
-    if (add_bias) y.add_(bias);
-  } else {
-    y = method_->apply(x, add_bias ? std::optional<at::Tensor>(bias) : std::nullopt);
+  const auto sequence_dim = detail::sequence_dim_of(kLayer, x, options.sequence_parallel() && options.reduce_output(),
+                                                    options.sequence_dim());
+  // Bias contract: only rank 0 adds the bias, so the reduction counts it once; every
+  // rank's copy still gets the full gradient. A rank with no input columns skips its
+  // GEMM and contributes zeros (plus the bias on rank 0).
+  at::Tensor y =
+      detail::parallel_linear(method_, x, bias, /*add_bias=*/comm.rank() == 0, options.out_features(), range_.size());
+  if (sequence_dim) {
+    const auto tokens = sequence_ranges(y.size(*sequence_dim), world);
+    std::vector<int64_t> sizes;
+    for (const auto& r : tokens) sizes.push_back(r.size());
+    return reduce_scatter_to_sequence_parallel(y, comm, *sequence_dim, sizes);
   }
-  if (options.reduce_output()) comm.all_reduce(y, options.all_reduce(), options.wire());
-  return y;
+  if (!options.reduce_output()) return y;
+  if (!detail::records_grad(y, at::Tensor(), at::Tensor())) {
+    comm.all_reduce(y, options.all_reduce(), options.wire());  // in place: nobody else holds y
+    return y;
+  }
+  return reduce_from_parallel(y, comm, options.all_reduce(), options.wire());
+}
+
+std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const std::string& prefix) const {
+  TORCH_CHECK_VALUE(method_->name() == "none", kLayer, ": gather_weights needs an unquantized layer; this one is ",
+                    method_->name(), ", whose weights are frozen (they are still the checkpoint's)");
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> sizes;
+  for (const auto& r : ranges_) sizes.push_back(r.size());
+  at::Tensor w = gather_from_parallel(weight, comm, 1, sizes);
+  std::map<std::string, at::Tensor> out{{detail::join_name(prefix, "weight"), w.is_same(weight) ? w.clone() : w}};
+  if (bias.defined()) out[detail::join_name(prefix, "bias")] = bias.clone();  // mirrored: every rank's copy is the same
+  return out;
 }
 
 void RowParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
-  method_->load(checkpoint, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
-  method_->finalize();
-  if (!bias.defined()) return;
-  const auto& source = checkpoint.get(prefix + ".bias", kLayer);
-  TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{options.out_features()}, kLayer, ": tensor '", source.name(),
-                    "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", options.out_features(), "]");
-  at::NoGradGuard no_grad;
-  bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
+  // Strict (every tensor under `prefix` is read) and collective (an error on one rank is
+  // thrown on every rank): docs/DESIGN.md, "Loading is strict and collective".
+  run_collectively(comm, std::string(kLayer) + ".load_weights", [&] {
+    detail::load_strictly(checkpoint, {prefix}, {kLayer, bias.defined(), method_->name()}, [&](const Checkpoint& ckpt) {
+      method_->load(ckpt, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
+      method_->finalize();
+      if (!bias.defined()) return;
+      const auto& source = ckpt.get(prefix + ".bias", kLayer);
+      detail::check_bias(kLayer, source, options.out_features());
+      at::NoGradGuard no_grad;
+      bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
+    });
+  });
 }
 
 }  // namespace tp

@@ -14,8 +14,8 @@ void check_token_ids(const char* layer, const at::Tensor& ids, int64_t vocab_siz
   TORCH_CHECK_VALUE(ids.defined(), layer, ": the token ids are an undefined tensor");
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, layer,
                    ": token ids must be int64 or int32; got ", ids.scalar_type());
-  TORCH_CHECK_VALUE(ids.device() == device, layer, ": the token ids are on ", ids.device(),
-                    " but the weights are on ", device);
+  TORCH_CHECK_VALUE(ids.device() == device, layer, ": the token ids are on ", ids.device(), " but the weights are on ",
+                    device);
   if (ids.numel() == 0) return;
   const at::Tensor bad = ids.lt(0).logical_or(ids.ge(vocab_size));
   if (!bad.any().item<bool>()) return;
@@ -52,8 +52,7 @@ void load_vocab_rows(const char* layer, const Checkpoint& checkpoint, const std:
                    "' has dtype ", dtype, "; an embedding table is stored in a floating dtype (float32, bfloat16, ",
                    "float16, float64), never quantized");
   at::NoGradGuard no_grad;
-  if (real.size() > 0)
-    weight.narrow(0, 0, real.size()).copy_(load_shard(source, ShardMode::kColumn, real, {}, layer));
+  if (real.size() > 0) weight.narrow(0, 0, real.size()).copy_(load_shard(source, ShardMode::kColumn, real, {}, layer));
   zero_padding_rows(weight, rows, real);
 }
 

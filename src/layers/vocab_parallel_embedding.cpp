@@ -4,10 +4,9 @@
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
-#include "layers/parallel_autograd.h"
 #include "layers/vocab_common.h"
-#include "tp/loader/load_shard.h"
-#include "tp/shard/split.h"
+#include "tp/comm/differentiable.h"
+#include "tp/layers/sequence_parallel.h"
 
 namespace tp {
 
@@ -52,12 +51,6 @@ void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 
-std::vector<int64_t> VocabParallelEmbeddingImpl::sequence_sizes(int64_t tokens) const {
-  std::vector<int64_t> sizes;
-  for (const auto& r : split(tokens, comm.world_size(), {}, "tokens")) sizes.push_back(r.size());
-  return sizes;
-}
-
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   detail::check_token_ids(kLayer, ids, options.num_embeddings(), weight.device());
   TORCH_CHECK_VALUE(!options.sequence_parallel() || ids.dim() >= 1, kLayer,
@@ -71,8 +64,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   const at::Tensor local = (ids - rows.begin).masked_fill(mine.logical_not(), 0);
   const at::Tensor table = rows.size() == 0 ? at::constant_pad_nd(weight, {0, 0, 0, 1}) : weight;
   const at::Tensor partial = at::embedding(table, local).masked_fill(mine.logical_not().unsqueeze(-1), 0);
-  if (options.sequence_parallel()) return detail::reduce_scatter_dim0(partial, comm, sequence_sizes(ids.size(0)));
-  return detail::reduce_from_parallel(partial, comm);
+  if (options.sequence_parallel())
+    return reduce_scatter_to_sequence_parallel(partial, comm, 0, sequence_sizes(ids.size(0), comm.world_size()));
+  // Exact sums: the partial embeddings are zeros but for one rank's row.
+  return reduce_from_parallel(partial, comm, AllReduceStrategy::kAuto, WirePrecision::kNative);
 }
 
 void VocabParallelEmbeddingImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {

@@ -52,9 +52,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const at::Tensor ignored = target.eq(ignore_index);
     const at::Tensor mine = target.ge(begin).logical_and(target.lt(begin + real));
     const at::Tensor index = (target - begin).masked_fill(mine.logical_not(), 0);
-    const at::Tensor picked = real > 0 ? shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(
-                                             mine.logical_not(), 0)
-                                       : at::zeros(row_shape, lf.options());
+    const at::Tensor picked =
+        real > 0 ? shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(mine.logical_not(), 0)
+                 : at::zeros(row_shape, lf.options());
     at::Tensor sums = at::stack({exp.sum(-1), picked}).contiguous();
     comm.all_reduce(sums, AllReduceStrategy::kAuto, WirePrecision::kNative);
     const at::Tensor sum_exp = sums[0], target_logit = sums[1];

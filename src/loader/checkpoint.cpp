@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -90,39 +91,64 @@ Checkpoint open_checkpoint(const std::string& path) {
   return checkpoint;
 }
 
+Checkpoint::Checkpoint() : sources_(std::make_shared<Sources>()) {}
+
 void Checkpoint::add(std::shared_ptr<const TensorSource> source) {
   TORCH_CHECK_VALUE(source != nullptr, "Checkpoint::add: null source");
   const auto& name = source->name();
-  TORCH_CHECK_VALUE(!sources_.count(name), "Checkpoint::add: a tensor named '", name, "' is already present");
-  sources_.emplace(name, std::move(source));
+  TORCH_CHECK_VALUE(!sources_->count(name), "Checkpoint::add: a tensor named '", name, "' is already present");
+  if (sources_.use_count() > 1) sources_ = std::make_shared<Sources>(*sources_);  // copies and views keep theirs
+  sources_->emplace(name, std::move(source));
 }
 
 void Checkpoint::add(const std::string& name, const at::Tensor& tensor) {
   add(std::make_shared<InMemorySource>(name, tensor));
 }
 
-bool Checkpoint::contains(const std::string& name) const { return sources_.count(name) != 0; }
+bool Checkpoint::contains(const std::string& name) const { return sources_->count(name) != 0; }
 
 const TensorSource& Checkpoint::get(const std::string& name, const std::string& where) const {
-  auto it = sources_.find(name);
-  if (it != sources_.end()) return *it->second;
+  auto it = sources_->find(name);
+  if (it != sources_->end()) {
+    for (const auto& log : logs_) log->record(name);
+    return *it->second;
+  }
   // Name a few neighbours: a wrong prefix is the usual mistake.
   std::ostringstream near;
   size_t shown = 0;
   const auto dot = name.rfind('.');
   const std::string stem = dot == std::string::npos ? name : name.substr(0, dot);
-  for (const auto& [n, _] : sources_) {
+  for (const auto& [n, _] : *sources_) {
     if (shown < 5 && n.rfind(stem.substr(0, stem.rfind('.') + 1), 0) == 0) near << (shown++ ? ", " : "") << n;
   }
   TORCH_CHECK_VALUE(false, where.empty() ? "" : where + ": ", "checkpoint has no tensor '", name, "' (",
-                    sources_.size(), " tensors", shown ? "; similar: " + near.str() : std::string(), ")");
+                    sources_->size(), " tensors", shown ? "; similar: " + near.str() : std::string(), ")");
 }
 
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
-  out.reserve(sources_.size());
-  for (const auto& kv : sources_) out.push_back(kv.first);
+  out.reserve(sources_->size());
+  for (const auto& kv : *sources_) out.push_back(kv.first);
   return out;
+}
+
+std::vector<std::string> Checkpoint::names_with_prefix(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (auto it = sources_->lower_bound(prefix);
+       it != sources_->end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    out.push_back(it->first);
+  return out;
+}
+
+Checkpoint Checkpoint::recording(std::shared_ptr<ReadLog> log) const {
+  TORCH_CHECK_VALUE(log != nullptr, "Checkpoint::recording: null log");
+  Checkpoint view = *this;
+  view.logs_.push_back(std::move(log));
+  return view;
+}
+
+bool Checkpoint::may_stay_unread(const std::string& name) const {
+  return std::any_of(logs_.begin(), logs_.end(), [&](const auto& log) { return log->allows_unread(name); });
 }
 
 }  // namespace tp

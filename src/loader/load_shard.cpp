@@ -79,4 +79,23 @@ at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentP
   return at::cat(pieces, dim);
 }
 
+void check_finite(const at::Tensor& shard, const TensorSource& source, const std::string& what) {
+  if (!at::isFloatingType(shard.scalar_type()) || shard.numel() == 0) return;
+  const at::Tensor bad = at::logical_not(at::isfinite(shard));
+  if (!bad.any().item<bool>()) return;
+  // The first non-finite value, by its index in the slice.
+  int64_t flat = bad.reshape({-1}).nonzero().view({-1})[0].item<int64_t>();
+  std::vector<int64_t> index(static_cast<size_t>(shard.dim()));
+  for (int64_t d = shard.dim() - 1; d >= 0; --d) {
+    index[d] = flat % shard.size(d);
+    flat /= shard.size(d);
+  }
+  const double value = shard.reshape({-1})[bad.reshape({-1}).nonzero().view({-1})[0]].item<double>();
+  TORCH_CHECK_VALUE(false, what, ": tensor '", source.name(), "' holds a non-finite value (", value, ") at index ",
+                    c10::IntArrayRef(index), " of the slice this rank read (shape ", shard.sizes(), ", of ",
+                    c10::IntArrayRef(source.shape()),
+                    " in the checkpoint); a scale must be finite, or every output it scales is NaN or infinite. "
+                    "The checkpoint is corrupt");
+}
+
 }  // namespace tp

@@ -118,6 +118,50 @@ void check_entry(const StEntry& e, uint64_t data_size) {
          st_dtype_name(e.dtype), " needs ", nbytes, " (", numel, " x ", st_dtype_size(e.dtype), ")");
 }
 
+// "data bytes [b, e) (file bytes [D + b, D + e))".
+std::string span(const StHeader& h, uint64_t b, uint64_t e) {
+  std::ostringstream out;
+  out << "data bytes [" << b << ", " << e << "), file bytes [" << h.data_offset + b << ", " << h.data_offset + e << ")";
+  return out.str();
+}
+
+std::string byte_count(uint64_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); }
+
+// The format's rule (as the reference implementation enforces it): sorted by offsets,
+// the tensors tile the data section from its first byte to the end of the file, each
+// beginning where the one before ends. No hole, no overlap, no byte before the first
+// or after the last: a file that breaks it is corrupt or misread (a header length off
+// by one reads every tensor shifted). `h.tensors` is sorted by (begin, end).
+void check_coverage(const StHeader& h) {
+  const char* rule = "the tensors must cover the data section exactly, each beginning where the one before ends";
+  uint64_t covered = 0;
+  const StEntry* last = nullptr;  // the tensor that ends at `covered` (the last non-empty one)
+  for (const auto& e : h.tensors) {
+    if (e.begin > covered) {
+      fail("the ", byte_count(e.begin - covered), " at ", span(h, covered, e.begin), " lie ",
+           last ? "between " + quoted(last->name) + " and " + quoted(e.name)
+                : "before " + quoted(e.name) + ", the first tensor,",
+           " and belong to no tensor (a hole): ", rule);
+    }
+    if (e.begin < covered) {
+      if (e.begin == e.end)
+        fail("tensor ", quoted(e.name), " is empty at data offset ", e.begin, ", inside ", quoted(last->name), " [",
+             last->begin, ", ", last->end, "): ", rule);
+      fail("tensors ", quoted(last->name), " [", last->begin, ", ", last->end, ") and ", quoted(e.name), " [", e.begin,
+           ", ", e.end, ") overlap in the data section (", span(h, e.begin, std::min(e.end, last->end)), "): ", rule);
+    }
+    if (e.end > covered || !last) last = &e;
+    covered = e.end;
+  }
+  if (covered == h.data_size) return;
+  if (!last)
+    fail("the header lists no tensors but the data section has ", byte_count(h.data_size), " (",
+         span(h, 0, h.data_size), "): ", rule, " (a wrong header length?)");
+  fail("the ", byte_count(h.data_size - covered), " at ", span(h, covered, h.data_size), ", after ", quoted(last->name),
+       ", belong to no tensor: ", rule,
+       ", to the end of the file (a header length that is off, or bytes appended to the file?)");
+}
+
 }  // namespace
 
 const char* st_dtype_name(StDtype dtype) {
@@ -159,7 +203,9 @@ StHeader parse_safetensors(const uint8_t* data, size_t size) {
   header.data_offset = 8 + n;
   header.data_size = size - 8 - n;
   const char* text = reinterpret_cast<const char*>(data + 8);
-  JsonReader in(text, text + n, "header");
+  // Offsets in messages are file offsets: the header's first byte is byte 8.
+  const std::string what = "header (file bytes [8, " + std::to_string(8 + n) + "))";
+  JsonReader in(text, text + n, what.c_str(), 8);
   if (*text != '{') in.fail_here("the header must start with '{'");
   std::set<std::string> seen;
   bool have_metadata = false;
@@ -201,16 +247,7 @@ StHeader parse_safetensors(const uint8_t* data, size_t size) {
     if (a.begin != b.begin) return a.begin < b.begin;
     return a.end != b.end ? a.end < b.end : a.name < b.name;  // a total order: the result is reproducible
   });
-  // Sorted by begin, a tensor overlaps an earlier one iff it begins before the
-  // furthest end so far (empty tensors occupy no bytes and overlap nothing).
-  const StEntry* furthest = nullptr;
-  for (const auto& b : header.tensors) {
-    if (b.begin == b.end) continue;
-    if (furthest && b.begin < furthest->end)
-      fail("tensors ", quoted(furthest->name), " [", furthest->begin, ", ", furthest->end, ") and ", quoted(b.name),
-           " [", b.begin, ", ", b.end, ") overlap in the data section");
-    if (!furthest || b.end > furthest->end) furthest = &b;
-  }
+  check_coverage(header);
   return header;
 }
 

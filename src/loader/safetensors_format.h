@@ -6,7 +6,10 @@
 // The JSON maps tensor names to {"dtype", "shape", "data_offsets": [begin, end]}
 // (offsets relative to the data section) and an optional "__metadata__" of strings.
 // Everything is validated here, before any tensor is read: a file that passes
-// cannot make a read leave its tensor's bytes.
+// cannot make a read leave its tensor's bytes. The rules are the reference
+// implementation's (the Rust `safetensors` crate behind the Python package): the
+// header is UTF-8 JSON, and the tensors, sorted by offset, tile the data section from
+// its first byte to the end of the file.
 
 #include <cstddef>
 #include <cstdint>

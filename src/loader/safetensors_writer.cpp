@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/json_reader.h"
 #include "loader/safetensors_format.h"
 #include "tp/loader/safetensors.h"
 
@@ -51,6 +52,26 @@ std::string json_escape(const std::string& s) {
 
 void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  // The header is UTF-8 JSON: a name or metadata string that is not UTF-8 would make a
+  // file no reader accepts (this one included).
+  const auto check_utf8 = [&](const std::string& s, const char* what) {
+    const size_t bad = detail::first_invalid_utf8(s.data(), s.size());
+    if (bad == s.size()) return;
+    std::string shown;  // ASCII only: the message itself must be valid text
+    for (size_t i = 0; i < s.size() && i < 200; ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
+      shown += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : std::string(buf);
+    }
+    TORCH_CHECK_VALUE(false, "save_safetensors('", path, "'): the ", what, " '", shown,
+                      "' is not valid UTF-8 (at its byte ", bad, "); the safetensors header is UTF-8 JSON");
+  };
+  for (const auto& [k, v] : metadata) {
+    check_utf8(k, "metadata key");
+    check_utf8(v, "metadata value");
+  }
+  for (const auto& kv : tensors) check_utf8(kv.first, "tensor name");
   std::vector<detail::StEntry> entries;
   std::vector<at::Tensor> data;  // CPU, contiguous: no copy when the input already is
   uint64_t offset = 0;

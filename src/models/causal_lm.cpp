@@ -4,11 +4,12 @@
 #include <torch/nn/module.h>
 
 #include "models/model_common.h"
+#include "tp/layers/load_session.h"
 #include "tp/loader/checkpoint.h"
 
 namespace tp {
 
-CausalLMImpl::CausalLMImpl(DecoderConfig config_, CausalLMOptions options_, Communicator comm_)
+CausalLMImpl::CausalLMImpl(ModelConfig config_, CausalLMOptions options_, Communicator comm_)
     : config(std::move(config_)), options(std::move(options_)), comm(std::move(comm_)) {
   reset();
 }
@@ -19,39 +20,40 @@ void CausalLMImpl::reset() {
   const int64_t n_layers = options.num_layers() > 0 ? options.num_layers() : c.num_hidden_layers;
   TORCH_CHECK_VALUE(n_layers <= c.num_hidden_layers, "CausalLM: num_layers=", n_layers, " but the config has ",
                     c.num_hidden_layers);
-  TORCH_CHECK_VALUE(c.quant_for("lm_head").format == QuantFormat::kNone, "CausalLM: a quantized lm_head is not supported");
-  embed_tokens = register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size,
-                                                                                                     c.hidden_size)
-                                                                            .pad_to_multiple_of(
-                                                                                options.pad_vocab_to_multiple_of())
-                                                                            .dtype(dtype)
-                                                                            .device(options.device()),
-                                                                        comm));
+  TORCH_CHECK_VALUE(c.quant_config("lm_head").format == QuantFormat::kNone,
+                    "CausalLM: a quantized lm_head is not supported");
+  embed_tokens =
+      register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size, c.hidden_size)
+                                                                 .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
+                                                                 .dtype(dtype)
+                                                                 .device(options.device()),
+                                                             comm));
   layers.clear();
-  for (int64_t i = 0; i < n_layers; ++i)
-    layers.push_back(
-        register_module("layers." + std::to_string(i), DecoderLayer(c, i, dtype, options.device(), comm)));
-  norm = register_module("norm", RMSNorm(RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps).dtype(dtype).device(
-                                     options.device())));
+  layer_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < n_layers; ++i) {
+    layers.push_back(DecoderLayer(c, i, dtype, options.device(), comm));
+    layer_list->push_back(layers.back());
+  }
+  norm = register_module(
+      "norm", RMSNorm(RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps).dtype(dtype).device(options.device())));
   if (c.tie_word_embeddings) {
     lm_head = register_module("lm_head", ParallelLMHead(embed_tokens));  // holds no parameter of its own
   } else {
-    lm_head = register_module(
-        "lm_head", ParallelLMHead(ParallelLMHeadOptions(c.hidden_size, c.vocab_size)
-                                      .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
-                                      .dtype(dtype)
-                                      .device(options.device()),
-                                  comm));
+    lm_head = register_module("lm_head", ParallelLMHead(ParallelLMHeadOptions(c.hidden_size, c.vocab_size)
+                                                            .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
+                                                            .dtype(dtype)
+                                                            .device(options.device()),
+                                                        comm));
   }
   rotary = RotaryEmbedding(c.head_dim, c.rope);
 }
 
 void CausalLMImpl::pretty_print(std::ostream& stream) const {
-  stream << "tp::CausalLM(" << config.model_type << ", layers=" << layers.size() << ", hidden=" << config.hidden_size
-         << ", heads=" << config.num_attention_heads << "/" << config.num_key_value_heads
-         << ", vocab=" << config.vocab_size << (config.tie_word_embeddings ? ", tied" : "")
-         << ", quant=" << to_string(config.quant) << ", dtype=" << dtype << ", rank=" << comm.rank() << "/"
-         << comm.world_size() << ")";
+  stream << "tp::CausalLM(" << to_string(config.model_type) << ", layers=" << layers.size()
+         << ", hidden=" << config.hidden_size << ", heads=" << config.num_attention_heads << "/"
+         << config.num_key_value_heads << ", vocab=" << config.vocab_size
+         << (config.tie_word_embeddings ? ", tied" : "") << ", quant=" << config.quantization.describe()
+         << ", dtype=" << dtype << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 
 at::Tensor CausalLMImpl::forward(const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {
@@ -112,8 +114,14 @@ void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {
 
 std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& folder, CausalLMOptions options,
                                                             Communicator comm) {
-  auto model = std::make_shared<CausalLMImpl>(DecoderConfig::from_pretrained(folder), options, std::move(comm));
-  model->load_weights(open_checkpoint(folder));
+  auto model = std::make_shared<CausalLMImpl>(ModelConfig::from_pretrained(folder), options, std::move(comm));
+  // Strict: every tensor of the folder is read, but those of the layers num_layers leaves out.
+  auto allow = LoadSessionOptions::default_allow_unread();
+  for (auto i = static_cast<int64_t>(model->layers.size()); i < model->config.num_hidden_layers; ++i)
+    allow.push_back("model.layers." + std::to_string(i) + ".*");
+  const LoadSession session(open_checkpoint(folder), model->comm, LoadSessionOptions().allow_unread(allow));
+  model->load_weights(session.checkpoint());
+  session.finish();
   return model;
 }
 

@@ -5,15 +5,16 @@
 
 #include <cmath>
 
-#include "layers/parallel_autograd.h"
 #include "models/model_common.h"
+#include "tp/comm/differentiable.h"
+#include "tp/models/layer_options.h"
 #include "tp/models/rotary_embedding.h"
 #include "tp/quant/quant_method.h"
 #include "tp/shard/split.h"
 
 namespace tp {
 
-DecoderLayerImpl::DecoderLayerImpl(DecoderConfig config_, int64_t index_, at::ScalarType dtype_, at::Device device_,
+DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::ScalarType dtype_, at::Device device_,
                                    Communicator comm_)
     : config(std::move(config_)), index(index_), dtype(dtype_), device(device_), comm(std::move(comm_)) {
   reset();
@@ -29,66 +30,36 @@ void DecoderLayerImpl::reset() {
   };
   input_layernorm = register_module("input_layernorm", norm(c.hidden_size));
   post_attention_layernorm = register_module("post_attention_layernorm", norm(c.hidden_size));
-  if (c.qk_norm) {
+  if (qk_norm()) {
     q_norm = register_module("q_norm", norm(c.head_dim));
     k_norm = register_module("k_norm", norm(c.head_dim));
   }
-  const auto q_quant = detail::same_quant(c, {p + ".self_attn.q_proj", p + ".self_attn.k_proj", p + ".self_attn.v_proj"});
-  qkv = register_module(
-      "qkv", QKVParallelLinear(QKVParallelLinearOptions(c.hidden_size, c.head_dim, c.num_attention_heads,
-                                                        c.num_key_value_heads)
-                                   .bias(c.qkv_bias)
-                                   .quant(q_quant)
-                                   .dtype(dtype)
-                                   .device(device),
-                               comm));
+  auto opts = decoder_layer_options(c, index, dtype, device);
+  qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
   // O owns exactly this rank's query heads, even when heads split unevenly.
-  o_proj = register_module("o_proj", RowParallelLinear(RowParallelLinearOptions(c.num_attention_heads * c.head_dim,
-                                                                                c.hidden_size)
-                                                           .bias(c.o_bias)
-                                                           .quant(c.quant_for(p + ".self_attn.o_proj"))
-                                                           .split(qkv->attention_output_split())
-                                                           .dtype(dtype)
-                                                           .device(device),
-                                                       comm));
+  o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   // gate_up (column) and down (row) must cut the intermediate dimension alike: one
   // granularity that satisfies both formats' alignments.
-  const auto gu_quant = detail::same_quant(c, {p + ".mlp.gate_proj", p + ".mlp.up_proj"});
-  const auto down_quant = c.quant_for(p + ".mlp.down_proj");
   const auto split = SplitPolicy{}.with_granularity(
-      combine_granularity(make_quant_method(gu_quant)->tp_alignment(ShardMode::kColumn),
-                          make_quant_method(down_quant)->tp_alignment(ShardMode::kRow)));
-  gate_up = register_module("gate_up", GateUpParallelLinear(GateUpParallelLinearOptions(c.hidden_size,
-                                                                                        c.intermediate_size)
-                                                                .bias(c.mlp_bias)
-                                                                .quant(gu_quant)
-                                                                .split(split)
-                                                                .dtype(dtype)
-                                                                .device(device),
-                                                            comm));
-  down_proj = register_module("down_proj", RowParallelLinear(RowParallelLinearOptions(c.intermediate_size,
-                                                                                      c.hidden_size)
-                                                                 .bias(c.mlp_bias)
-                                                                 .quant(down_quant)
-                                                                 .split(split)
-                                                                 .dtype(dtype)
-                                                                 .device(device),
-                                                             comm));
+      combine_granularity(make_quant_method(opts.gate_up.quant())->tp_alignment(ShardMode::kColumn),
+                          make_quant_method(opts.down.quant())->tp_alignment(ShardMode::kRow)));
+  gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up.split(split), comm));
+  down_proj = register_module("down_proj", RowParallelLinear(opts.down.split(split), comm));
   TORCH_CHECK_VALUE(gate_up->local_range() == down_proj->local_range(), p, ": gate_up's intermediate slice ",
                     gate_up->local_range(), " differs from down_proj's ", down_proj->local_range());
 }
 
 void DecoderLayerImpl::pretty_print(std::ostream& stream) const {
-  stream << "tp::DecoderLayer(index=" << index << ", " << config.model_type << ", rank=" << comm.rank() << "/"
-         << comm.world_size() << ")";
+  stream << "tp::DecoderLayer(index=" << index << ", " << to_string(config.model_type) << ", rank=" << comm.rank()
+         << "/" << comm.world_size() << ")";
 }
 
 namespace {
 
 // Causal GQA attention of this rank's query heads. q: [b, hq, s, d]; k, v: [b, hkv, L, d]
 // with L = past + s (the cache's positions, then the new ones).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan,
-                     int64_t group, double scale) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan, int64_t group,
+                     double scale) {
   const int64_t b = q.size(0), nq = q.size(1), s = q.size(2), d = q.size(3), total = k.size(2);
   if (nq == 0) return at::empty({b, 0, s, d}, q.options());
   // Local query head h reads local KV head (q_begin + h) / group - kv_begin.
@@ -119,17 +90,16 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                      KVCache* cache) {
   const int64_t b = x.size(0), s = x.size(1), d = config.head_dim;
   const auto& plan = qkv->head_plan();
-  // The column layers' input is read by every rank: until the layers route it through
-  // the conjugate collective themselves (issue 13), the model does.
-  auto [q, k, v] = qkv->split(qkv->forward(detail::copy_to_parallel(input_layernorm->forward(x), comm)));
+  // The column layers route their mirrored input through copy_to_parallel themselves.
+  auto [q, k, v] = qkv->split(qkv->forward(input_layernorm->forward(x)));
   q = q.reshape({b, s, -1, d});
   k = k.reshape({b, s, -1, d});
   v = v.reshape({b, s, -1, d});
-  if (config.qk_norm) {
+  if (qk_norm()) {
     // Each rank applies the shared per-head weight to its own heads: the weight's
     // gradient is the sum of every rank's part.
-    q = q_norm->forward(q.contiguous(), detail::copy_to_parallel(q_norm->weight, comm));
-    k = k_norm->forward(k.contiguous(), detail::copy_to_parallel(k_norm->weight, comm));
+    q = q_norm->forward(q.contiguous(), copy_to_parallel(q_norm->weight, comm));
+    k = k_norm->forward(k.contiguous(), copy_to_parallel(k_norm->weight, comm));
   }
   q = apply_rotary(q.transpose(1, 2), cos, sin);
   k = apply_rotary(k.transpose(1, 2), cos, sin);
@@ -138,7 +108,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   const at::Tensor a = attention(q, k, v, plan, group, std::pow(static_cast<double>(d), -0.5));
   const at::Tensor h = x + o_proj->forward(a.transpose(1, 2).reshape({b, s, -1}));
-  auto [gate, up] = gate_up->split(gate_up->forward(detail::copy_to_parallel(post_attention_layernorm->forward(h), comm)));
+  auto [gate, up] = gate_up->split(gate_up->forward(post_attention_layernorm->forward(h)));
   return h + down_proj->forward(at::silu(gate) * up);
 }
 
@@ -146,7 +116,7 @@ void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
   const std::string p = prefix();
   detail::load_mirrored(checkpoint, p + ".input_layernorm.weight", input_layernorm->weight);
   detail::load_mirrored(checkpoint, p + ".post_attention_layernorm.weight", post_attention_layernorm->weight);
-  if (config.qk_norm) {
+  if (qk_norm()) {
     detail::load_mirrored(checkpoint, p + ".self_attn.q_norm.weight", q_norm->weight);
     detail::load_mirrored(checkpoint, p + ".self_attn.k_norm.weight", k_norm->weight);
   }

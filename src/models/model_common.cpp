@@ -5,17 +5,6 @@
 
 namespace tp::detail {
 
-QuantConfig same_quant(const DecoderConfig& config, const std::vector<std::string>& modules) {
-  const QuantConfig first = config.quant_for(modules.at(0));
-  for (const auto& m : modules) {
-    const QuantConfig q = config.quant_for(m);
-    TORCH_CHECK_VALUE(q.format == first.format && q.group_size == first.group_size && q.symmetric == first.symmetric,
-                      "DecoderConfig: ", modules.at(0), " is ", to_string(first), " but ", m, " is ", to_string(q),
-                      "; the parts of one fused layer share a format");
-  }
-  return first;
-}
-
 void load_mirrored(const Checkpoint& checkpoint, const std::string& name, at::Tensor& target) {
   const auto& source = checkpoint.get(name, "DecoderLayer");
   TORCH_CHECK_VALUE(c10::IntArrayRef(source.shape()) == target.sizes(), "tensor '", name, "' has shape ",

@@ -14,7 +14,7 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, const RopeParameters& rope) {
   // 1 / theta^(2i / d), as transformers' _compute_default_rope_parameters (float32).
   const at::Tensor exponent = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / head_dim;
   at::Tensor inv_freq = at::pow(rope.theta, exponent).reciprocal() * 1.0;
-  if (rope.type == "llama3") {
+  if (rope.type == RopeType::kLlama3) {
     // transformers' _compute_llama3_parameters, operation for operation.
     const double factor = rope.factor, low = rope.low_freq_factor, high = rope.high_freq_factor;
     const double old_context = static_cast<double>(rope.original_max_position_embeddings);
@@ -25,9 +25,6 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, const RopeParameters& rope) {
     const at::Tensor smoothed = at::rsub(smooth, 1) * scaled / factor + smooth * scaled;
     const at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
     inv_freq = at::where(medium, smoothed, scaled);
-  } else {
-    TORCH_CHECK_VALUE(rope.type == "default", "RotaryEmbedding: rope type '", rope.type,
-                      "' is not supported (default, llama3)");
   }
   inv_freq_ = inv_freq;
 }

@@ -202,55 +202,88 @@ TEST_CASE("all_gather concatenates uneven and zero extents along dim 0 and dim -
 }
 
 TEST_CASE("reduce_scatter returns this rank's slice of the sum", "[comm]") {
-  for (int64_t world : {1, 2, 3, 4}) {
-    std::vector<int64_t> uneven, with_zero;
-    for (int64_t r = 0; r < world; ++r) {
-      uneven.push_back(r + 2);
-      with_zero.push_back(r == 0 ? 0 : r + 1);
-    }
-    struct Case {
-      std::vector<int64_t> sizes;
-      int64_t dim;
-      at::ScalarType dtype;
-      uint64_t seed;
-    };
-    std::vector<Case> cases;
-    for (const auto& sizes : {uneven, with_zero})
-      for (int64_t dim : {0, -1})
-        for (auto dtype : {at::kFloat, at::kBFloat16}) cases.push_back({sizes, dim, dtype, kSeed + 200 + cases.size()});
-    auto shape_of = [](const Case& c) {
-      int64_t total = 0;
-      for (auto s : c.sizes) total += s;
-      return c.dim == 0 ? std::vector<int64_t>{total, 3} : std::vector<int64_t>{3, total};
-    };
+  // auto: ranks as threads share the host, so the shared-memory path; process_group:
+  // the group's own reduce_scatter (the path across hosts).
+  for (AllReduceStrategy strategy : {AllReduceStrategy::kAuto, AllReduceStrategy::kProcessGroup})
+    for (int64_t world : {1, 2, 3, 4}) {
+      CommunicatorOptions options = test_options();
+      options.all_reduce = strategy;
+      std::vector<int64_t> uneven, with_zero;
+      for (int64_t r = 0; r < world; ++r) {
+        uneven.push_back(r + 2);
+        with_zero.push_back(r == 0 ? 0 : r + 1);
+      }
+      struct Case {
+        std::vector<int64_t> sizes;
+        int64_t dim;
+        at::ScalarType dtype;
+        uint64_t seed;
+      };
+      std::vector<Case> cases;
+      for (const auto& sizes : {uneven, with_zero})
+        for (int64_t dim : {0, -1})
+          for (auto dtype : {at::kFloat, at::kBFloat16, at::kDouble, at::kHalf})
+            cases.push_back({sizes, dim, dtype, kSeed + 200 + cases.size()});
+      auto shape_of = [](const Case& c) {
+        int64_t total = 0;
+        for (auto s : c.sizes) total += s;
+        return c.dim == 0 ? std::vector<int64_t>{total, 3} : std::vector<int64_t>{3, total};
+      };
 
-    std::vector<std::vector<at::Tensor>> results(cases.size(), std::vector<at::Tensor>(world));
-    tp::run_ranks_in_threads(
-        world,
-        [&](Communicator& comm) {
-          for (size_t i = 0; i < cases.size(); ++i) {
-            const Case& c = cases[i];
-            at::Tensor t = rank_input(c.seed, comm.rank(), shape_of(c), c.dtype);
-            results[i][comm.rank()] = comm.reduce_scatter(t, c.dim, c.sizes);
-          }
-        },
-        test_options());
+      std::vector<std::vector<at::Tensor>> results(cases.size(), std::vector<at::Tensor>(world));
+      tp::run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            for (size_t i = 0; i < cases.size(); ++i) {
+              const Case& c = cases[i];
+              at::Tensor t = rank_input(c.seed, comm.rank(), shape_of(c), c.dtype);
+              results[i][comm.rank()] = comm.reduce_scatter(t, c.dim, c.sizes);
+            }
+          },
+          options);
 
-    for (size_t i = 0; i < cases.size(); ++i) {
-      const Case& c = cases[i];
-      const at::Tensor sum = reference_sum(c.seed, world, shape_of(c), c.dtype);
-      const auto [rtol, atol] = tolerance(c.dtype);
-      int64_t offset = 0;
-      for (int64_t rank = 0; rank < world; ++rank) {
-        INFO("world=" << world << " rank=" << rank << " dtype=" << c.dtype << " dim=" << c.dim
-                      << " sizes=" << c10::IntArrayRef(c.sizes) << " seed=" << c.seed);
-        const at::Tensor expected = sum.narrow(c.dim, offset, c.sizes[rank]);
-        offset += c.sizes[rank];
-        REQUIRE(results[i][rank].sizes() == expected.sizes());
-        CHECK(results[i][rank].scalar_type() == c.dtype);
-        CHECK(at::allclose(results[i][rank].to(at::kDouble), expected, rtol, atol));
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const Case& c = cases[i];
+        const at::Tensor sum = reference_sum(c.seed, world, shape_of(c), c.dtype);
+        const auto [rtol, atol] = tolerance(c.dtype);
+        int64_t offset = 0;
+        for (int64_t rank = 0; rank < world; ++rank) {
+          INFO("strategy=" << strategy << " world=" << world << " rank=" << rank << " dtype=" << c.dtype
+                           << " dim=" << c.dim << " sizes=" << c10::IntArrayRef(c.sizes) << " seed=" << c.seed);
+          const at::Tensor expected = sum.narrow(c.dim, offset, c.sizes[rank]);
+          offset += c.sizes[rank];
+          REQUIRE(results[i][rank].sizes() == expected.sizes());
+          CHECK(results[i][rank].scalar_type() == c.dtype);
+          CHECK(at::allclose(results[i][rank].to(at::kDouble), expected, rtol, atol));
+        }
       }
     }
+}
+
+TEST_CASE("reduce_scatter through shared memory gives the bits of the all_reduce, across chunks", "[comm]") {
+  // 3 x 700000 float32 is 8.4 MB: the segment's 2 MiB buffers take it in several
+  // chunks, and each rank's piece (uneven) straddles chunk boundaries.
+  const std::vector<int64_t> sizes = {1, 2, 0};
+  const std::vector<int64_t> shape = {3, 700000};
+  std::vector<at::Tensor> scattered(3), reduced(3);
+  CommunicatorOptions options = test_options();
+  options.all_reduce = AllReduceStrategy::kSharedMemoryTwoShot;
+  tp::run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        const int64_t r = comm.rank();
+        at::Tensor t = rank_input(kSeed + 650, r, shape, at::kFloat);
+        scattered[r] = comm.reduce_scatter(t, 0, sizes);
+        reduced[r] = comm.all_reduce(t, AllReduceStrategy::kSharedMemoryOneShot);
+        CHECK(comm.all_reduce_counts().at(AllReduceStrategy::kSharedMemoryTwoShot) == 1);  // the reduce_scatter
+      },
+      options);
+  int64_t offset = 0;
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    INFO("rank=" << rank << " seed=" << kSeed + 650);
+    REQUIRE(scattered[rank].sizes() == c10::IntArrayRef({sizes[rank], shape[1]}));
+    CHECK(at::equal(scattered[rank], reduced[0].narrow(0, offset, sizes[rank])));
+    offset += sizes[rank];
   }
 }
 

@@ -15,6 +15,7 @@
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/parallel_lm_head.h"
+#include "tp/layers/sequence_parallel.h"
 #include "tp/layers/vocab_parallel_embedding.h"
 #include "tp/layers/vocab_parallel_loss.h"
 
@@ -95,7 +96,7 @@ TEST_CASE("VocabParallelEmbedding equals at::embedding, forward and weight gradi
             embed->load_weights(ckpt, "model.embed_tokens");
             const auto y = embed->forward(ids);
             const int64_t r = comm.rank();
-            seq[r] = embed->sequence_sizes(c.tokens);
+            seq[r] = sequence_sizes(c.tokens, comm.world_size());
             int64_t offset = 0;
             for (int64_t q = 0; q < r; ++q) offset += seq[r][q];
             const auto up = sequence_parallel ? upstream.narrow(0, offset, seq[r][r]) : upstream;
@@ -303,7 +304,7 @@ TEST_CASE("vocab_parallel_cross_entropy refuses targets outside the vocabulary a
                     Catch::Contains("token id 10") && Catch::Contains("outside the vocabulary [0, 10)"));
   CHECK_THROWS_WITH(vocab_parallel_cross_entropy(logits, at::tensor({1, 2}, at::kLong), p, single),
                     Catch::Contains("does not match the logits' rows"));
-  CHECK_THROWS_WITH(vocab_parallel_cross_entropy(at::randn({3, 9}, at::kDouble), at::tensor({1, 2, 3}, at::kLong), p,
-                                                 single),
-                    Catch::Contains("expected [..., 10]"));
+  CHECK_THROWS_WITH(
+      vocab_parallel_cross_entropy(at::randn({3, 9}, at::kDouble), at::tensor({1, 2, 3}, at::kLong), p, single),
+      Catch::Contains("expected [..., 10]"));
 }

@@ -100,3 +100,65 @@ TEST_CASE("files written by tp load bit-exactly in Python safetensors, every dty
   INFO("python output:\n" << log);
   CHECK(rc == 0);
 }
+
+TEST_CASE("files the safetensors format forbids are refused here and by the Python package alike", "[loader][python]") {
+  // Each file broken in one way the format's rules forbid (the Rust reference: the
+  // header is UTF-8 JSON, the tensors tile the data section from byte 0 to the end).
+  // The "ok_" files are their valid neighbours: both readers accept them.
+  test::TempDir dir;
+  const auto file = [](const std::string& header, const std::string& data, int64_t length = -1) {
+    const uint64_t n = length < 0 ? header.size() : static_cast<uint64_t>(length);
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(n >> (8 * i));
+    return out + header + data;
+  };
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string header = "{" + a + "}";
+  const std::string padded = header + std::string((8 - header.size() % 8) % 8, ' ');
+  const std::map<std::string, std::string> files = {
+      {"ok_plain", file(padded, std::string(8, '\x01'))},
+      {"ok_utf8_name", file("{\"\xc3\xa9\xf0\x9f\x98\x80" + a.substr(2) + "}", std::string(8, '\x01'))},
+      {"ok_empty_tensor_at_end",
+       file("{" + a + R"(,"z":{"dtype":"F16","shape":[0],"data_offsets":[8,8]}})", std::string(8, '\x01'))},
+      {"bad_header_length_one_short", file(padded, std::string(8, '\x01'), static_cast<int64_t>(padded.size()) - 1)},
+      {"bad_header_length_one_long", file(padded, std::string(8, '\x01'), static_cast<int64_t>(padded.size()) + 1)},
+      {"bad_trailing_bytes", file(header, std::string(12, '\x01'))},
+      {"bad_hole",
+       file(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+           std::string(12, '\x01'))},
+      {"bad_leading_gap", file(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\x01'))},
+      {"bad_empty_inside_another",
+       file("{" + a + R"(,"z":{"dtype":"F16","shape":[0],"data_offsets":[4,4]}})", std::string(8, '\x01'))},
+      {"bad_utf8_name", file("{\"a\xff" + a.substr(2) + "}", std::string(8, '\x01'))},
+      {"bad_utf8_surrogate_name", file("{\"a\xed\xa0\x80" + a.substr(2) + "}", std::string(8, '\x01'))},
+      {"bad_utf8_overlong_name", file("{\"a\xc0\xaf" + a.substr(2) + "}", std::string(8, '\x01'))},
+      {"bad_utf8_metadata", file(R"({"__metadata__":{"k":")"
+                                 "\xe2\x82"
+                                 R"("},)" +
+                                     a + "}",
+                                 std::string(8, '\x01'))},
+      {"bad_lone_surrogate_escape", file(R"({"a\ud800)" + a.substr(2) + "}", std::string(8, '\x01'))},
+  };
+  for (const auto& [name, bytes] : files) test::write_bytes(dir.file(name + ".safetensors"), bytes);
+  std::string log;
+  const int rc = run_python("refuse", dir, &log);
+  INFO("python output:\n" << log);
+  REQUIRE(rc == 0);
+  for (const auto& [name, bytes] : files) {
+    INFO("file " << name);
+    const bool expect_ok = name.rfind("ok_", 0) == 0;
+    const bool python_ok = log.find("accepted " + name + ".safetensors") != std::string::npos;
+    const bool python_refused = log.find("refused " + name + ".safetensors") != std::string::npos;
+    REQUIRE(python_ok != python_refused);
+    CHECK(python_ok == expect_ok);
+    std::string ours;
+    try {
+      SafetensorsFile::open(dir.file(name + ".safetensors"));
+    } catch (const c10::Error& e) {
+      ours = e.what_without_backtrace();
+    }
+    INFO("tp: " << ours);
+    CHECK(ours.empty() == expect_ok);
+  }
+}

@@ -5,6 +5,8 @@
   safetensors_interop.py check DIR   # loads DIR/cpp.safetensors (written by tp's writer) with
                                      # safetensors.torch.load_file and safe_open, and compares it
                                      # with the raw bytes and manifest C++ wrote beside it
+  safetensors_interop.py refuse DIR  # opens every DIR/*.safetensors with safe_open and load_file
+                                     # and prints, per file, "accepted NAME" or "refused NAME: why"
 
 Exits 0 when everything matches; otherwise prints what differs and exits 1 (3 when
 the safetensors package is missing).
@@ -88,8 +90,28 @@ def check(d):
     return 1 if failures else 0
 
 
+def refuse(d):
+    for name in sorted(os.listdir(d)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(d, name)
+        try:
+            with safe_open(path, framework="pt") as f:
+                for key in f.keys():
+                    f.get_tensor(key)
+                f.metadata()
+            load_file(path)
+        except Exception as e:  # noqa: BLE001 - any refusal counts; its text is shown
+            print(f"refused {name}: {type(e).__name__}: {e}")
+        else:
+            print(f"accepted {name}")
+    print(f"safetensors_interop.py refuse: done (safetensors {safetensors.__version__})")
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
+    modes = {"write": write, "check": check, "refuse": refuse}
+    if len(sys.argv) != 3 or sys.argv[1] not in modes:
         print(__doc__)
         sys.exit(2)
-    sys.exit(write(sys.argv[2]) if sys.argv[1] == "write" else check(sys.argv[2]))
+    sys.exit(modes[sys.argv[1]](sys.argv[2]))

@@ -3,14 +3,11 @@
 // tensors; the kernel's float zero points; errors.
 //
 // Tolerances (relative_error: max abs error / max(1, max |ref|)) against the float64
-// reference x @ dequantize_weight(W)^T + b:
-// - float32 and bfloat16: 3e-2, the bfloat16 GEMM tolerance (test_util.h). Both run
-//   ATen's bfloat16 kernel (a float32 layer rounds x to bfloat16 and converts the
-//   output back: only that path is vectorized in torch 2.11), whose scales and
-//   float zero points (8 - zero) * scale are bfloat16 too (2^-9 relative each).
-//   Ranks whose N % 16 != 0 run the exact dequantize reference instead.
-// - float16 (the exact float16 kernel): 8e-3, twice the float16 GEMM tolerance, for
-//   the float16 float zero points on top of the float16 GEMM.
+// reference x @ dequantize_weight(W)^T + b. Every dtype runs tp's CPU kernels
+// (quant/int4/cpu_kernels.h: exact products q * x, float32 accumulation, the output
+// rounded once to the layer's dtype), so each dtype gets its GEMM tolerance
+// (test_util.h): float32 2e-5, bfloat16 3e-2, float16 4e-3. The kernels themselves
+// are tested bit for bit and at edge shapes in int4/cpu_kernels_test.cpp.
 
 #include "support/tp_catch.h"
 
@@ -112,7 +109,7 @@ HandBuilt hand_built(int64_t n, int64_t k, int64_t g) {
 TEST_CASE("int4 layers match the float64 reference at TP 1-4 (GPTQ and AWQ, g32/64/128, sym/asym)", "[quant][int4]") {
   // Default shapes: in = 384 splits 2+1 groups of 128 at world 2 and 1+1+1+0 at world 4
   // (a rank without input columns); column splits of 640 / 3 leave N % 16 == 8 on some
-  // ranks, which run the dequantize reference instead of the ATen kernel.
+  // ranks (a partial last panel of the kernels).
   // Every group x symmetry x packing runs in float32 and bfloat16; to keep the suite
   // fast, each combination runs one world size per dtype, rotating so that every
   // (packing, group) pair meets worlds 1-4 across its symmetries and dtypes.
@@ -122,8 +119,8 @@ TEST_CASE("int4 layers match the float64 reference at TP 1-4 (GPTQ and AWQ, g32/
       for (bool symmetric : {true, false}) {
         const auto config = int4(format, group, symmetric);
         INFO(to_string(config));
-        test::QuantCheck fp32{config, at::kFloat, 3e-2};
-        test::QuantCheck bf16{config, at::kBFloat16, 3e-2};
+        test::QuantCheck fp32{config, at::kFloat, test::tolerance(at::kFloat)};
+        test::QuantCheck bf16{config, at::kBFloat16, test::tolerance(at::kBFloat16)};
         fp32.worlds = {1 + i % 4};
         bf16.worlds = {1 + (i + 2) % 4};
         fp32.seed = bf16.seed = 10 + i++;
@@ -217,8 +214,7 @@ TEST_CASE("int4 shards: COLUMN and ROW slices of hand-built GPTQ and AWQ tensors
   }
 }
 
-TEST_CASE("int4 kernel's float zero points reproduce (q - zero) * scale", "[quant][int4]") {
-  // N % 16 == 0 takes at::_weight_int4pack_mm_for_cpu with zero_f = (8 - zero) * scale.
+TEST_CASE("int4 layers reproduce (q - zero) * scale from hand-built tensors", "[quant][int4]") {
   const auto h = hand_built(64, 256, 64);
   for (auto format : {QuantFormat::kInt4Gptq, QuantFormat::kInt4Awq}) {
     const auto config = int4(format, 64, false);
@@ -230,8 +226,7 @@ TEST_CASE("int4 kernel's float zero points reproduce (q - zero) * scale", "[quan
       fc->load_weights(ckpt, "fc");
       const auto x = test::randn({5, 256}, 71);
       const auto ref = at::matmul(x.to(dtype).to(at::kDouble), h.expected.to(at::kDouble).t());
-      const double tolerance = dtype == at::kHalf ? 8e-3 : 3e-2;
-      CHECK(test::relative_error(fc->forward(x.to(dtype)), ref) < tolerance);
+      CHECK(test::relative_error(fc->forward(x.to(dtype)), ref) < test::tolerance(dtype));
     }
   }
 }

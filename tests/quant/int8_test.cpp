@@ -2,11 +2,11 @@
 //
 // Tolerances (relative_error: max abs error / max(1, max |ref|)) against the float64
 // reference quantize_activation(x) @ dequantize_weight(W)^T + b:
-// - int8_weight_only float32 and bfloat16: 3e-2, the bfloat16 GEMM tolerance
-//   (test_util.h). Both run ATen's bfloat16 kernel (a float32 layer rounds x to
-//   bfloat16 and converts the output back: W8A16), and its scales are bfloat16
-//   (2^-9 relative). With K % 16 != 0 a float32 layer runs the exact float32 op
-//   instead: 1e-4 there (float32 accumulation over K <= 40, same codes and scales).
+// - int8_weight_only: each dtype's GEMM tolerance (test_util.h: float32 2e-5,
+//   bfloat16 3e-2, float16 4e-3). Every dtype runs tp's CPU kernels
+//   (quant/int8/weight_only_cpu_kernels.h: exact products q * x, float32
+//   accumulation, the output rounded once), any K; they are tested bit for bit and at
+//   edge shapes in int8/weight_only_cpu_kernels_test.cpp.
 // - int8_w8a8: 2e-2 (float32) / 4e-2 (bfloat16). Column layers reproduce the
 //   reference's activation rounding exactly (same helper, exact int32 products), but
 //   a RowParallelLinear quantizes each rank's slice of x with its own per-token scale,
@@ -43,9 +43,9 @@ at::Tensor param(const torch::nn::Module& m, const std::string& name) {
 }  // namespace
 
 TEST_CASE("int8_weight_only layers match the float64 reference at TP 1-4", "[quant][int8]") {
-  test::check_quant_layers({kWeightOnly, at::kFloat, 3e-2});
-  test::check_quant_layers({kWeightOnly, at::kBFloat16, 3e-2});
-  test::QuantCheck file{kWeightOnly, at::kBFloat16, 3e-2};
+  test::check_quant_layers({kWeightOnly, at::kFloat, test::tolerance(at::kFloat)});
+  test::check_quant_layers({kWeightOnly, at::kBFloat16, test::tolerance(at::kBFloat16)});
+  test::QuantCheck file{kWeightOnly, at::kBFloat16, test::tolerance(at::kBFloat16)};
   file.from_file = true;
   file.worlds = {2};
   file.seed = 3;
@@ -62,10 +62,8 @@ TEST_CASE("int8_w8a8 layers match the float64 reference at TP 1-4", "[quant][int
   test::check_quant_layers(file);
 }
 
-TEST_CASE("int8 kernels handle K not a multiple of 16 (exact float32 op, reference for 16-bit) and float16",
-          "[quant][int8]") {
-  // _weight_int8pack_mm crashes on bfloat16 with K % 16 != 0 in torch 2.11: the method
-  // takes the reference path there. Small odd shapes, worlds 1-2.
+TEST_CASE("int8 kernels handle K not a multiple of 16, in float32, bfloat16 and float16", "[quant][int8]") {
+  // Small odd shapes, worlds 1-2.
   test::QuantLayerShapes odd;
   odd.in = 40;
   odd.out = 24;
@@ -77,7 +75,7 @@ TEST_CASE("int8 kernels handle K not a multiple of 16 (exact float32 op, referen
   for (auto config : {kWeightOnly, kW8A8}) {
     for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       const bool w8a8 = config.format == QuantFormat::kInt8W8A8;
-      const double tolerance = dtype == at::kFloat ? (w8a8 ? 2e-2 : 1e-4) : (w8a8 ? 4e-2 : 3e-2);
+      const double tolerance = w8a8 ? (dtype == at::kFloat ? 2e-2 : 4e-2) : test::tolerance(dtype);
       test::QuantCheck check{config, dtype, tolerance, odd};
       check.worlds = {1, 2};
       test::check_quant_layers(check);

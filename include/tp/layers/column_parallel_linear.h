@@ -5,7 +5,9 @@
 // split on dim 0; y is split on its last dim, or mirrored with gather_output.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +35,15 @@ struct ColumnParallelLinearOptions {
   TORCH_ARG(bool, bias) = true;
   /// All-gather the output so every rank gets the whole y.
   TORCH_ARG(bool, gather_output) = false;
+  /// Sequence parallelism (Megatron's sequence_parallel): x is this rank's piece of
+  /// the tokens along `sequence_dim` (any per-rank counts, zero included; they are
+  /// exchanged, one small all-gather per forward) and is all-gathered before the GEMM;
+  /// the backward reduce-scatters the input gradient back to the pieces. The output
+  /// covers every token. See tp/layers/sequence_parallel.h for the token split rule.
+  TORCH_ARG(bool, sequence_parallel) = false;
+  /// The token dimension of x for sequence_parallel (negative counts from the end;
+  /// it must not be the feature dim).
+  TORCH_ARG(int64_t, sequence_dim) = 0;
   TORCH_ARG(QuantConfig, quant) = {};
   /// How out_features is split (granularity, per-rank weights, rotation). The quant
   /// format's alignment is combined with the granularity.
@@ -59,6 +70,12 @@ class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinea
   /// rank's rows. Example: fc->load_weights(ckpt, "model.layers.0.mlp.up_proj").
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
 
+  /// The whole weight and bias, gathered from every rank's shard, under the names
+  /// load_weights reads: `prefix + ".weight"` [out_features, in_features] (and
+  /// ".bias"). Every rank calls it (it all-gathers) and gets the same full tensors.
+  /// Unquantized layers only (a quantized layer's weights are frozen: they are still
+  /// the checkpoint's). Example: tp::save_safetensors(path, fc->gather_weights("model.mlp.up_proj"));
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
   /// This rank's rows of the global output, [begin, end).
   Range local_range() const;
   /// Every rank's output range, in rank order.

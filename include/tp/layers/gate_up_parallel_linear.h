@@ -4,7 +4,9 @@
 // split the same way, so SiLU(gate) * up needs no communication.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +35,15 @@ struct GateUpParallelLinearOptions {
   TORCH_ARG(bool, bias) = false;
   /// All-gather so every rank gets the whole [gate | up].
   TORCH_ARG(bool, gather_output) = false;
+  /// Sequence parallelism (Megatron's sequence_parallel): x is this rank's piece of
+  /// the tokens along `sequence_dim` (any per-rank counts, zero included; they are
+  /// exchanged, one small all-gather per forward) and is all-gathered before the GEMM;
+  /// the backward reduce-scatters the input gradient back to the pieces. The output
+  /// covers every token. See tp/layers/sequence_parallel.h for the token split rule.
+  TORCH_ARG(bool, sequence_parallel) = false;
+  /// The token dimension of x for sequence_parallel (negative counts from the end;
+  /// it must not be the feature dim).
+  TORCH_ARG(int64_t, sequence_dim) = 0;
   TORCH_ARG(QuantConfig, quant) = {};
   /// How intermediate_size is split (the same for gate and up).
   TORCH_ARG(SplitPolicy, split) = {};
@@ -66,6 +77,12 @@ class GateUpParallelLinearImpl : public torch::nn::Cloneable<GateUpParallelLinea
   ///   tp::GateUpCheckpointLayout().layout(tp::GateUpLayout::kFused));
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix, const GateUpCheckpointLayout& layout);
 
+  /// The whole gate and up weights (and biases) gathered from every rank's rows, under
+  /// the names load_weights reads with `layout`: `prefix + ".gate_proj.weight"` and
+  /// ".up_proj.weight" (kSeparate, the default), or one [gate|up] tensor (kFused).
+  /// Every rank calls it (it all-gathers) and gets the same tensors. Unquantized only.
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
+                                                   const GateUpCheckpointLayout& layout = {}) const;
   /// This rank's slice of the intermediate dimension (the down projection's input).
   Range local_range() const;
 

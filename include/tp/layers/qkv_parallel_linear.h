@@ -6,7 +6,9 @@
 // replicated on world / num_kv_heads ranks and its query heads are split among them.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +40,15 @@ struct QKVParallelLinearOptions {
   TORCH_ARG(bool, bias) = false;
   /// All-gather so every rank gets the whole [Q | K | V] (replicated KV heads once).
   TORCH_ARG(bool, gather_output) = false;
+  /// Sequence parallelism (Megatron's sequence_parallel): x is this rank's piece of
+  /// the tokens along `sequence_dim` (any per-rank counts, zero included; they are
+  /// exchanged, one small all-gather per forward) and is all-gathered before the GEMM;
+  /// the backward reduce-scatters the input gradient back to the pieces. The output
+  /// covers every token. See tp/layers/sequence_parallel.h for the token split rule.
+  TORCH_ARG(bool, sequence_parallel) = false;
+  /// The token dimension of x for sequence_parallel (negative counts from the end;
+  /// it must not be the feature dim).
+  TORCH_ARG(int64_t, sequence_dim) = 0;
   TORCH_ARG(QuantConfig, quant) = {};
   /// Weights/rotation over KV-head groups; granularity in elements (combined with the
   /// quant alignment) restricts which head boundaries are allowed.
@@ -74,6 +85,14 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   ///   tp::QKVCheckpointLayout().layout(tp::QKVLayout::kInterleavedGroups).fused_name("linear_qkv"));
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix, const QKVCheckpointLayout& layout);
 
+  /// The whole q, k and v weights (and biases) gathered from every rank's heads,
+  /// replicated KV heads once, under the names load_weights reads with `layout`:
+  /// `prefix + ".q_proj.weight"` etc. (kSeparate, the default) or one
+  /// `prefix + "." + fused_name + ".weight"` [Q|K|V] (kFused). Every rank calls it (it
+  /// all-gathers) and gets the same tensors. Unquantized layers only.
+  /// Example: tp::save_safetensors(path, qkv->gather_weights("model.layers.0.self_attn"));
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
+                                                   const QKVCheckpointLayout& layout = {}) const;
   /// Which heads this rank owns.
   const HeadPlan& head_plan() const { return head_plan_; }
   int64_t local_q_heads() const { return head_plan_.q_heads.size(); }

@@ -8,7 +8,9 @@
 // to the right answer wherever it is reduced later.
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -42,6 +44,14 @@ struct RowParallelLinearOptions {
   /// The AllReduce's wire precision (kDefault: the communicator's; kBFloat16 halves
   /// the bytes of a float32 reduction, within the bound documented at WirePrecision).
   TORCH_ARG(WirePrecision, wire) = WirePrecision::kDefault;
+  /// Sequence parallelism (Megatron's sequence_parallel): the partial sums are
+  /// reduce-scattered along `sequence_dim` instead of all-reduced, so each rank gets
+  /// its piece of the tokens, sequence_ranges(tokens, world)[rank]
+  /// (tp/layers/sequence_parallel.h); the backward all-gathers the output gradient.
+  /// Needs reduce_output (with reduce_output(false) there is no collective either way).
+  TORCH_ARG(bool, sequence_parallel) = false;
+  /// The token dimension of the output for sequence_parallel (negative counts from the end).
+  TORCH_ARG(int64_t, sequence_dim) = 0;
   TORCH_ARG(QuantConfig, quant) = {};
   /// How in_features is split; combined with the quant format's alignment.
   TORCH_ARG(SplitPolicy, split) = {};
@@ -61,12 +71,20 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   void pretty_print(std::ostream& stream) const override;
 
   /// x: [..., local in] (input_is_parallel) or [..., in_features] -> [..., out_features],
-  /// reduced over ranks unless reduce_output(false).
+  /// reduced over ranks unless reduce_output(false); with sequence_parallel, this rank's
+  /// tokens of it. Differentiable at every TP size: the whole input is scattered
+  /// (its gradient all-gathered), the reduction's backward is the identity, and every
+  /// rank's bias gets the full gradient although only rank 0 adds it.
   at::Tensor forward(const at::Tensor& x);
 
   /// Loads `prefix + ".weight"` (this rank's columns) and ".bias" (whole).
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
 
+  /// The whole weight [out_features, in_features], gathered from every rank's columns,
+  /// and the bias (mirrored: this rank's copy), under the names load_weights reads:
+  /// `prefix + ".weight"` (and ".bias"). Every rank calls it (it all-gathers) and gets
+  /// the same tensors. Unquantized layers only.
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
   /// This rank's columns of the global weight (= its slice of the input), [begin, end).
   Range local_range() const { return range_; }
   /// Every rank's input range, in rank order.

@@ -35,7 +35,7 @@ struct VocabParallelEmbeddingOptions {
   /// padding). The padding rows are zero and no token maps to them.
   TORCH_ARG(int64_t, pad_to_multiple_of) = 1;
   /// Reduce-scatter the output along dim 0 (the tokens) instead of all-reducing it: rank
-  /// r keeps rows split(ids.size(0), world)[r] (tp::split's even policy; uneven allowed).
+  /// r keeps rows tp::sequence_ranges(ids.size(0), world)[r] (tp/layers/sequence_parallel.h).
   TORCH_ARG(bool, sequence_parallel) = false;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
@@ -69,8 +69,6 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
   Range local_range() const { return partition_.range(comm.rank()); }
   /// This rank's real tokens (local_range() without the padding).
   Range vocab_range() const { return partition_.real(comm.rank()); }
-  /// The rows of dim 0 each rank keeps under sequence parallelism, for `tokens` rows.
-  std::vector<int64_t> sequence_sizes(int64_t tokens) const;
 
   VocabParallelEmbeddingOptions options;
   Communicator comm;

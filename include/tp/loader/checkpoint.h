@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "tp/loader/read_log.h"
 #include "tp/loader/tensor_source.h"
 #include "tp/shard/range.h"
 
@@ -24,19 +25,35 @@ namespace tp {
 ///   layer->load_weights(ckpt, "fc");
 class Checkpoint {
  public:
-  Checkpoint() = default;
-  /// Adds a source under its own name; a duplicate name is an error.
+  Checkpoint();
+  /// Adds a source under its own name; a duplicate name is an error. Only this
+  /// checkpoint gains it: copies and views made before keep what they had. Add before
+  /// sharing a checkpoint between threads.
   void add(std::shared_ptr<const TensorSource> source);
   /// Adds an in-memory tensor under `name`.
   void add(const std::string& name, const at::Tensor& tensor);
   bool contains(const std::string& name) const;
   /// The source named `name`; an error naming it (and `where`, e.g. the layer) if absent.
+  /// Recorded as read in every ReadLog this checkpoint is a view for (see recording).
   const TensorSource& get(const std::string& name, const std::string& where = "") const;
   std::vector<std::string> names() const;
-  size_t size() const { return sources_.size(); }
+  /// The names that start with `prefix` ("model.layers.0.mlp.up_proj."), sorted.
+  std::vector<std::string> names_with_prefix(const std::string& prefix) const;
+  size_t size() const { return sources_->size(); }
+
+  /// A view of the same tensors (shared, not copied) that also records in `log` the
+  /// name of every tensor its get() returns. A view of a view records into both logs;
+  /// copies of a view record where it does. This is how a load learns what it consumed
+  /// (LoadSession, and each layer's strict check) without state shared between ranks.
+  Checkpoint recording(std::shared_ptr<ReadLog> log) const;
+  /// Whether a log this checkpoint records into allows `name` to stay unread
+  /// (ReadLog::allows_unread: a LoadSession's allow list).
+  bool may_stay_unread(const std::string& name) const;
 
  private:
-  std::map<std::string, std::shared_ptr<const TensorSource>> sources_;
+  using Sources = std::map<std::string, std::shared_ptr<const TensorSource>>;
+  std::shared_ptr<Sources> sources_;  // shared by copies and views; add() copies it first when shared
+  std::vector<std::shared_ptr<ReadLog>> logs_;
 };
 
 /// Opens a checkpoint as name -> source, every tensor read lazily from its file:

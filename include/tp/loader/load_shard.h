@@ -49,4 +49,10 @@ at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range, c
 at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentPlan& plan,
                       const LoadOptions& options = {}, const std::string& what = "load_shard");
 
+/// Checks that every value of `shard`, a slice of `source` this rank read (a scale:
+/// one NaN or infinity there makes every output it scales NaN or infinite), is finite;
+/// otherwise an error naming `what` (the layer), the tensor, the value and where it is
+/// in the slice. Integer tensors pass.
+void check_finite(const at::Tensor& shard, const TensorSource& source, const std::string& what);
+
 }  // namespace tp

@@ -25,10 +25,14 @@ namespace tp {
 ///   at::Tensor rows = file.source("lm_head.weight")->read(0, {0, 1024});
 class SafetensorsFile {
  public:
-  /// Maps and validates `path`: header length within the file and under 100 MiB,
-  /// strict JSON, known dtypes, every tensor's byte range inside the data section,
-  /// matching shape x dtype size, and not overlapping another. Anything else is a
-  /// c10::Error naming the file, the tensor and the numbers.
+  /// Maps and validates `path` as the format's rules (and the Python package) demand:
+  /// header length within the file and under 100 MiB, strict JSON in well-formed UTF-8
+  /// (names, metadata and escapes), known dtypes, each tensor's bytes matching shape x
+  /// dtype size, and the tensors covering the data section exactly: sorted by offset,
+  /// each begins where the one before ends, the first at the data section's first byte,
+  /// the last ending at the end of the file (no holes, overlaps or trailing bytes).
+  /// Anything else is a c10::ValueError naming the file, the tensor, the byte offsets
+  /// (in the file) and the rule broken.
   static SafetensorsFile open(const std::string& path);
 
   const std::string& path() const;

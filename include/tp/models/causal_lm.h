@@ -21,9 +21,9 @@
 #include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
-#include "tp/models/decoder_config.h"
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
+#include "tp/models/model_config.h"
 #include "tp/models/rms_norm.h"
 #include "tp/models/rotary_embedding.h"
 
@@ -44,7 +44,7 @@ struct CausalLMOptions {
 /// The module behind the CausalLM holder.
 class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
  public:
-  CausalLMImpl(DecoderConfig config, CausalLMOptions options = {}, Communicator comm = {});
+  CausalLMImpl(ModelConfig config, CausalLMOptions options = {}, Communicator comm = {});
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
@@ -72,17 +72,20 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   void load_weights(const Checkpoint& checkpoint);
 
   /// config.json, then the safetensors of `folder` (sharded or not), through
-  /// DecoderConfig and open_checkpoint.
+  /// ModelConfig and open_checkpoint, strictly: a tensor of the folder that nothing
+  /// reads (but those LoadSessionOptions::default_allow_unread() allows, and the layers
+  /// options.num_layers leaves out) is an error on every rank (LoadSession::finish).
   /// Example: auto model = tp::CausalLMImpl::from_pretrained("/models/Qwen3-0.6B", {}, comm);
   static std::shared_ptr<CausalLMImpl> from_pretrained(const std::string& folder, CausalLMOptions options = {},
                                                        Communicator comm = {});
 
-  DecoderConfig config;
+  ModelConfig config;
   CausalLMOptions options;
   Communicator comm;
   at::ScalarType dtype = at::kFloat;  // resolved compute dtype
   VocabParallelEmbedding embed_tokens{nullptr};
-  std::vector<DecoderLayer> layers;  // registered as "layers.{i}"
+  std::vector<DecoderLayer> layers;  // also in layer_list, registered as "layers" ("layers.{i}.*")
+  torch::nn::ModuleList layer_list{nullptr};
   RMSNorm norm{nullptr};
   ParallelLMHead lm_head{nullptr};
   RotaryEmbedding rotary;

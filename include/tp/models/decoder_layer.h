@@ -21,17 +21,18 @@
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
-#include "tp/models/decoder_config.h"
 #include "tp/models/kv_cache.h"
+#include "tp/models/model_config.h"
 #include "tp/models/rms_norm.h"
 
 namespace tp {
 
-/// The module of layer `index` of a decoder. Sizes come from `config`; every layer's
-/// format from config.quant_for(its name); weights are created in `dtype` on `device`.
+/// The module of layer `index` of a decoder. Sizes, biases and every projection's
+/// format come from `config` (tp::decoder_layer_options); weights are created in
+/// `dtype` on `device`.
 class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
  public:
-  DecoderLayerImpl(DecoderConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm);
+  DecoderLayerImpl(ModelConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm);
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
@@ -42,19 +43,22 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// without one the sequence attends causally to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache = nullptr);
 
-  /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only.
+  /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only
+  /// (a LoadSession's checkpoint records them for its unread-tensor report).
   void load_weights(const Checkpoint& checkpoint);
 
   /// "model.layers.{index}"
   std::string prefix() const;
+  /// Whether q and k have per-head RMSNorms (Qwen3).
+  bool qk_norm() const { return config.model_type == ModelType::kQwen3; }
 
-  DecoderConfig config;
+  ModelConfig config;
   int64_t index;
   at::ScalarType dtype;
   at::Device device;
   Communicator comm;
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qk_norm only
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   QKVParallelLinear qkv{nullptr};
   RowParallelLinear o_proj{nullptr};
   GateUpParallelLinear gate_up{nullptr};

@@ -6,7 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "tp/models/decoder_config.h"
+#include "tp/models/model_config.h"
 
 namespace tp {
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -49,13 +50,31 @@ class QuantMethod {
   /// with the GLOBAL fan-in so every TP size draws from the same distribution).
   virtual void reset_parameters(int64_t global_in_features) = 0;
   /// Reads this rank's slices of every part from `checkpoint` into the weights.
-  /// `layer` names the caller in errors.
+  /// `layer` names the caller in errors. Contract (loading is strict and collective,
+  /// docs/DESIGN.md): every rank checks every part's tensors whole (presence, dtype,
+  /// shape, scale shapes, packing), also a part whose range is empty on this rank, so a
+  /// bad checkpoint fails on all ranks alike; values read (scales) are checked on the
+  /// slice read. Read every tensor through `checkpoint.get` (it records what the
+  /// layer consumed: a tensor under the part's prefix that no get() returned is an
+  /// error after the load), and only the tensors the format defines.
   virtual void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
                     const std::string& layer) = 0;
   /// Repacks loaded weights for the kernel (no-op when the stored layout is the kernel's).
   virtual void finalize() {}
   /// y = x W^T (+ bias). x: [..., in_local]; bias: [out_local] or none; y: [..., out_local].
   virtual at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const = 0;
+  /// The weight apply() computes with, as a plain tensor: [out_local, in_local] in the
+  /// activation dtype, on the weights' device (the format's dequantize_weight of this
+  /// rank's stored tensors). The layers' backward takes the input gradient through it,
+  /// grad_x = grad_y W, so frozen quantized weights still pass gradients on (adapter
+  /// and frozen-base training); for formats that also quantize activations that is the
+  /// straight-through rule (docs/DESIGN.md, Training). For kNone it is the trainable
+  /// parameter itself. Computed on each call (no cached full-precision copy).
+  virtual at::Tensor dequantized_weight() const {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, name(),
+                                ": this format has no dequantized weight, so its layers give no "
+                                "input gradient");
+  }
   /// The dtype activations must have.
   virtual at::ScalarType activation_dtype() const = 0;
   /// Where the weights live; inputs must be there too.

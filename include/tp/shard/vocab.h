@@ -16,10 +16,10 @@ namespace tp {
 /// Example: partition_vocab(500, 3, 64): padded 512 = 8 units of 64 -> [0,192) [192,384)
 /// [384,512); rank 2's real tokens are [384,500), its rows 116..127 are padding.
 struct VocabPartition {
-  int64_t vocab_size = 0;      ///< real tokens
-  int64_t padded_size = 0;     ///< vocab_size rounded up to pad_to_multiple_of
+  int64_t vocab_size = 0;   ///< real tokens
+  int64_t padded_size = 0;  ///< vocab_size rounded up to pad_to_multiple_of
   int64_t pad_to_multiple_of = 1;
-  std::vector<Range> ranges;   ///< per rank, in padded rows; they tile [0, padded_size)
+  std::vector<Range> ranges;  ///< per rank, in padded rows; they tile [0, padded_size)
 
   int64_t world_size() const { return static_cast<int64_t>(ranges.size()); }
   /// Rank r's rows of the padded table.

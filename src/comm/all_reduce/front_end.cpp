@@ -34,8 +34,26 @@ std::string host_list(const CommunicatorState& s) {
   return out.str();
 }
 
-/// A forced strategy that cannot run here is an error (every rank sees the same
-/// tensor and settings, so all ranks throw alike and none is left waiting).
+void log_choice(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested, AllReduceStrategy taken,
+                WirePrecision wire, const char* op) {
+  std::ostringstream line;
+  const char* why = requested != AllReduceStrategy::kAuto              ? "requested by the call"
+                    : s.env_all_reduce                                 ? "forced by TP_ALLREDUCE"
+                    : s.options.all_reduce != AllReduceStrategy::kAuto ? "forced by CommunicatorOptions::all_reduce"
+                                                                       : nullptr;
+  line << "[tp comm] rank " << s.rank << "/" << s.world << " " << op << " " << t.scalar_type() << t.sizes() << " "
+       << t.numel() * static_cast<int64_t>(t.element_size()) << " bytes -> " << taken << " (";
+  if (why != nullptr) {
+    line << why;
+  } else {
+    line << "auto: table " << s.table->source << ", ranks_on_one_host=" << (s.ranks_on_one_host ? 1 : 0);
+  }
+  line << "), wire " << wire << "\n";
+  std::cerr << line.str() << std::flush;  // one write per line: ranks as threads do not interleave
+}
+
+}  // namespace
+
 void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const at::Tensor& t, const char* op) {
   if (taken == AllReduceStrategy::kNccl || taken == AllReduceStrategy::kNcclBf16Wire) {
     check_nccl_strategy(s.group.get(), taken, t, op_name(op));
@@ -57,8 +75,6 @@ void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const a
                     "CommunicatorOptions::all_reduce and the layers' Options)");
 }
 
-/// The communicator's shared-memory workspace, created on first use (a collective:
-/// every rank gets here at the same call, as the strategy is agreed).
 ShmAllReduce& shm_workspace(const CommunicatorState& s) {
   if (!s.shm) {
     s.shm = std::make_unique<ShmAllReduce>(
@@ -67,25 +83,15 @@ ShmAllReduce& shm_workspace(const CommunicatorState& s) {
   return *s.shm;
 }
 
-void log_choice(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested, AllReduceStrategy taken,
+void count_call(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested, AllReduceStrategy taken,
                 WirePrecision wire, const char* op) {
-  std::ostringstream line;
-  const char* why = requested != AllReduceStrategy::kAuto              ? "requested by the call"
-                    : s.env_all_reduce                                 ? "forced by TP_ALLREDUCE"
-                    : s.options.all_reduce != AllReduceStrategy::kAuto ? "forced by CommunicatorOptions::all_reduce"
-                                                                       : nullptr;
-  line << "[tp comm] rank " << s.rank << "/" << s.world << " " << op << " " << t.scalar_type() << t.sizes() << " "
-       << t.numel() * static_cast<int64_t>(t.element_size()) << " bytes -> " << taken << " (";
-  if (why != nullptr) {
-    line << why;
-  } else {
-    line << "auto: table " << s.table->source << ", ranks_on_one_host=" << (s.ranks_on_one_host ? 1 : 0);
+  {
+    std::lock_guard<std::mutex> lock(s.counts_mutex);
+    ++s.counts[taken];
+    ++s.wire_counts[wire];
   }
-  line << "), wire " << wire << "\n";
-  std::cerr << line.str() << std::flush;  // one write per line: ranks as threads do not interleave
+  if (s.debug) log_choice(s, t, requested, taken, wire, op);
 }
-
-}  // namespace
 
 AllReduceStrategy resolve_strategy(const CommunicatorState& s, AllReduceStrategy requested, const at::Tensor& t) {
   if (requested != AllReduceStrategy::kAuto) return requested;
@@ -118,12 +124,7 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
   const AllReduceStrategy taken = resolve_strategy(s, requested, t);
   check_possible(s, taken, t, op);
   const WirePrecision wire = resolve_wire(s, wire_req, taken, t);
-  {
-    std::lock_guard<std::mutex> lock(s.counts_mutex);
-    ++s.counts[taken];
-    ++s.wire_counts[wire];
-  }
-  if (s.debug) log_choice(s, t, requested, taken, wire, op);
+  count_call(s, t, requested, taken, wire, op);
   // Shapes agree across ranks, so every rank skips an empty tensor alike.
   if (s.world == 1 || t.numel() == 0) return;
   // A shared-memory all_reduce compares the fingerprints in the same step as its data

@@ -18,6 +18,20 @@ AllReduceStrategy resolve_strategy(const CommunicatorState& s, AllReduceStrategy
 WirePrecision resolve_wire(const CommunicatorState& s, WirePrecision requested, AllReduceStrategy taken,
                            const at::Tensor& t);
 
+/// A strategy that cannot run here (a forced shared-memory strategy across hosts, for
+/// a device tensor or an unsupported dtype; NCCL without an NCCL group) is an error.
+/// Every rank sees the same tensor and settings, so all throw alike and none waits.
+void check_possible(const CommunicatorState& s, AllReduceStrategy taken, const at::Tensor& t, const char* op);
+
+/// Counts the call in all_reduce_counts (and the wire in its counts); with
+/// TP_COMM_DEBUG=1, one line on stderr naming the strategy taken and why.
+void count_call(const CommunicatorState& s, const at::Tensor& t, AllReduceStrategy requested, AllReduceStrategy taken,
+                WirePrecision wire, const char* op);
+
+/// The communicator's shared-memory workspace, created on first use (a collective:
+/// every rank gets here at the same call, as the strategy is agreed).
+ShmAllReduce& shm_workspace(const CommunicatorState& s);
+
 /// Validates, resolves and counts the strategy, then reduces `t` in place. `verify`:
 /// exchange an all_reduce fingerprint first (the caller has not checked agreement).
 void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy requested, WirePrecision wire,

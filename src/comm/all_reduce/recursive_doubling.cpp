@@ -12,7 +12,11 @@
 // rank's first, so after round k the 2^k ranks of a block hold the same bits; the
 // folded-out ranks receive those bits unrounded. Sums accumulate in fp32 (fp64 for
 // float64, the integer type for integers).
+//
+// Its element-wise work runs serially on the calling thread (see point_to_point.h:
+// parallel ATen ops here made it 40-120 ms per call from 256 KiB).
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -21,6 +25,7 @@
 
 #include "comm/all_reduce/recursive_doubling.h"
 #include "comm/communicator_state.h"
+#include "comm/point_to_point.h"
 #include "comm/run_collective.h"
 
 namespace tp::detail {
@@ -31,55 +36,6 @@ constexpr int kFoldInTag = 1;
 constexpr int kFirstRoundTag = 2;  // round k uses kFirstRoundTag + k
 constexpr int kFoldOutTag = 64;
 
-/// One posted send or receive, kept until it is waited for.
-struct Transfer {
-  c10::intrusive_ptr<c10d::Work> work;
-  std::vector<at::Tensor> tensors;  // the group's API takes a list; keeps the buffer alive
-  int64_t peer = -1;
-  std::string what;  // "receiving from rank 1 (round 0)", for errors
-};
-
-[[noreturn]] void transfer_failed(const CommunicatorState& s, const char* op, const std::string& what,
-                                  const std::string& why) {
-  collective_failed(s, op, "recursive_doubling, " + what + ": " + why);
-}
-
-/// Posts a send (`send` true) or a receive of `t` with `peer`; returns at once.
-/// The caller holds cpu_start_mutex (see there).
-Transfer post(const CommunicatorState& s, const char* op, bool send, const at::Tensor& t, int64_t peer, int tag,
-              const std::string& phase) {
-  Transfer x;
-  x.tensors.push_back(t);
-  x.peer = peer;
-  x.what = std::string(send ? "sending to rank " : "receiving from rank ") + std::to_string(peer) + " (" + phase + ")";
-  try {
-    x.work = send ? s.group->send(x.tensors, static_cast<int>(peer), tag)
-                  : s.group->recv(x.tensors, static_cast<int>(peer), tag);
-  } catch (const c10::Error& e) {
-    transfer_failed(s, op, x.what, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    transfer_failed(s, op, x.what, e.what());
-  }
-  return x;
-}
-
-/// Waits for a posted transfer, at most the timeout.
-void wait(const CommunicatorState& s, const char* op, Transfer& x) {
-  try {
-    TORCH_CHECK(x.work->wait(s.options.timeout), "did not complete within ", s.options.timeout.count(), " ms");
-  } catch (const c10::Error& e) {
-    transfer_failed(s, op, x.what, e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    transfer_failed(s, op, x.what, e.what());
-  }
-}
-
-at::ScalarType accumulate_type(at::ScalarType dtype) {
-  if (dtype == at::kDouble) return at::kDouble;
-  if (at::isFloatingType(dtype)) return at::kFloat;  // float32, float16, bfloat16
-  return dtype;                                      // integers sum exactly in their own type
-}
-
 }  // namespace
 
 void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bool bf16_wire, const char* op) {
@@ -88,8 +44,10 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   const at::ScalarType acc = accumulate_type(t.scalar_type());
   const bool lossy = bf16_wire && t.scalar_type() == at::kFloat;
   const at::ScalarType wire_type = lossy ? at::kBFloat16 : acc;
-  // buf: this rank's running sum, [numel], CPU (send/recv move host memory).
-  at::Tensor buf = t.to(at::kCPU, acc, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous).view({-1});
+  // buf: this rank's running sum, [numel], CPU (send/recv move host memory). A
+  // non-contiguous or device input is first copied as it is (a plain copy).
+  const at::Tensor input = t.to(at::kCPU).contiguous().view({-1});
+  at::Tensor buf = converted(input, acc);
 
   int64_t p = 1;
   int rounds = 0;
@@ -111,26 +69,26 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
   {
     std::lock_guard<std::mutex> lock(cpu_start_mutex());
     if (folded && !sits_out) {
-      recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)), rank - 1, kFoldInTag,
-                           "folding in"));
+      recvs.push_back(post(s, op, "recursive_doubling", false, at::empty(buf.sizes(), buf.options().dtype(wire_type)),
+                           rank - 1, kFoldInTag, "folding in"));
     }
     if (!sits_out) {
       for (int r = 0; r < rounds; ++r) {
-        recvs.push_back(post(s, op, false, at::empty(buf.sizes(), buf.options().dtype(wire_type)),
+        recvs.push_back(post(s, op, "recursive_doubling", false, at::empty(buf.sizes(), buf.options().dtype(wire_type)),
                              real_rank(vrank ^ (int64_t{1} << r)), kFirstRoundTag + r, "round " + std::to_string(r)));
       }
     }
     if (sits_out) {
       // Receives the result straight into buf, unrounded, after handing in its input.
-      const at::Tensor wire = lossy ? buf.to(at::kBFloat16) : buf.clone();
-      sends.push_back(post(s, op, true, wire, rank + 1, kFoldInTag, "folding in"));
-      recvs.push_back(post(s, op, false, buf, rank + 1, kFoldOutTag, "folding out"));
+      const at::Tensor wire = converted(buf, wire_type);
+      sends.push_back(post(s, op, "recursive_doubling", true, wire, rank + 1, kFoldInTag, "folding in"));
+      recvs.push_back(post(s, op, "recursive_doubling", false, buf, rank + 1, kFoldOutTag, "folding out"));
     }
   }
   size_t next = 0;
   if (folded && !sits_out) {
     wait(s, op, recvs[next]);
-    buf = at::add(recvs[next++].tensors[0].to(acc), buf);  // the lower rank's data first
+    buf = added(recvs[next++].tensors[0], buf, acc);  // the lower rank's data first
   }
   if (!sits_out) {
     for (int r = 0; r < rounds; ++r) {
@@ -138,26 +96,32 @@ void all_reduce_recursive_doubling(const CommunicatorState& s, at::Tensor& t, bo
       at::Tensor wire = buf;
       if (lossy) {
         // Both partners add the values as they travel: this rank's own rounded too.
-        wire = buf.to(at::kBFloat16);
-        buf = wire.to(at::kFloat);
+        wire = converted(buf, at::kBFloat16);
+        buf = converted(wire, at::kFloat);
       }
       {
         std::lock_guard<std::mutex> lock(cpu_start_mutex());
-        sends.push_back(post(s, op, true, wire, peer, kFirstRoundTag + r, "round " + std::to_string(r)));
+        sends.push_back(
+            post(s, op, "recursive_doubling", true, wire, peer, kFirstRoundTag + r, "round " + std::to_string(r)));
       }
       wait(s, op, recvs[next]);
-      const at::Tensor theirs = recvs[next++].tensors[0].to(acc);
-      buf = peer < rank ? at::add(theirs, buf) : at::add(buf, theirs);
+      const at::Tensor& theirs = recvs[next++].tensors[0];
+      buf = peer < rank ? added(theirs, buf, acc) : added(buf, theirs, acc);
     }
     if (folded) {
       std::lock_guard<std::mutex> lock(cpu_start_mutex());
-      sends.push_back(post(s, op, true, buf, rank - 1, kFoldOutTag, "folding out"));
+      sends.push_back(post(s, op, "recursive_doubling", true, buf, rank - 1, kFoldOutTag, "folding out"));
     }
   } else {
     wait(s, op, recvs[next++]);  // the result, into buf
   }
   for (Transfer& x : sends) wait(s, op, x);
-  t.copy_(buf.view(t.sizes()));
+  if (t.is_cpu() && t.is_contiguous()) {
+    at::Tensor flat = t.view({-1});
+    copy_serially(flat, buf);
+  } else {
+    t.copy_(buf.view(t.sizes()));
+  }
 }
 
 }  // namespace tp::detail

@@ -230,9 +230,9 @@ void ShmAllReduce::wait_peers(Slot slot, uint64_t target, const char* waiting_fo
   }
 }
 
-template <typename T, typename P, typename Acc>
-void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fp,
-                        const OnMismatch& on_mismatch) {
+template <typename T, typename P>
+int64_t ShmAllReduce::publish(const T* values, int64_t n, const char* op, const Fingerprint* fp,
+                              const OnMismatch& on_mismatch) {
   const uint64_t s = ++seq_;
   const int64_t parity = static_cast<int64_t>(s & 1);
   // Buffer `parity` (and result `parity`) were last used at step s-2: peers must have
@@ -259,26 +259,34 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, con
       TORCH_INTERNAL_ASSERT(false, "ShmAllReduce: on_mismatch returned instead of throwing");
     }
   }
+  return parity;
+}
 
+template <typename P, typename Acc, typename Out>
+void ShmAllReduce::sum_ranks(int64_t parity, int64_t lo, int64_t hi, Out* out) const {
   std::vector<const P*> in(world_);
   for (int64_t r = 0; r < world_; ++r) in[r] = static_cast<const P*>(data(r, parity));
-  // Sums [lo, hi) over ranks 0..world-1, in that order, into out (same order on
-  // every rank and every element: the results are bitwise identical).
-  auto sum_into = [&](int64_t lo, int64_t hi, auto* out) {
-    Acc acc[kBlock];
-    for (int64_t b = lo; b < hi; b += kBlock) {
-      const int64_t m = std::min(kBlock, hi - b);
-      const P* __restrict first = in[0] + b;
-      for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<Acc>(first[i]);
-      for (int64_t r = 1; r < world_; ++r) {
-        const P* __restrict src = in[r] + b;
-        for (int64_t i = 0; i < m; ++i) acc[i] += static_cast<Acc>(src[i]);
-      }
-      for (int64_t i = 0; i < m; ++i) out[b + i] = static_cast<std::remove_pointer_t<decltype(out)>>(acc[i]);
+  // Ranks 0..world-1 in that order for every element, on every rank: the results are
+  // bitwise identical whichever rank computes them.
+  Acc acc[kBlock];
+  for (int64_t b = lo; b < hi; b += kBlock) {
+    const int64_t m = std::min(kBlock, hi - b);
+    const P* __restrict first = in[0] + b;
+    for (int64_t i = 0; i < m; ++i) acc[i] = static_cast<Acc>(first[i]);
+    for (int64_t r = 1; r < world_; ++r) {
+      const P* __restrict src = in[r] + b;
+      for (int64_t i = 0; i < m; ++i) acc[i] += static_cast<Acc>(src[i]);
     }
-  };
+    for (int64_t i = 0; i < m; ++i) out[b - lo + i] = static_cast<Out>(acc[i]);
+  }
+}
+
+template <typename T, typename P, typename Acc>
+void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fp,
+                        const OnMismatch& on_mismatch) {
+  const int64_t parity = publish<T, P>(values, n, op, fp, on_mismatch);
   if (!two_shot) {
-    sum_into(0, n, values);
+    sum_ranks<P, Acc>(parity, 0, n, values);
   } else {
     // Slices are whole 64-byte lines so two owners never write one cache line.
     constexpr int64_t kAlign = 64 / sizeof(P);
@@ -287,16 +295,59 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, con
     const int64_t lo = std::min(n, rank_ * slice);
     const int64_t hi = std::min(n, lo + slice);
     P* res = static_cast<P*>(result(parity));
-    sum_into(lo, hi, res);
-    flag(rank_, kReduced).store(s, std::memory_order_release);
-    wait_peers(kReduced, s, "publish its reduced slice", op);
+    sum_ranks<P, Acc>(parity, lo, hi, res + lo);
+    flag(rank_, kReduced).store(seq_, std::memory_order_release);
+    wait_peers(kReduced, seq_, "publish its reduced slice", op);
     if constexpr (std::is_same_v<T, P>) {
       if (n > 0) std::memcpy(values, res, static_cast<size_t>(n) * sizeof(P));
     } else {
       for (int64_t i = 0; i < n; ++i) values[i] = static_cast<T>(res[i]);
     }
   }
-  flag(rank_, kDone).store(s, std::memory_order_release);
+  flag(rank_, kDone).store(seq_, std::memory_order_release);
+}
+
+template <typename T, typename Acc>
+void ShmAllReduce::reduce_scatter_typed(const T* values, int64_t n, int64_t lo, int64_t hi, T* out, const char* op,
+                                        const Fingerprint* fp, const OnMismatch& on_mismatch) {
+  const int64_t capacity = kBufferBytes / static_cast<int64_t>(sizeof(T));
+  // At least one step, so the fingerprint is compared even for an empty tensor.
+  for (int64_t offset = 0; offset == 0 || offset < n; offset += capacity) {
+    const int64_t len = std::min(capacity, n - offset);
+    const int64_t parity = publish<T, T>(values + offset, len, op, offset == 0 ? fp : nullptr, on_mismatch);
+    // This rank's range within the chunk: the only part of the peers' data it reads.
+    const int64_t a = std::max(lo, offset);
+    const int64_t b = std::min(hi, offset + len);
+    if (a < b) sum_ranks<T, Acc>(parity, a - offset, b - offset, out + (a - lo));
+    flag(rank_, kDone).store(seq_, std::memory_order_release);
+  }
+}
+
+void ShmAllReduce::reduce_scatter(const at::Tensor& flat, int64_t lo, int64_t hi, at::Tensor& out, const char* op,
+                                  const Fingerprint* fp, const OnMismatch& on_mismatch) {
+  what_ = "shm_reduce_scatter";
+  check_usable(op);
+  TORCH_INTERNAL_ASSERT(flat.is_contiguous() && out.is_contiguous() && flat.scalar_type() == out.scalar_type() &&
+                        0 <= lo && lo <= hi && hi <= flat.numel() && out.numel() == hi - lo);
+  const int64_t n = flat.numel();
+  switch (flat.scalar_type()) {
+    case at::kFloat:
+      reduce_scatter_typed<float, float>(flat.data_ptr<float>(), n, lo, hi, out.data_ptr<float>(), op, fp, on_mismatch);
+      break;
+    case at::kDouble:
+      reduce_scatter_typed<double, double>(flat.data_ptr<double>(), n, lo, hi, out.data_ptr<double>(), op, fp,
+                                           on_mismatch);
+      break;
+    case at::kBFloat16:
+      reduce_scatter_typed<c10::BFloat16, float>(flat.data_ptr<c10::BFloat16>(), n, lo, hi,
+                                                 out.data_ptr<c10::BFloat16>(), op, fp, on_mismatch);
+      break;
+    case at::kHalf:
+      reduce_scatter_typed<c10::Half, float>(flat.data_ptr<c10::Half>(), n, lo, hi, out.data_ptr<c10::Half>(), op, fp,
+                                             on_mismatch);
+      break;
+    default: TORCH_INTERNAL_ASSERT(false, "ShmAllReduce::reduce_scatter: unsupported dtype ", flat.scalar_type());
+  }
 }
 
 template <typename T, typename P, typename Acc>

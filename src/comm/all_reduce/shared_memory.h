@@ -53,6 +53,17 @@ class ShmAllReduce {
   void run(at::Tensor& t, bool two_shot, bool bf16_wire, const char* op, const Fingerprint* fingerprint = nullptr,
            const OnMismatch& on_mismatch = {});
 
+  /// Reduce-scatter: the sum over all ranks of `flat` (contiguous, [n], a dtype run
+  /// takes), of which this rank keeps only elements [lo, hi), written to `out`
+  /// ([hi - lo], same dtype). Each rank publishes its input and reads only its own
+  /// range from every peer, so it receives (world - 1) * (hi - lo) elements instead of
+  /// the whole sum; the ranks' ranges may differ in length, or be empty. Sums run
+  /// over ranks 0..world-1 in order in fp32 (fp64 for float64), as run() does, so each
+  /// element is bitwise what the all-reduce gives. `fingerprint` / `on_mismatch`: as
+  /// for run().
+  void reduce_scatter(const at::Tensor& flat, int64_t lo, int64_t hi, at::Tensor& out, const char* op,
+                      const Fingerprint* fingerprint = nullptr, const OnMismatch& on_mismatch = {});
+
   /// Only compares `fingerprint` across the ranks (one step of the protocol, no data),
   /// for collectives that run over the process group.
   void exchange(const Fingerprint& fingerprint, const char* op, const OnMismatch& on_mismatch);
@@ -74,12 +85,25 @@ class ShmAllReduce {
   /// them is gone (its workspace destroyed, or its process exited).
   void wait_peers(Slot slot, uint64_t target, const char* waiting_for, const char* op);
   // T: the tensor's element type; P: what travels through the segment; Acc: the sum's.
+  /// Starts a step: waits until this parity's buffers are free, writes `values` (and
+  /// the fingerprint) into this rank's buffer, waits for every peer's, compares the
+  /// fingerprints. Returns the step's buffer parity.
+  template <typename T, typename P>
+  int64_t publish(const T* values, int64_t n, const char* op, const Fingerprint* fingerprint,
+                  const OnMismatch& on_mismatch);
+  /// Sums elements [lo, hi) of every rank's published buffer into out[0, hi - lo).
+  template <typename P, typename Acc, typename Out>
+  void sum_ranks(int64_t parity, int64_t lo, int64_t hi, Out* out) const;
   template <typename T, typename P, typename Acc>
   void step(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
             const OnMismatch& on_mismatch);
   template <typename T, typename P, typename Acc>
   void run_typed(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
                  const OnMismatch& on_mismatch);
+
+  template <typename T, typename Acc>
+  void reduce_scatter_typed(const T* values, int64_t n, int64_t lo, int64_t hi, T* out, const char* op,
+                            const Fingerprint* fingerprint, const OnMismatch& on_mismatch);
 
   int64_t rank_;
   int64_t world_;

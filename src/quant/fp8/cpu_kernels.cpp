@@ -1,5 +1,6 @@
-// The FP8 CPU GEMM: decode a chunk of weight rows, multiply it (see cpu_kernels.h
-// for why not an ATen op).
+// The FP8 CPU kernels' dispatcher (validates, packs x, threads over N with ATen's pool,
+// picks the ISA) and the portable scalar kernel, which is the reference the SIMD ones
+// are tested against and the path of CPUs without AVX2.
 
 #include "quant/fp8/cpu_kernels.h"
 
@@ -10,13 +11,18 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/cpu_features.h"
 
 namespace tp::detail {
 
 namespace {
 
-// Every E4M3 bit pattern as a float, decoded once by c10's own conversion (so the
-// kernel agrees bit for bit with tensor.to(float), NaN patterns included).
+// Every E4M3 bit pattern as a float, decoded by c10's own conversion.
 const std::array<float, 256>& e4m3_table() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
@@ -29,55 +35,246 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-// Weight rows per chunk: ~8 MB of float32 (the decoded chunk is read M times by the
-// GEMM, so it should stay in L2/L3), at least 16 rows.
-int64_t chunk_rows(int64_t n, int64_t k) {
-  const int64_t budget_floats = (8 << 20) / 4;
-  return std::clamp<int64_t>(budget_floats / std::max<int64_t>(k, 1), 16, std::max<int64_t>(n, 16));
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// Rows per unit of work handed to a thread: a multiple of every kernel's row blocking
+// (GEMV 4 rows, microkernels 3 / 6, panels 24), so no thread's range splits a panel.
+constexpr int64_t kUnitRows = 24;
+
+// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
+// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
+// cores run other work too) then delays the call by one grab, where a static split
+// makes every call wait for its slowest thread's whole share.
+template <class F>
+void parallel_units(int64_t units, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
+  if (threads <= 1 || at::in_parallel_region()) {
+    f(0, units);
+    return;
+  }
+  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
+  });
 }
 
 }  // namespace
 
-at::Tensor fp8_linear_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group) {
-  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous());
-  TORCH_INTERNAL_ASSERT(w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.size(1) == x.size(1));
-  TORCH_INTERNAL_ASSERT(group >= 1);
+void fp8_pack_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t chunk, int64_t ld_xp, float* xp) {
+  const int64_t kpad = round_up(k, chunk);
+  const int64_t lanes = chunk / 4;
+  for (int64_t i = 0; i < m; ++i) {
+    const float* src = x + i * ld_x;
+    float* dst = xp + i * ld_xp;
+    for (int64_t base = 0; base < kpad; base += chunk) {
+      // Lane j of decoded vector v (0..3) of a chunk holds the chunk's column
+      // (v / 2) * 2 * lanes + 2j + v % 2: even columns, odd columns, of each half.
+      const bool whole = base + chunk <= k;
+      for (int64_t v = 0; v < 4; ++v) {
+        const int64_t first = base + (v / 2) * 2 * lanes + v % 2;
+        float* out = dst + base + v * lanes;
+        if (whole) {
+          for (int64_t j = 0; j < lanes; ++j) out[j] = src[first + 2 * j];
+        } else {
+          for (int64_t j = 0; j < lanes; ++j) out[j] = first + 2 * j < k ? src[first + 2 * j] : 0.0f;
+        }
+      }
+    }
+  }
+}
+
+void fp8_decode_scalar(const uint8_t* codes, int64_t count, float scale, bool, float* out) {
+  const auto& table = e4m3_table();
+  for (int64_t i = 0; i < count; ++i) out[i] = table[codes[i]] * scale;
+}
+
+void fp8_gemm_scalar(const float* x, int64_t m, int64_t ld_x, const Fp8WeightView& w, float* y, int64_t ld_y,
+                     int64_t n0, int64_t n1) {
+  // Each row decoded (w_deq = float(code) * scale, as dequantize_weight computes it),
+  // then dotted with every row of x in float32.
+  std::vector<float> row(static_cast<size_t>(w.k));
+  const int64_t groups = (w.k + w.group - 1) / w.group;
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint8_t* src = w.codes + r * w.ld;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * w.group, c1 = std::min(w.k, c0 + w.group);
+      fp8_decode_scalar(src + c0, c1 - c0, w.scale[r * w.scale_ld + g], true, row.data() + c0);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * ld_x;
+      float acc = 0.0f;
+      for (int64_t c = 0; c < w.k; ++c) acc += xi[c] * row[static_cast<size_t>(c)];
+      y[i * ld_y + r] = acc;
+    }
+  }
+}
+
+bool fp8_has_nan_codes(const at::Tensor& codes) {
+  TORCH_CHECK_VALUE(codes.scalar_type() == at::kFloat8_e4m3fn || codes.scalar_type() == at::kByte,
+                    "fp8_has_nan_codes: expected float8_e4m3fn or uint8 codes; got ", codes.scalar_type());
+  const at::Tensor c = codes.contiguous();
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  const int64_t count = c.numel();
+  // A parallel OR over the codes; NaN is 0x7f / 0xff (every low bit set).
+  return at::parallel_reduce(
+      0, count, int64_t{1} << 20, false,
+      [&](int64_t b, int64_t e, bool found) {
+        if (found) return true;
+        uint8_t all = 0;
+        for (int64_t i = b; i < e; ++i) all |= static_cast<uint8_t>((p[i] & 0x7f) == 0x7f);
+        return all != 0;
+      },
+      [](bool a, bool b) { return a || b; });
+}
+
+namespace {
+
+constexpr float kE4m3Max = 448.0f;
+
+// clamp(v, -448, 448) as at::clamp computes it (NaN passes through), rounded to E4M3 by
+// c10's conversion, decoded back to float.
+float e4m3_round(float v) {
+  const float c = v != v ? v : std::min(std::max(v, -kE4m3Max), kE4m3Max);
+  return static_cast<float>(c10::Float8_e4m3fn(c));
+}
+
+// at::amax of |x| over [begin, end): NaN if any element is NaN.
+float abs_max(const float* x, int64_t n) {
+  float m = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    nan |= a != a;
+    m = a > m ? a : m;
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
+// The scale of an amax as fp8.cpp's scale_of: amax / 448 where amax > 0 (a NaN amax is
+// not), 1 elsewhere.
+float scale_of(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
+
+void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = e4m3_round(x[i] / scale) * scale;
+}
+
+}  // namespace
+
+at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      "fp8_fake_quant_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ", dtype);
+  const at::Tensor xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1);
+  at::Tensor out = at::empty({m, k}, xc.options().dtype(at::kFloat));
+  float* dst = out.data_ptr<float>();
+  const auto rows = [&](int64_t i0, int64_t i1) {
+    // A reduced-precision row is widened first (exactly, as x.to(float) does).
+    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xi = nullptr;
+      if (dtype == at::kFloat) {
+        xi = xc.data_ptr<float>() + i * k;
+      } else if (dtype == at::kBFloat16) {
+        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      } else {
+        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      }
+      float* oi = dst + i * k;
+      switch (kind) {
+        case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;
+        case Fp8Activation::kPerToken: fake_quant_span(xi, k, scale_of(abs_max(xi, k)), oi); break;
+        case Fp8Activation::kGroup128:
+          for (int64_t c = 0; c < k; c += 128) {
+            const int64_t len = std::min<int64_t>(128, k - c);
+            fake_quant_span(xi + c, len, scale_of(abs_max(xi + c, len)), oi + c);
+          }
+          break;
+      }
+    }
+  };
+  // Rows in parallel only when there are enough of them to pay for a parallel region.
+  if (m * k >= (int64_t{1} << 20)) {
+    parallel_units(m, rows);
+  } else {
+    rows(0, m);
+  }
+  return out;
+}
+
+at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
+                          bool nan_codes, CpuIsa isa) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+                    "fp8_linear_cpu: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ", x.scalar_type(),
+                    " on ", x.device());
+  TORCH_CHECK_VALUE(
+      w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() && w.size(1) == x.size(1),
+      "fp8_linear_cpu: w must be a float8_e4m3fn [N, K] CPU tensor with K = ", x.size(1), "; got ", w.sizes(), " ",
+      w.scalar_type());
+  TORCH_CHECK_VALUE(group >= 1, "fp8_linear_cpu: group must be >= 1; got ", group);
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
   const int64_t groups = (k + group - 1) / group;
-  TORCH_INTERNAL_ASSERT(scale.dim() == 2 && scale.size(0) == n && scale.size(1) == groups &&
-                        scale.scalar_type() == at::kFloat);
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.size(0) == n &&
+                        scale.size(1) == std::max<int64_t>(groups, 1),
+                    "fp8_linear_cpu: scale must be float32 [", n, ", ", std::max<int64_t>(groups, 1), "]; got ",
+                    scale.sizes(), " ", scale.scalar_type());
+  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), "fp8_linear_cpu: ISA ", to_string(isa),
+                    " is not supported by this CPU (", cpu_features().describe(), ")");
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   if (k == 0) return y.zero_();
+
+  const at::Tensor xc = x.contiguous();
   const at::Tensor wc = w.contiguous();
   const at::Tensor sc = scale.contiguous();
-  const auto* w_bits = reinterpret_cast<const uint8_t*>(wc.data_ptr());
-  const float* s = sc.data_ptr<float>();
-  const auto& table = e4m3_table();
-  const int64_t rows = std::min(chunk_rows(n, k), n);
-  at::Tensor chunk = at::empty({rows, k}, x.options());
-  float* buffer = chunk.data_ptr<float>();
-  // Chunk by chunk: the rows are decoded in parallel (with their scales folded in),
-  // then one BLAS call with ATen's own threading multiplies the chunk. Few, large
-  // BLAS calls: per-thread small GEMMs inside a parallel region were measured 10-100x
-  // slower on a loaded 2-core VM (every call paid for OpenMP barriers).
-  for (int64_t n0 = 0; n0 < n; n0 += rows) {
-    const int64_t nr = std::min(rows, n - n0);
-    at::parallel_for(0, nr, 8, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* src = w_bits + (n0 + r) * k;
-        const float* row_scale = s + (n0 + r) * groups;
-        float* dst = buffer + r * k;
-        for (int64_t g = 0; g < groups; ++g) {
-          const float sg = row_scale[g];
-          const int64_t k1 = std::min(k, (g + 1) * group);
-          for (int64_t c = g * group; c < k1; ++c) dst[c] = table[src[c]] * sg;
-        }
-      }
+  Fp8WeightView view;
+  view.codes = static_cast<const uint8_t*>(wc.data_ptr());
+  view.n = n;
+  view.k = k;
+  view.ld = k;
+  view.scale = sc.data_ptr<float>();
+  view.scale_ld = sc.size(1);
+  view.group = std::min(group, k);  // one group of k: the kernels' "one scale per row"
+  view.nan_codes = nan_codes;
+
+  const int64_t chunk = isa == CpuIsa::kAvx512 ? kFp8ChunkAvx512 : kFp8ChunkAvx2;
+  // The SIMD kernels keep a scale group within whole chunks; a group size that is not
+  // a multiple of the chunk (no format has one) takes the scalar kernel.
+  if (isa != CpuIsa::kScalar && view.group < k && view.group % chunk != 0) isa = CpuIsa::kScalar;
+  float* out = y.data_ptr<float>();
+  const int64_t units = (n + kUnitRows - 1) / kUnitRows;
+  const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
+  if (isa == CpuIsa::kScalar) {
+    const float* xs = xc.data_ptr<float>();
+    parallel_units(units, [&](int64_t b, int64_t e) {
+      const auto [n0, n1] = rows(b, e);
+      fp8_gemm_scalar(xs, m, k, view, out, n, n0, n1);
     });
-    y.narrow(1, n0, nr).copy_(at::mm(x, chunk.narrow(0, 0, nr).t()));
+    return y;
   }
+  // Packed rows 16 floats longer than the padded K: rows a multiple of 4 KB apart
+  // would share L1 sets in the microkernels.
+  const int64_t kpad = round_up(k, chunk), ld_xp = kpad + 16;
+  at::Tensor xp = at::empty({m, ld_xp}, x.options());
+  fp8_pack_x(xc.data_ptr<float>(), m, k, k, chunk, ld_xp, xp.data_ptr<float>());
+  const float* xps = xp.data_ptr<float>();
+  const auto kernel = isa == CpuIsa::kAvx512 ? &fp8_gemm_avx512 : &fp8_gemm_avx2;
+  parallel_units(units, [&](int64_t b, int64_t e) {
+    const auto [n0, n1] = rows(b, e);
+    kernel(xps, m, ld_xp, view, out, n, n0, n1);
+  });
   return y;
+}
+
+at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
+                          bool nan_codes) {
+  return fp8_linear_cpu(x, w, scale, group, nan_codes, cpu_isa());
 }
 
 }  // namespace tp::detail

@@ -1,34 +1,115 @@
 #pragma once
-// Private: the CPU GEMM of the three FP8 formats (fp8.cpp is the only caller).
+// Private: tp's own CPU kernels for the FP8 E4M3 weights of fp8_tensor, fp8_channel and
+// fp8_block. The E4M3 decode is fused into the GEMV / GEMM: the weight is read as one
+// byte per element and never copied to float32 whole.
 //
-// Why not an ATen op: on the CPUs we run on (x86 without AVX-512 FP16/AMX), the ops
-// that take FP8 operands convert element by element through c10::Float8_e4m3fn, and
-// are far slower than the float32 GEMM they end in. Measured on the development VM
-// (2 shared cores, heavily loaded; 4096 x 11008, torch 2.11), per call:
-//                                            M=1       M=16      M=256
-//   at::linear float32                      20-74 ms  240-450   0.8-1.7 s
-//   at::linear bfloat16                     30-40 ms   43-53    0.28-0.35 s
-//   at::_scaled_mm (fp8 x fp8, unit scales)  2300 ms   2900     3.5 s
-//   dequantize with .to(float) + at::linear  1390 ms   1700     2.9 s
-//   fp8_linear_f32 (this kernel)            84-126 ms  840-1040 1.8-1.9 s
-// So every FP8 format takes this path instead: the weight is decoded chunk by chunk
-// (~8 MB of float32 rows, in parallel) through a 256-entry table, with its scales
-// folded in, and each chunk is multiplied by one BLAS call (at::mm). The weight stays
-// FP8 in memory (1 byte per element), and the arithmetic is that of the float64
-// reference up to float32 accumulation. At M=1 the decode dominates; at larger M the
-// BLAS calls (one per chunk) do, and on a loaded machine every multi-threaded BLAS
-// call pays for its OpenMP barriers, which is why chunks are large.
+// Decode. An E4M3 code b (sign s, exponent e, mantissa m) is, with its 7 low bits moved
+// one place right into a 16-bit word, the float16 bit pattern of b's value / 256 (the
+// two formats differ only in exponent bias, 15 - 7 = 8, and float16 subnormals cover
+// E4M3 subnormals exactly):
+//   h = ((b << 8) >>arith 1) & 0xBF80         (2 integer ops on 16-bit lanes)
+//   float(b) = cvtph2ps(h) * 256              (F16C; exact)
+// so one 256-bit load of 32 codes is 32 float16 words after an arithmetic shift and a
+// mask (odd codes) or a shift more (even codes), then four float vectors through
+// vcvtph2ps. The two NaN codes (0x7f, 0xff) would decode to +-480 that way: where a
+// weight holds them (Fp8WeightView::nan_codes, checked once when the weight is
+// prepared) a variant of the decode turns them into the float16 NaN whose float32 is
+// exactly c10's (0x7ff00000 | sign). Every code decodes bit for bit as
+// c10::Float8_e4m3fn -> float does (the tests check all 256).
+//
+// Order. The decode yields the even codes of a chunk in one vector and the odd ones in
+// the next; instead of shuffling every weight chunk back, the activations are permuted
+// once per call into that order ("packed x", fp8_pack_x): a dot product does not care
+// about the order of its terms.
+//
+// Kernels (per ISA, in cpu_kernels_avx2.cpp / cpu_kernels_avx512.cpp):
+// - M = 1: GEMV over 4 weight rows at a time, decoded in registers; the row (or 128-
+//   column block) scale multiplies each row's partial sum, so per weight byte the
+//   kernel spends a fraction of an integer op, a conversion and an FMA, and runs at
+//   the memory's read bandwidth.
+// - M >= 2: a panel of 24 weight rows x 512 (AVX2) / 1024 (AVX-512) columns is decoded
+//   once into an L2-resident float32 buffer with its scales folded in (w_deq exactly as
+//   dequantize_weight computes it: float(code) * scale), then a register-blocked
+//   microkernel (4 x-rows x 3 / 6 weight rows, vectors along K) multiplies every M row
+//   with it; partial sums are reduced into y after each panel.
+// The scalar kernel (cpu_kernels.cpp) is the portable reference and the fallback.
 
 #include <cstdint>
 
-#include <ATen/core/Tensor.h>
+namespace at {
+class Tensor;
+}
 
 namespace tp::detail {
 
-/// y = x w_deq^T, where w_deq[n, k] = float(w[n, k]) * scale[n, k / group].
-/// x: [M, K] float32 contiguous (activations, already quantized-dequantized);
-/// w: [N, K] float8_e4m3fn; scale: [N, ceil(K / group)] float32; group >= 1 (K for a
-/// single scale per row). Returns [M, N] float32.
-at::Tensor fp8_linear_f32(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group);
+enum class CpuIsa;
+
+/// An FP8 E4M3 weight as the kernels read it (a view; the caller owns the memory):
+///   w_deq[r, c] = float(e4m3(codes[r * ld + c])) * scale[r * scale_ld + c / group]
+struct Fp8WeightView {
+  const uint8_t* codes = nullptr;  ///< [n, k] E4M3 bit patterns, row stride ld
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t ld = 0;
+  const float* scale = nullptr;  ///< [n, ceil(k / group)], row stride scale_ld
+  int64_t scale_ld = 0;
+  int64_t group = 0;       ///< columns per scale: 128 (fp8_block), or >= k (one per row)
+  bool nan_codes = false;  ///< some code is 0x7f / 0xff: the NaN-exact decode must run
+};
+
+/// Columns per packed chunk of x for the AVX2 (32) and AVX-512 (64) kernels.
+constexpr int64_t kFp8ChunkAvx2 = 32;
+constexpr int64_t kFp8ChunkAvx512 = 64;
+
+/// x [m, k] (row stride ld_x) -> xp [m, round_up(k, chunk)] (row stride ld_xp) in the
+/// chunk order of the SIMD decode (chunk = kFp8ChunkAvx2 or kFp8ChunkAvx512), zero
+/// padded to round_up(k, chunk).
+void fp8_pack_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t chunk, int64_t ld_xp, float* xp);
+
+// The per-ISA kernels: y[i, r] = sum_c x[i, c] w_deq[r, c] for i < m, r in [n0, n1).
+// The SIMD kernels take x packed for their chunk (row stride ld_xp >= round_up(k,
+// chunk)); the scalar one takes x as is. w.group must be >= w.k or a multiple of the
+// chunk. Each writes only its own columns of y, so threads can split [0, n).
+void fp8_gemm_scalar(const float* x, int64_t m, int64_t ld_x, const Fp8WeightView& w, float* y, int64_t ld_y,
+                     int64_t n0, int64_t n1);
+void fp8_gemm_avx2(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
+                   int64_t n0, int64_t n1);
+void fp8_gemm_avx512(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
+                     int64_t n0, int64_t n1);
+
+// out[i] = float(e4m3(codes[i])) * scale for i < count, in order: the decode and scale
+// fold the kernels use (the GEMM panels' exactly), bit for bit c10's conversion times
+// scale with one float32 rounding. Without nan_codes, the NaN codes (0x7f, 0xff)
+// decode to garbage; every other code decodes the same either way.
+void fp8_decode_scalar(const uint8_t* codes, int64_t count, float scale, bool nan_codes, float* out);
+void fp8_decode_avx2(const uint8_t* codes, int64_t count, float scale, bool nan_codes, float* out);
+void fp8_decode_avx512(const uint8_t* codes, int64_t count, float scale, bool nan_codes, float* out);
+
+/// Whether any code of `codes` (float8_e4m3fn or uint8, any shape) is a NaN (0x7f,
+/// 0xff); computed once when a weight is prepared, for Fp8WeightView::nan_codes.
+bool fp8_has_nan_codes(const at::Tensor& codes);
+
+/// How an FP8 format quantizes activations (see src/quant/fp8.cpp): static with the
+/// layer's input_scale (fp8_tensor), per token (fp8_channel), per 1x128 group along K
+/// (fp8_block).
+enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
+
+/// The activations' quantize-dequantize, bit for bit what quantize_activation computes
+/// (scale = amax / 448, or 1 for an all-zero token / group; x / scale clamped to +-448,
+/// rounded to E4M3, times scale), in one pass of plain C++ instead of ~10 ATen ops,
+/// each of which would open a parallel region. x: [M, K] float32, bfloat16 or float16
+/// (widened exactly first, as x.to(float) does); input_scale: the static scale
+/// (kStatic only). Returns [M, K] float32.
+at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale = 1.0f);
+
+/// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
+/// x: [M, K] float32 (the activations, already quantized-dequantized as
+/// quantize_activation does); w: [N, K] float8_e4m3fn; scale: [N, ceil(K / group)]
+/// float32; nan_codes: fp8_has_nan_codes(w). Returns [M, N] float32.
+at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
+                          bool nan_codes, CpuIsa isa);
+/// The same at cpu_isa().
+at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
+                          bool nan_codes);
 
 }  // namespace tp::detail

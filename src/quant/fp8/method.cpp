@@ -5,24 +5,29 @@
 //   fp8_tensor   weight f8 [N,K], weight_scale f32 [], input_scale []  static: fp8(x / input_scale)
 //   fp8_channel  weight f8 [N,K], weight_scale f32 [N,1]               dynamic per token: amax(row) / 448
 //   fp8_block    weight f8 [N,K], weight_scale_inv [ceil(N/128),       dynamic 1x128 groups along K
-//                ceil(K/128)] (DeepSeek-V3: w = w_f8 * scale_inv)
+//                ceil(K/128)] (DeepSeek-V3: w = w_f8 * scale_inv; compressed-tensors
+//                names the same tensor weight_scale: QuantConfig::block_scale_name)
 //
 // Inside a layer, every format keeps its weight scales PER LOCAL ROW, in the kernel's
 // layout, registered under the checkpoint's name:
 //   fp8_tensor   weight_scale     [out_local, 1]
 //   fp8_channel  weight_scale     [out_local, 1]            (the checkpoint's own shape)
-//   fp8_block    weight_scale_inv [out_local, ceil(in_local / 128)]
+//   fp8_block    weight_scale_inv [out_local, ceil(in_local / 128)]   (or weight_scale, as configured)
 // plus fp8_tensor's input_scale []. Per-row scales make every concatenation exact: a
 // fused QKV whose q, k, v tensors each have their own per-tensor scale, or a fused
 // gate|up whose segments are not multiples of 128 (gate=1000: up's first row sits in
 // the middle of a local 128-row block) - a local block grid could express neither.
 // The cost is out_local * ceil(K/128) floats (~3% of the FP8 weight at K=4096).
 //
-// CPU kernel (all three formats): fp8_linear_f32 in cpu_kernels.cpp - weight chunks
-// decoded to float32 with the scales folded in, then BLAS; activations are
-// quantized-dequantized by the same functions quantize_activation uses, so the layer
-// and the float64 reference see identical activations. cpu_kernels.h has the
-// measurements that rule out at::_scaled_mm and a dequantize-then-linear on CPU.
+// CPU kernels (all three formats): tp's own, in cpu_kernels.h (AVX2 / AVX-512 / scalar,
+// chosen at run time): the E4M3 decode fused into the GEMV / GEMM, the weight read as
+// one byte per element. The activations are quantized-dequantized by
+// fp8_fake_quant_cpu, one C++ pass that is bit for bit the ATen functions below
+// (which quantize_activation, the reference, uses), so the layer and the float64
+// reference see identical activations. finalize() notes whether the weight holds NaN
+// codes (the kernels then decode them exactly); a weight changed in place after
+// finalize() (its version counter moved) takes the NaN-exact decode until the next
+// finalize().
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -109,9 +114,11 @@ const at::Tensor& find(const QuantizedTensors& tensors, const char* suffix, cons
   return it->second;
 }
 
-// The name of the weight scale tensor of `format` in checkpoints and in the layer.
-const char* scale_name(QuantFormat format) {
-  return format == QuantFormat::kFp8Block ? "weight_scale_inv" : "weight_scale";
+// The name of the weight scale tensor of `config` in checkpoints and in the layer:
+// fp8_block's is configurable (HF fine-grained FP8 "weight_scale_inv", compressed-tensors
+// "weight_scale"; both multiply).
+const char* scale_name(const QuantConfig& config) {
+  return config.format == QuantFormat::kFp8Block ? to_string(config.block_scale_name) : "weight_scale";
 }
 
 void check_scale_dtype(const std::string& layer, const TensorSource& source, const QuantConfig& config) {
@@ -125,7 +132,7 @@ class Fp8Method final : public QuantMethod {
  public:
   explicit Fp8Method(QuantConfig config) : config_(config) {}
 
-  std::string name() const override { return to_string(config_.format); }
+  std::string name() const override { return to_string(config_); }
   int64_t tp_alignment(ShardMode mode) const override { return fp8_alignment(config_, mode); }
   bool allows_partial_block(ShardMode) const override { return block(); }
 
@@ -138,7 +145,7 @@ class Fp8Method final : public QuantMethod {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
     weight_ = layer.register_parameter("weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
                                        /*requires_grad=*/false);
-    scale_ = layer.register_parameter(scale_name(config_.format), at::ones({out_local, groups()}, f32),
+    scale_ = layer.register_parameter(scale_name(config_), at::ones({out_local, groups()}, f32),
                                       /*requires_grad=*/false);
     if (config_.format == QuantFormat::kFp8PerTensor)
       input_scale_ = layer.register_parameter("input_scale", at::ones({}, f32), /*requires_grad=*/false);
@@ -151,12 +158,14 @@ class Fp8Method final : public QuantMethod {
     at::NoGradGuard no_grad;
     const auto q = quantize_fp8(random_linear_weight(weight_.size(0), weight_.size(1), global_in_features), config_);
     weight_.copy_(q.at("weight"));
-    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_.format)), weight_.size(0));
+    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_)), weight_.size(0));
     if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));
     finalize();
   }
 
   void finalize() override {
+    nan_codes_ = weight_.defined() && weight_.is_cpu() && weight_.numel() > 0 && fp8_has_nan_codes(weight_);
+    weight_version_ = version_of(weight_);
 #if TP_WITH_CUDA
     // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
     cuda_.reset();
@@ -186,7 +195,7 @@ class Fp8Method final : public QuantMethod {
                         ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ", k,
                         "] (weight is [out_features, in_features])");
       const int64_t n_all = wshape[0], k_all = wshape[1];
-      const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_.format), layer);
+      const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_), layer);
       check_scale_dtype(layer, ssrc, config_);
       check_scale_shape(layer, ssrc, n_all, k_all);
       at::Tensor input;
@@ -220,6 +229,7 @@ class Fp8Method final : public QuantMethod {
         options.scale_span = kBlock;  // one scale per 128 weight elements of the split dimension
       }
       const auto s = load_shard(ssrc, mode, part.range, options, layer).to(at::kFloat);
+      check_finite(s, ssrc, layer);
       // Local rows of this part, and the first of them inside its scale block.
       const int64_t rows = column ? part.range.size() : weight_.size(0);
       const int64_t first = column ? part.range.begin : 0;
@@ -233,9 +243,15 @@ class Fp8Method final : public QuantMethod {
 #if TP_WITH_CUDA
     if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias).to(dtype_);
 #endif
-    const at::Tensor x2d = x.reshape({-1, in_local_}).to(at::kFloat).contiguous();
-    const at::Tensor xq = fake_quant_activation(config_.format, x2d, input_scale_).contiguous();
-    at::Tensor y = fp8_linear_f32(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1));
+    at::Tensor x2d = x.reshape({-1, in_local_});
+    const auto xt = x2d.scalar_type();
+    if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
+    const at::Tensor xq =
+        fp8_fake_quant_cpu(x2d, activation_kind(), input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
+    // NaN-exact decode where the weight has NaN codes, or where it may have changed
+    // since finalize() looked.
+    const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
+    at::Tensor y = fp8_linear_cpu(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1), nan_codes);
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();
@@ -243,11 +259,28 @@ class Fp8Method final : public QuantMethod {
     return y.to(dtype_).reshape(shape);
   }
 
+  // The weight times its per-row scale (one per 128-column block of in_local for fp8_block).
+  at::Tensor dequantized_weight() const override {
+    const at::Tensor w = weight_.to(at::kFloat);
+    const at::Tensor s = block() ? scale_.repeat_interleave(kBlock, 1).narrow(1, 0, in_local_) : scale_;
+    return (w * s).to(dtype_);
+  }
+
   at::ScalarType activation_dtype() const override { return dtype_; }
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
   bool block() const { return config_.format == QuantFormat::kFp8Block; }
+  Fp8Activation activation_kind() const {
+    return config_.format == QuantFormat::kFp8PerTensor    ? Fp8Activation::kStatic
+           : config_.format == QuantFormat::kFp8PerChannel ? Fp8Activation::kPerToken
+                                                           : Fp8Activation::kGroup128;
+  }
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
   // Scale columns per local row: one, or one per 128-column block of in_local.
   int64_t groups() const { return block() ? ceil_div(in_local_, kBlock) : 1; }
 
@@ -295,9 +328,11 @@ class Fp8Method final : public QuantMethod {
   QuantConfig config_;
   at::ScalarType dtype_ = at::kFloat;
   int64_t in_local_ = 0;
-  at::Tensor weight_;       // [out_local, in_local] float8_e4m3fn, "weight"
-  at::Tensor scale_;        // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
-  at::Tensor input_scale_;  // [] float32, "input_scale" (fp8_tensor only)
+  at::Tensor weight_;            // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;             // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;       // [] float32, "input_scale" (fp8_tensor only)
+  bool nan_codes_ = false;       // finalize(): the weight holds a NaN code (0x7f / 0xff)
+  int64_t weight_version_ = -2;  // finalize(): weight_'s version counter then
 #if TP_WITH_CUDA
   std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
 #endif
@@ -344,7 +379,7 @@ QuantizedTensors quantize_fp8(const at::Tensor& weight, const QuantConfig& confi
       const auto padded = at::constant_pad_nd(w, {0, kb * kBlock - k, 0, nb * kBlock - n});
       const auto amax = padded.abs().reshape({nb, kBlock, kb, kBlock}).amax(at::IntArrayRef{1, 3});
       const auto s = scale_of(amax);  // [nb, kb]
-      return {{"weight", to_e4m3(w / expand_blocks(s, n, k))}, {"weight_scale_inv", s}};
+      return {{"weight", to_e4m3(w / expand_blocks(s, n, k))}, {scale_name(config), s}};
     }
     default: break;
   }
@@ -359,7 +394,7 @@ at::Tensor dequantize_fp8(const QuantizedTensors& tensors, const QuantConfig& co
                     ": 'weight' must be a float8_e4m3fn [out_features, in_features] tensor; got ", w.sizes(), " ",
                     w.scalar_type());
   const int64_t n = w.size(0), k = w.size(1);
-  const at::Tensor s = find(tensors, scale_name(config.format), config).to(at::kFloat);
+  const at::Tensor s = find(tensors, scale_name(config), config).to(at::kFloat);
   switch (config.format) {
     case QuantFormat::kFp8PerTensor:
       TORCH_CHECK_VALUE(s.numel() == 1 && s.dim() <= 1, to_string(config), ": 'weight_scale' must be [] or [1]; got ",
@@ -371,8 +406,8 @@ at::Tensor dequantize_fp8(const QuantizedTensors& tensors, const QuantConfig& co
       return w.to(at::kFloat) * s;
     case QuantFormat::kFp8Block:
       TORCH_CHECK_VALUE(s.sizes() == at::IntArrayRef({ceil_div(n, kBlock), ceil_div(k, kBlock)}), to_string(config),
-                        ": 'weight_scale_inv' must be [", ceil_div(n, kBlock), ", ", ceil_div(k, kBlock), "]; got ",
-                        s.sizes());
+                        ": '", scale_name(config), "' must be [", ceil_div(n, kBlock), ", ", ceil_div(k, kBlock),
+                        "]; got ", s.sizes());
       return w.to(at::kFloat) * expand_blocks(s, n, k);
     default: break;
   }

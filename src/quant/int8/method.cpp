@@ -8,23 +8,22 @@
 // slices weight along K and replicates weight_scale (its split dim has width 1).
 //
 // CPU kernels:
-// - int8_weight_only (W8A16): at::_weight_int8pack_mm(x, weight [N, K], scales [N]),
-//   which dequantizes inside the GEMM so the weight is read as int8. In torch 2.11 on
-//   the CPU only its bfloat16 path is vectorized (AVX512-BF16); the float32 and
-//   float16 paths are scalar loops, several times slower than at::linear in float32
-//   (tp-bench numbers in the closing note of issue 4). So, true to "A16", a float32
-//   layer runs the bfloat16 kernel: x is rounded to bfloat16 and the output
-//   converted back to float32. That adds ~2^-9 relative error, below the weight's own
-//   rounding (half a step of amax / 127 per channel). A float16 layer runs the exact
-//   float16 path (slow). With K not a multiple of 16 the reduced-precision paths
-//   crash in torch 2.11 (seen for K = 8, 33, 40): float32 then takes the exact float32
-//   op, the others the reference. Float64 layers and other devices take the
-//   reference: dequantize to the activation dtype, then at::matmul.
-// - int8_w8a8: x is quantized per token (scale = amax / 127, round to nearest, clamp
-//   to +-127, the same helper quantize_activation uses), at::_int_mm computes the
-//   exact int32 products (no shape rules on the CPU in torch 2.11), then
-//   y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
-//   Off the CPU the products go through a float32 matmul instead.
+// - int8_weight_only (W8A16): tp's own kernels (quant/int8/weight_only_cpu_kernels.h),
+//   which read the registered weight [N, K] in place (finalize() only converts the
+//   scales) and choose the ISA per call (scalar, AVX2, AVX-512 by cpu_isa()). float32,
+//   bfloat16 and float16 layers run them: x is converted to float32 exactly, every
+//   product q * x is exact and only the float32 accumulation rounds (no rounding of x
+//   to bfloat16), any K. Float64 layers and other devices take the reference:
+//   dequantize to the activation dtype, then at::matmul.
+// - int8_w8a8: x is quantized per token (scale = amax / 127, round half to even, clamp
+//   to +-127: w8a8_quantize_per_token, bit for bit the ATen helper below that
+//   quantize_activation uses), tp's own kernels compute the exact int32 products
+//   (w8a8_kernels.h: AVX2 / AVX-VNNI / AVX-512 (VNNI) / scalar, chosen at run time),
+//   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
+//   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight changed
+//   in place since (its version counter moved) has them recomputed per call. K past
+//   kW8a8MaxK (int32 could overflow) takes at::_int_mm; off the CPU the products go
+//   through a float32 matmul.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -34,6 +33,8 @@
 #include <utility>
 
 #include "quant/int8/int8.h"
+#include "quant/int8/w8a8_kernels.h"
+#include "quant/int8/weight_only_cpu_kernels.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
 
@@ -95,7 +96,9 @@ class Int8Method final : public QuantMethod {
     const int64_t split = column ? 0 : 1;
     at::NoGradGuard no_grad;
     for (const auto& part : parts) {
-      if (part.range.size() == 0) continue;
+      // Every rank checks every tensor's metadata, its own shard empty or not, so a
+      // bad checkpoint fails on all ranks alike (issue 14, failure 3).
+      const bool empty = part.range.size() == 0;
       TORCH_INTERNAL_ASSERT(part.logical_size >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
       const int64_t n = column ? part.logical_size : n_;
       const int64_t k = column ? k_ : part.logical_size;
@@ -105,7 +108,8 @@ class Int8Method final : public QuantMethod {
                        " stores the weight as int8");
       TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
                         shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
-      weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
+      if (!empty)
+        weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
 
       const auto& s = checkpoint.get(part.prefix + ".weight_scale", layer);
       const auto sd = s.dtype();
@@ -115,16 +119,24 @@ class Int8Method final : public QuantMethod {
       TORCH_CHECK_VALUE(shape == std::vector<int64_t>({n, 1}) || shape == std::vector<int64_t>({n}), layer,
                         ": tensor '", s.name(), "' has shape ", shape_str(shape), "; expected [", n,
                         ", 1] (one scale per output channel)");
+      if (empty) continue;
       // COLUMN slices the scales with the rows; ROW replicates them (split dim of width 1, or 1-D along dim 1).
       const auto scale = load_shard(s, mode, part.range, {}, layer).reshape({-1, 1});
+      check_finite(scale, s, layer);
       weight_scale_.narrow(0, column ? part.local_offset : 0, column ? part.range.size() : n_).copy_(scale);
     }
   }
 
   void finalize() override {
-    // The weight-only kernel wants the scales 1-D in the activation dtype (bfloat16 for float32 layers too).
-    scales_bf16_ = weight_scale_.reshape({-1}).to(at::kBFloat16).contiguous();
-    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat);
+    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
+    row_sums_ = at::Tensor();
+    if (w8a8_ && weight_.is_cpu() && weight_.scalar_type() == at::kChar) row_sums_ = w8a8_row_sums(weight_);
+    weight_version_ = version_of(weight_);
+    // The weight-only CPU kernels read the registered weight itself (no copy).
+    cpu_wo_ = Int8WoCpuWeight{};
+    if (!w8a8_ && weight_.device().is_cpu() && weight_.scalar_type() == at::kChar && weight_.is_contiguous()) {
+      cpu_wo_ = int8_wo_cpu_pack(weight_, weight_scale_);
+    }
 #if TP_WITH_CUDA
     // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
     cuda_.reset();
@@ -144,24 +156,34 @@ class Int8Method final : public QuantMethod {
     at::Tensor y;
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
+    } else if (w8a8_ && x.device().is_cpu() && k_ <= kW8a8MaxK) {
+      const auto xt = x2.scalar_type();
+      const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
+      const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
+      const at::Tensor sums = version_of(weight_) == weight_version_ ? row_sums_ : at::Tensor();
+      y = w8a8_linear_cpu(q, x_scale, weight_, weight_row_scale_.reshape({-1}), sums).to(x.scalar_type());
     } else if (w8a8_) {
       const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
                                            : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
       y = (acc * x_scale * weight_row_scale_).to(x.scalar_type());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && x.scalar_type() == at::kFloat && k_ % 16 != 0) {
-      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kFloat).contiguous());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 &&
-               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
-      y = at::_weight_int8pack_mm(x2.to(at::kBFloat16), weight_, scales_bf16_).to(x.scalar_type());
-    } else if (x.device().is_cpu() && weight_.device().is_cpu() && k_ % 16 == 0 && x.scalar_type() == at::kHalf) {
-      y = at::_weight_int8pack_mm(x2, weight_, weight_scale_.reshape({-1}).to(at::kHalf).contiguous());
+    } else if (x.device().is_cpu() && cpu_wo_.codes.defined() &&
+               cpu_wo_.codes.const_data_ptr() == weight_.const_data_ptr() &&
+               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf)) {
+      // (The data pointer check: a weight replaced since finalize() takes the reference.)
+      y = int8_wo_cpu_linear(x2, cpu_wo_);
     } else {
       const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
       y = at::matmul(x2, w.t());
     }
     if (bias) y = y + *bias;
     return y.view(out_shape);
+  }
+
+  // weight * weight_scale per output channel (dequantize_int8), not the kernels' bfloat16 scales.
+  at::Tensor dequantized_weight() const override {
+    check_stored();
+    return (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(dtype_);
   }
 
   at::ScalarType activation_dtype() const override {
@@ -171,6 +193,12 @@ class Int8Method final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
+  // The tensor's version counter (bumped by every in-place write); -1 for tensors
+  // that have none (made under InferenceMode), which are then trusted as finalized.
+  static int64_t version_of(const at::Tensor& t) {
+    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  }
+
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
   // than compute with it.
   void check_stored() const {
@@ -188,8 +216,10 @@ class Int8Method final : public QuantMethod {
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
-  at::Tensor scales_bf16_;             // bf16 [N], for _weight_int8pack_mm
+  Int8WoCpuWeight cpu_wo_;             // weight-only CPU kernels: weight_ itself + f32 scales
   at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
+  at::Tensor row_sums_;                // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+  int64_t weight_version_ = -2;        // weight_'s version counter when finalize() ran
 };
 
 }  // namespace

@@ -16,6 +16,11 @@ namespace tp::detail {
 void UnquantizedMethod::create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
                                        const at::TensorOptions& options) {
   weight_ = layer.register_parameter("weight", at::empty({out_local, in_local}, options));
+  cpu_gemm_.bind(weight_);  // nothing to pack before reset_parameters or load fills it
+}
+
+void UnquantizedMethod::finalize() {
+  if (weight_.is_cpu()) cpu_gemm_.prepare(weight_);
 }
 
 void UnquantizedMethod::reset_parameters(int64_t global_in_features) {
@@ -33,8 +38,18 @@ void UnquantizedMethod::load(const Checkpoint& checkpoint, const std::vector<Wei
   for (const auto& part : parts) {
     const auto& source = checkpoint.get(part.prefix + ".weight", layer);
     const auto shape = source.shape();
-    TORCH_CHECK_VALUE(at::isFloatingType(source.dtype()), layer, ": tensor '", source.name(), "' has dtype ",
-                      source.dtype(), " but the layer's quant format is none, which loads floating-point weights");
+    // at::isFloatingType counts the float8 types too: their codes would be used as
+    // weights, without their scale (issue 14, failure 1).
+    const auto dtype = source.dtype();
+    TORCH_CHECK_VALUE(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                      layer, ": tensor '", source.name(), "' has dtype ", dtype,
+                      ", the codes of a quantized checkpoint, but the layer's quant format is none, which loads "
+                      "float64, float32, float16 or bfloat16 weights and would use those codes as weights. Build the "
+                      "layer with the format the checkpoint's config.json quantization_config names (quant=",
+                      at::isFloat8Type(dtype) ? "fp8_tensor, fp8_channel or fp8_block"
+                      : dtype == at::kChar    ? "int8_w8a8 or int8_weight_only"
+                                              : "...",
+                      ")");
     TORCH_CHECK_VALUE(shape.size() == 2 && shape[other] == weight_.size(other) &&
                           (part.logical_size < 0 || shape[split] == part.logical_size),
                       layer, ": tensor '", source.name(), "' has shape ", c10::IntArrayRef(shape), "; expected [",
@@ -56,6 +71,7 @@ at::Tensor UnquantizedMethod::apply(const at::Tensor& x, const std::optional<at:
     return cuda::linear(x, weight_, bias);
   }
 #endif
+  if (cpu_gemm_.serves(x)) return cpu_gemm_.linear(x, bias);
   return at::linear(x, weight_, bias);
 }
 

@@ -1,0 +1,63 @@
+#pragma once
+// LoadSession: loading a whole module tree from one checkpoint, strictly. Every
+// tensor the layers (and the caller's own code) read through session.checkpoint() is
+// recorded; finish() then reports the checkpoint tensors nothing read, on every rank.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/arg.h>
+
+#include "tp/comm/communicator.h"
+#include "tp/loader/checkpoint.h"
+#include "tp/loader/read_log.h"
+
+namespace tp {
+
+/// Options of a LoadSession.
+struct LoadSessionOptions {
+  /// {"*rotary_emb.inv_freq"}: the RoPE frequency buffers older transformers versions
+  /// saved; they are a function of config.json's RoPE parameters, recomputed by whoever
+  /// applies RoPE. Nothing else is skipped by default.
+  static std::vector<std::string> default_allow_unread();
+
+  /// Tensors that may stay unread: globs over whole names ('*' any run of characters,
+  /// dots included; '?' one character). Default: default_allow_unread().
+  /// Example: LoadSessionOptions().allow_unread({"*rotary_emb.inv_freq", "lm_head.weight"})
+  TORCH_ARG(std::vector<std::string>, allow_unread) = default_allow_unread();
+};
+
+/// One rank's load of a module tree. Per rank and per session, so ranks that run as
+/// threads can share one Checkpoint: each session records into its own log.
+/// Example:
+///   tp::LoadSession session(ckpt, comm);
+///   qkv->load_weights(session.checkpoint(), "model.layers.0.self_attn");
+///   o->load_weights(session.checkpoint(), "model.layers.0.self_attn.o_proj");
+///   auto norm = session.checkpoint().get("model.norm.weight").read_all();
+///   session.finish();   // every rank: error listing 'model.embed_tokens.weight', ... if unread
+class LoadSession {
+ public:
+  /// `comm` makes finish() collective (world 1: local).
+  explicit LoadSession(const Checkpoint& checkpoint, Communicator comm = Communicator(),
+                       LoadSessionOptions options = {});
+
+  /// The checkpoint to load from: the same tensors (shared, not copied), every get()
+  /// recorded in this session.
+  const Checkpoint& checkpoint() const { return view_; }
+  /// Names read so far, sorted.
+  std::vector<std::string> read() const;
+  /// Names no one has read and no allow_unread pattern matches, sorted.
+  std::vector<std::string> unread() const;
+  /// Throws (c10::ValueError) on every rank if unread() is not empty on any rank,
+  /// listing the unread tensors and how to allow them; returns otherwise. A collective
+  /// over the session's communicator: every rank must call it.
+  void finish() const;
+
+ private:
+  std::shared_ptr<ReadLog> log_;
+  Checkpoint view_;
+  Communicator comm_;
+};
+
+}  // namespace tp

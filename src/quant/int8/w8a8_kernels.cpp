@@ -1,0 +1,267 @@
+// The W8A8 CPU kernels' dispatcher (validates, packs x, threads over N with ATen's pool,
+// picks the code path) and the portable scalar kernel, the reference of the SIMD ones.
+
+#include "quant/int8/w8a8_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "common/cpu_features.h"
+
+namespace tp::detail {
+
+namespace {
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// Rows per unit of work handed to a thread: a multiple of every kernel's row tile
+// (2, 3, 4, 6, 8), so no thread's range splits one.
+constexpr int64_t kUnitRows = 24;
+
+// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
+// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
+// cores run other work too) then delays the call by one grab, where a static split
+// makes every call wait for its slowest thread's whole share.
+template <class F>
+void parallel_units(int64_t units, const F& f) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
+  if (threads <= 1 || at::in_parallel_region()) {
+    f(0, units);
+    return;
+  }
+  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
+  });
+}
+
+// Past these K the int32 sums could overflow (see the header).
+constexpr int64_t kMaxKVnni = 65536;
+constexpr int64_t kMaxK = kW8a8MaxK;
+
+bool is_vnni(W8a8Kernel kernel) { return kernel == W8a8Kernel::kAvx2Vnni || kernel == W8a8Kernel::kAvx512Vnni; }
+
+}  // namespace
+
+const char* to_string(W8a8Kernel kernel) {
+  switch (kernel) {
+    case W8a8Kernel::kScalar: return "scalar";
+    case W8a8Kernel::kAvx2: return "avx2";
+    case W8a8Kernel::kAvx2Vnni: return "avx2_vnni";
+    case W8a8Kernel::kAvx512: return "avx512";
+    case W8a8Kernel::kAvx512Vnni: return "avx512_vnni";
+  }
+  return "unknown";
+}
+
+bool w8a8_kernel_supported(W8a8Kernel kernel) {
+  const CpuIsa isa = cpu_isa();
+  const CpuFeatures& f = cpu_features();
+  switch (kernel) {
+    case W8a8Kernel::kScalar: return true;
+    case W8a8Kernel::kAvx2: return isa >= CpuIsa::kAvx2;
+    case W8a8Kernel::kAvx2Vnni: return isa >= CpuIsa::kAvx2 && f.avx_vnni;
+    case W8a8Kernel::kAvx512: return isa >= CpuIsa::kAvx512;
+    case W8a8Kernel::kAvx512Vnni: return isa >= CpuIsa::kAvx512 && f.avx512vnni;
+  }
+  return false;
+}
+
+W8a8Kernel w8a8_best_kernel() {
+  for (W8a8Kernel k : {W8a8Kernel::kAvx512Vnni, W8a8Kernel::kAvx512, W8a8Kernel::kAvx2Vnni, W8a8Kernel::kAvx2}) {
+    if (w8a8_kernel_supported(k)) return k;
+  }
+  return W8a8Kernel::kScalar;
+}
+
+void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offset, uint8_t* xp) {
+  const int64_t kpad = round_up(k, kW8a8KPad);
+  const uint8_t flip = offset ? 0x80 : 0x00;
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* src = q + i * ld_q;
+    uint8_t* dst = xp + i * kpad;
+    bool bad = false;
+    for (int64_t c = 0; c < k; ++c) {
+      bad |= src[c] == -128;
+      dst[c] = static_cast<uint8_t>(src[c]) ^ flip;
+    }
+    TORCH_CHECK_VALUE(!bad, "w8a8 kernels: activation row ", i,
+                      " holds -128; per-token int8 activations are quantized to -127..127");
+    for (int64_t c = k; c < kpad; ++c) dst[c] = flip;  // 0 (+ 128)
+  }
+}
+
+void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1) {
+  for (int64_t r = n0; r < n1; ++r) {
+    const int8_t* wr = w.data + r * w.ld;
+    for (int64_t i = 0; i < m; ++i) {
+      const int8_t* xi = q + i * ld_q;
+      int32_t acc = 0;
+      for (int64_t c = 0; c < w.k; ++c) acc += static_cast<int32_t>(xi[c]) * static_cast<int32_t>(wr[c]);
+      y[i * ld_y + r] = static_cast<float>(acc) * x_scale[i] * w.scale[r];
+    }
+  }
+}
+
+namespace {
+
+// at::round(v).clamp(-127, 127) then the conversion to int8: round half to even by the
+// float32 magic number (exact for |v| <= 2^22; past +-128 the clamp decides anyway).
+int8_t quantize_int8(float v) {
+  if (v != v) return 0;
+  v = std::min(std::max(v, -128.0f), 128.0f);
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float r = (v + kMagic) - kMagic;
+  return static_cast<int8_t>(std::min(std::max(r, -127.0f), 127.0f));
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      "w8a8_quantize_per_token: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ",
+      dtype);
+  const at::Tensor xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1);
+  at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kChar));
+  at::Tensor scale = at::empty({m, 1}, xc.options().dtype(at::kFloat));
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scale.data_ptr<float>();
+  const auto rows = [&](int64_t i0, int64_t i1) {
+    // A reduced-precision row is widened first (exactly, as x.to(float) does).
+    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xi = nullptr;
+      if (dtype == at::kFloat) {
+        xi = xc.data_ptr<float>() + i * k;
+      } else if (dtype == at::kBFloat16) {
+        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      } else {
+        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      }
+      float amax = 0.0f;
+      bool nan = false;
+      for (int64_t c = 0; c < k; ++c) {
+        const float a = std::fabs(xi[c]);
+        nan |= a != a;
+        amax = a > amax ? a : amax;
+      }
+      // where(amax > 0, amax / 127, 1): a NaN amax (at::amax propagates NaN) is not > 0.
+      const float s = !nan && amax > 0.0f ? amax / 127.0f : 1.0f;
+      sp[i] = s;
+      int8_t* qi = qp + i * k;
+      for (int64_t c = 0; c < k; ++c) qi[c] = quantize_int8(xi[c] / s);
+    }
+  };
+  if (m * k >= (int64_t{1} << 20)) {
+    parallel_units(m, rows);
+  } else {
+    rows(0, m);
+  }
+  return {q, scale};
+}
+
+at::Tensor w8a8_row_sums(const at::Tensor& w) {
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu(),
+                    "w8a8_row_sums: expected an int8 [N, K] CPU weight; got ", w.sizes(), " ", w.scalar_type());
+  return w.sum(1, /*keepdim=*/false, at::kInt).contiguous();
+}
+
+at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
+                           const at::Tensor& w_scale, const at::Tensor& row_sums, W8a8Kernel kernel) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kChar && q.device().is_cpu(),
+                    "w8a8_linear_cpu: q must be an int8 [M, K] CPU tensor; got ", q.sizes(), " ", q.scalar_type());
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.scalar_type() == at::kChar && w.device().is_cpu() && w.size(1) == q.size(1),
+                    "w8a8_linear_cpu: w must be an int8 [N, K] CPU tensor with K = ", q.size(1), "; got ", w.sizes(),
+                    " ", w.scalar_type());
+  const int64_t m = q.size(0), n = w.size(0), k = w.size(1);
+  TORCH_CHECK_VALUE(x_scale.scalar_type() == at::kFloat && x_scale.numel() == m,
+                    "w8a8_linear_cpu: x_scale must be float32 [", m, "] or [", m, ", 1]; got ", x_scale.sizes(), " ",
+                    x_scale.scalar_type());
+  TORCH_CHECK_VALUE(w_scale.scalar_type() == at::kFloat && w_scale.numel() == n,
+                    "w8a8_linear_cpu: w_scale must be float32 [", n, "] or [", n, ", 1]; got ", w_scale.sizes(), " ",
+                    w_scale.scalar_type());
+  TORCH_CHECK_VALUE(k <= kMaxK, "w8a8_linear_cpu: K = ", k, " exceeds ", kMaxK,
+                    ", past which int32 sums of int8 products could overflow");
+  TORCH_CHECK_VALUE(w8a8_kernel_supported(kernel), "w8a8_linear_cpu: kernel ", to_string(kernel),
+                    " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu_isa()),
+                    "; features: ", cpu_features().describe(), ")");
+  // The VNNI sums of (x + 128) w would overflow first: larger K takes the sign kernel.
+  if (is_vnni(kernel) && k > kMaxKVnni)
+    kernel = kernel == W8a8Kernel::kAvx512Vnni ? W8a8Kernel::kAvx512 : W8a8Kernel::kAvx2;
+  at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
+  if (m == 0 || n == 0) return y;
+
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor wc = w.contiguous();
+  const at::Tensor xs = x_scale.contiguous();
+  const at::Tensor ws = w_scale.contiguous();
+  at::Tensor sums;
+  if (is_vnni(kernel)) {
+    sums = row_sums.defined() ? row_sums : w8a8_row_sums(wc);
+    TORCH_CHECK_VALUE(sums.scalar_type() == at::kInt && sums.numel() == n, "w8a8_linear_cpu: row_sums must be int32 [",
+                      n, "] (w8a8_row_sums); got ", sums.sizes(), " ", sums.scalar_type());
+    sums = sums.contiguous();
+  }
+  W8a8WeightView view;
+  view.data = wc.data_ptr<int8_t>();
+  view.n = n;
+  view.k = k;
+  view.ld = k;
+  view.scale = ws.data_ptr<float>();
+  view.row_sum = sums.defined() ? sums.data_ptr<int32_t>() : nullptr;
+  const float* xsp = xs.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  const int64_t units = (n + kUnitRows - 1) / kUnitRows;
+  const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
+
+  if (kernel == W8a8Kernel::kScalar) {
+    const int8_t* qp = qc.data_ptr<int8_t>();
+    parallel_units(units, [&](int64_t b, int64_t e) {
+      const auto [n0, n1] = rows(b, e);
+      w8a8_gemm_scalar(qp, m, k, xsp, view, out, n, n0, n1);
+    });
+    return y;
+  }
+  const int64_t kpad = round_up(std::max<int64_t>(k, 1), kW8a8KPad);
+  at::Tensor xp = at::empty({m, kpad}, q.options().dtype(at::kByte));
+  w8a8_pack_x(qc.data_ptr<int8_t>(), m, k, k, is_vnni(kernel), xp.data_ptr<uint8_t>());
+  const uint8_t* xpp = xp.data_ptr<uint8_t>();
+  using Fn = void (*)(const uint8_t*, int64_t, int64_t, const float*, const W8a8WeightView&, float*, int64_t, int64_t,
+                      int64_t);
+  Fn fn = nullptr;
+  switch (kernel) {
+    case W8a8Kernel::kAvx2: fn = &w8a8_gemm_avx2; break;
+    case W8a8Kernel::kAvx2Vnni: fn = &w8a8_gemm_avx2_vnni; break;
+    case W8a8Kernel::kAvx512: fn = &w8a8_gemm_avx512; break;
+    case W8a8Kernel::kAvx512Vnni: fn = &w8a8_gemm_avx512_vnni; break;
+    case W8a8Kernel::kScalar: break;
+  }
+  TORCH_INTERNAL_ASSERT(fn != nullptr);
+  parallel_units(units, [&](int64_t b, int64_t e) {
+    const auto [n0, n1] = rows(b, e);
+    fn(xpp, m, kpad, xsp, view, out, n, n0, n1);
+  });
+  return y;
+}
+
+at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
+                           const at::Tensor& w_scale, const at::Tensor& row_sums) {
+  return w8a8_linear_cpu(q, x_scale, w, w_scale, row_sums, w8a8_best_kernel());
+}
+
+}  // namespace tp::detail

@@ -1,0 +1,98 @@
+#include "quant/int8/weight_only_cpu_kernels.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "common/cpu_panel_gemm.h"
+
+namespace tp::detail {
+
+namespace {
+
+PanelDecodeFn decoder(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return int8_wo_decode_panels_avx512;
+    case CpuIsa::kAvx2: return int8_wo_decode_panels_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return int8_wo_decode_panels_scalar;
+}
+
+}  // namespace
+
+int64_t Int8WoCpuWeight::bytes() const { return codes.defined() ? codes.nbytes() + scales.nbytes() : 0; }
+
+Int8WoCpuView int8_wo_cpu_view(const Int8WoCpuWeight& w) {
+  Int8WoCpuView v;
+  v.codes = w.codes.const_data_ptr<int8_t>();
+  v.scales = w.scales.const_data_ptr<float>();
+  v.n = w.n;
+  v.k = w.k;
+  v.panels = w.panels;
+  return v;
+}
+
+Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kChar,
+                    "int8_wo_cpu_pack: the weight must be an int8 [N, K] tensor; got ", q.sizes(), " ",
+                    q.scalar_type());
+  const int64_t n = q.size(0), k = q.size(1);
+  TORCH_CHECK_VALUE(scale.numel() == n && at::isFloatingType(scale.scalar_type()) &&
+                        (scale.dim() == 1 || (scale.dim() == 2 && scale.size(1) == 1)),
+                    "int8_wo_cpu_pack: the scale must be a floating [N] or [N, 1] tensor with N=", n, "; got ",
+                    scale.sizes(), " ", scale.scalar_type());
+  Int8WoCpuWeight w;
+  w.n = n;
+  w.k = k;
+  w.panels = (n + kPanelWidth - 1) / kPanelWidth;
+  w.codes = q.cpu().contiguous();  // no copy for the layer's own (contiguous, CPU) weight
+  w.scales = at::constant_pad_nd(scale.cpu().reshape({n}).to(at::kFloat), {0, w.panels * kPanelWidth - n}).contiguous();
+  return w;
+}
+
+void int8_wo_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
+                                  int64_t ld_buf) {
+  const auto& w = *static_cast<const Int8WoCpuView*>(view);
+  for (int64_t j = 0; j < np * kPanelWidth; ++j) {
+    const int64_t n = p * kPanelWidth + j;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      buf[kk * ld_buf + j] = n < w.n ? static_cast<float>(w.codes[n * w.k + k0 + kk]) * w.scales[n] : 0.0f;
+    }
+  }
+}
+
+void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuWeight& w, float* y, int64_t ld_y,
+                        CpuIsa isa) {
+  check_cpu_isa(isa, "int8_wo_cpu_linear");
+  TORCH_INTERNAL_ASSERT(w.codes.defined(), "int8_wo_cpu_linear: the weight is not packed");
+  if (m == 0 || w.n == 0) return;
+  if (w.k == 0) {
+    for (int64_t r = 0; r < m; ++r) std::fill(y + r * ld_y, y + r * ld_y + w.n, 0.0f);
+    return;
+  }
+  const Int8WoCpuView v = int8_wo_cpu_view(w);
+  if (isa != CpuIsa::kScalar && m <= kInt8WoSmallM) {
+    const auto rows = isa == CpuIsa::kAvx512 ? int8_wo_rows_avx512 : int8_wo_rows_avx2;
+    // Chunks in whole steps of the rows kernel's widest panel group.
+    parallel_over_panels(w.panels, m, w.k, isa == CpuIsa::kAvx512 ? 4 : 2,
+                         [&](int64_t p0, int64_t p1) { rows(x, m, ld_x, v, y, ld_y, p0, p1); });
+    return;
+  }
+  panel_gemm_parallel(x, m, ld_x, PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
+}
+
+at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, CpuIsa isa) {
+  return linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
+    int8_wo_cpu_linear(x2, m, w.k, w, y, w.n, isa);
+  });
+}
+
+at::Tensor int8_wo_cpu_decode(const Int8WoCpuWeight& w, CpuIsa isa) {
+  check_cpu_isa(isa, "int8_wo_cpu_decode");
+  const Int8WoCpuView v = int8_wo_cpu_view(w);
+  return panel_decode_all(PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, isa);
+}
+
+}  // namespace tp::detail

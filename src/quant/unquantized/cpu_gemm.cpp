@@ -1,0 +1,320 @@
+#include "quant/unquantized/cpu_gemm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "common/kernel_counts.h"
+#include "quant/unquantized/cpu_gemm_backends.h"
+
+namespace tp::detail {
+
+namespace {
+
+constexpr std::array<CpuGemmBackend, kCpuGemmBackendCount> kAllBackends{
+    CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles,
+    CpuGemmBackend::kMklPacked};
+
+std::array<std::atomic<int64_t>, kCpuGemmBackendCount>& global_counts() {
+  static std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts{};
+  return counts;
+}
+
+bool amd_cpu() {
+  static const bool amd = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
+#else
+    return false;
+#endif
+  }();
+  return amd;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// The name benchmarks print: the backend, with the ISA for the own kernels.
+std::string kernel_name(CpuGemmBackend b) {
+  std::string name = to_string(b);
+  if (b == CpuGemmBackend::kGemv || b == CpuGemmBackend::kBf16Tiles) name += std::string("/") + to_string(cpu_isa());
+  return name;
+}
+
+bool packed_backend(CpuGemmBackend b) { return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked; }
+
+}  // namespace
+
+// ---- names, problem, table ---------------------------------------------------------------
+
+const char* to_string(CpuGemmBackend backend) {
+  switch (backend) {
+    case CpuGemmBackend::kAtLinear: return "at_linear";
+    case CpuGemmBackend::kOneDnn: return "onednn";
+    case CpuGemmBackend::kGemv: return "gemv";
+    case CpuGemmBackend::kBf16Tiles: return "bf16_tiles";
+    case CpuGemmBackend::kMklPacked: return "mkl_packed";
+  }
+  return "unknown";
+}
+
+CpuGemmBackend parse_cpu_gemm_backend(const std::string& name) {
+  const std::string l = lower(name);
+  for (const auto b : kAllBackends)
+    if (l == to_string(b)) return b;
+  TORCH_CHECK_VALUE(false, "unknown CPU GEMM backend '", name,
+                    "'; expected auto, at_linear, onednn, mkl_packed, gemv or bf16_tiles");
+}
+
+CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
+  CpuGemmProblem p;
+  p.m = m, p.n = n, p.k = k, p.dtype = dtype;
+  p.isa = cpu_isa();
+  const auto& f = cpu_features();
+  // TP_CPU_ISA=avx2 stands for a machine without AVX-512, hence without its bf16 too.
+  p.native_bf16 = p.isa == CpuIsa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
+  p.amd = amd_cpu();
+  p.threads = at::get_num_threads();
+  p.onednn = onednn_supports(dtype);
+  p.mkl_packed = dtype == at::kFloat && mkl_packed_available();
+  static const bool allow_packs = [] {
+    const char* env = std::getenv("TP_CPU_GEMM_PACK");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  p.allow_packs = allow_packs;
+  return p;
+}
+
+bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
+  const bool floating = p.dtype == at::kFloat || p.dtype == at::kBFloat16;
+  switch (backend) {
+    case CpuGemmBackend::kAtLinear: return true;
+    case CpuGemmBackend::kOneDnn: return floating && p.onednn;
+    case CpuGemmBackend::kGemv: return floating;
+    case CpuGemmBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
+    case CpuGemmBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
+  }
+  return false;
+}
+
+// The table. Measured with tp-cpu-gemm-bench (1 thread, thread CPU clock, cold weights,
+// Llama-3-8B layers at TP 1 and 2: 4096 x {6144, 4096, 28672}, 14336 x 4096 and their
+// halves; ratios are at::linear's time / the backend's, same dtype, same run) on a
+// Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
+// (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+// MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
+//   float32, M <= 16: gemv. M = 1: at at::linear's memory rate (0.9-1.04x on one
+//     thread; it also threads where MKL's GEMV does not); M = 4: 1.4-1.9x; M = 8-16:
+//     1.1-2.5x, at or above oneDNN's on both ISAs.
+//   float32, M > 16, AVX-512: oneDNN, 1.2-1.3x at M = 32-64, 1.0-1.15x at M = 256.
+//   float32, 16 < M <= 64, AVX2 (Intel): MKL's packed SGEMM, 1.03-1.3x; oneDNN capped to
+//     AVX2 is 0.7-1.0x there, and at M = 256 the packed SGEMM varies 0.74-1.06x, so
+//     at::linear. On AMD, oneDNN for M > 16: issue 17's Zen 3 figures (oneDNN 1.9x
+//     at::linear at M = 16, vLLM's oneDNN layers 1.1-1.2x at M = 256; MKL's kernels for
+//     AMD trail), not measured here.
+//   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
+//     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
+//     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
+//   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
+//     gemv up to M = 16 (2.1-3.6x at::linear bf16, and faster than at::linear float32),
+//     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).
+CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
+  if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
+  // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
+  if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
+  if (p.m <= kCpuGemvMaxM) return CpuGemmBackend::kGemv;
+  const bool onednn = p.onednn && p.allow_packs;
+  if (p.dtype == at::kBFloat16) {
+    if (p.native_bf16) {
+      if (p.m <= kCpuBf16LinearMaxM || !onednn) return CpuGemmBackend::kAtLinear;
+      return CpuGemmBackend::kOneDnn;
+    }
+    return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
+  }
+  if (p.m <= kCpuGemvMaxMBlocked) return CpuGemmBackend::kGemv;
+  if (p.isa == CpuIsa::kAvx512 || p.amd) return onednn ? CpuGemmBackend::kOneDnn : CpuGemmBackend::kAtLinear;
+  const bool mkl = p.mkl_packed && p.allow_packs && p.n * p.k * 4 >= kCpuMklPackedMinBytes;
+  return mkl && p.m <= kCpuMklPackedMaxM ? CpuGemmBackend::kMklPacked : CpuGemmBackend::kAtLinear;
+}
+
+std::optional<CpuGemmBackend> forced_cpu_gemm() {
+  static const std::optional<CpuGemmBackend> forced = []() -> std::optional<CpuGemmBackend> {
+    const char* env = std::getenv("TP_CPU_GEMM");
+    if (env == nullptr || *env == '\0' || lower(env) == "auto") return std::nullopt;
+    return parse_cpu_gemm_backend(env);
+  }();
+  return forced;
+}
+
+std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
+  std::map<CpuGemmBackend, int64_t> out;
+  for (const auto b : kAllBackends) {
+    const int64_t c = global_counts()[static_cast<int>(b)].load(std::memory_order_relaxed);
+    if (c > 0) out[b] = c;
+  }
+  return out;
+}
+
+// ---- CpuGemm ---------------------------------------------------------------------------
+
+CpuGemm::Key CpuGemm::key_of(const at::Tensor& w) {
+  Key key;
+  key.data = w.const_data_ptr();
+  key.version = w.is_inference() ? -1 : static_cast<int64_t>(w._version());
+  key.sizes = w.sizes().vec();
+  key.strides = w.strides().vec();
+  key.dtype = w.scalar_type();
+  return key;
+}
+
+void CpuGemm::bind(const at::Tensor& weight) {
+  TORCH_INTERNAL_ASSERT(weight.dim() == 2, "CpuGemm: weight must be [N, K], got ", weight.sizes());
+  std::lock_guard<std::mutex> lock(mutex_);
+  weight_ = weight;
+  for (auto& p : packs_by_backend_) p = Pack{};
+  packs_ = 0;
+  for (auto& c : counts_) c = 0;
+}
+
+void CpuGemm::prepare(const at::Tensor& weight) {
+  bind(weight);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!serves(at::empty({0, weight.size(1)}, weight.options())) || weight.numel() == 0) return;
+  // Pack now what the table (or TP_CPU_GEMM) picks for this weight at some M, so the
+  // first forward does not pay for it.
+  std::vector<CpuGemmBackend> wanted;
+  if (const auto forced = forced_cpu_gemm()) wanted.push_back(*forced);
+  for (int64_t m = 1; m <= 4096; m *= 2)
+    wanted.push_back(select_cpu_gemm(cpu_gemm_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
+  const auto p = cpu_gemm_problem(1, weight.size(0), weight.size(1), weight.scalar_type());
+  for (const auto b : wanted) {
+    auto& pack = packs_by_backend_[static_cast<int>(b)];
+    if (!packed_backend(b) || pack.data.defined() || !cpu_gemm_supports(b, p)) continue;
+    pack.data = make_pack(b);
+    pack.key = key_of(weight_);
+    ++packs_;
+  }
+}
+
+at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
+  at::NoGradGuard no_grad;
+  return backend == CpuGemmBackend::kOneDnn ? onednn_pack(weight_) : mkl_pack(weight_);
+}
+
+at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& pack = packs_by_backend_[static_cast<int>(backend)];
+  Key now = key_of(weight_);
+  if (!pack.data.defined() || !(pack.key == now)) {
+    pack.data = at::Tensor();  // free the stale copy before making the new one
+    pack.data = make_pack(backend);
+    pack.key = std::move(now);
+    ++packs_;
+  }
+  return pack.data;
+}
+
+int64_t CpuGemm::packed_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t bytes = 0;
+  const auto& onednn = packs_by_backend_[static_cast<int>(CpuGemmBackend::kOneDnn)].data;
+  const auto& mkl = packs_by_backend_[static_cast<int>(CpuGemmBackend::kMklPacked)].data;
+  if (onednn.defined()) bytes += onednn_packed_bytes(onednn);
+  if (mkl.defined()) bytes += mkl.numel() * static_cast<int64_t>(mkl.element_size());
+  return bytes;
+}
+
+bool CpuGemm::serves(const at::Tensor& x) const {
+  if (!weight_.defined() || !x.is_cpu() || !weight_.is_cpu()) return false;
+  const auto t = weight_.scalar_type();
+  if ((t != at::kFloat && t != at::kBFloat16) || x.scalar_type() != t) return false;
+  if (weight_.dim() != 2 || x.dim() < 1 || x.size(-1) != weight_.size(1)) return false;
+  return weight_.stride(1) == 1 && weight_.stride(0) >= weight_.size(1);
+}
+
+bool CpuGemm::can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+  if (!serves(x)) return false;
+  const bool has_bias = bias && bias->defined();
+  // The backends here have no backward: a call that records a graph takes at::linear.
+  if (at::GradMode::is_enabled() &&
+      (x.requires_grad() || weight_.requires_grad() || (has_bias && bias->requires_grad())))
+    return false;
+  // A bias at::linear would refuse or broadcast goes there, which reports or handles it.
+  if (has_bias && (!bias->is_cpu() || bias->scalar_type() != weight_.scalar_type() || bias->dim() != 1 ||
+                   bias->size(0) != weight_.size(0)))
+    return false;
+  return x.numel() > 0 && weight_.numel() > 0;
+}
+
+CpuGemmBackend CpuGemm::backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+  if (!can_run(x, bias)) return CpuGemmBackend::kAtLinear;
+  const auto p = cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0), weight_.size(1), weight_.scalar_type());
+  if (const auto forced = forced_cpu_gemm(); forced && cpu_gemm_supports(*forced, p)) return *forced;
+  return select_cpu_gemm(p);
+}
+
+at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+  return linear(x, bias, backend_for(x, bias));
+}
+
+at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, CpuGemmBackend backend) const {
+  if (backend != CpuGemmBackend::kAtLinear &&
+      (!can_run(x, bias) || !cpu_gemm_supports(backend, cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0),
+                                                                         weight_.size(1), weight_.scalar_type()))))
+    backend = CpuGemmBackend::kAtLinear;
+  counts_[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+  global_counts()[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
+  count_kernel(kernel_name(backend));
+  if (backend == CpuGemmBackend::kAtLinear) return at::linear(x, weight_, bias);
+  const auto x2d = x.reshape({-1, x.size(-1)}).contiguous();
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = weight_.size(0);
+  return run(backend, x2d, bias).view(out_sizes);
+}
+
+at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const {
+  const bool has_bias = bias && bias->defined();
+  at::Tensor y;  // float32 unless the backend produced the layer's dtype
+  switch (backend) {
+    case CpuGemmBackend::kOneDnn:
+      return onednn_linear(x2d, packed(backend),
+                           has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
+    case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
+    case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
+    case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;
+    case CpuGemmBackend::kAtLinear: return at::linear(x2d, weight_, bias);
+  }
+  if (has_bias) y.add_(*bias);
+  if (y.scalar_type() == weight_.scalar_type()) return y.contiguous();
+  auto out = at::empty(y.sizes(), y.options().dtype(weight_.scalar_type()));
+  return out.copy_(y);  // one rounding to the layer's dtype, into a contiguous result
+}
+
+std::map<CpuGemmBackend, int64_t> CpuGemm::counts() const {
+  std::map<CpuGemmBackend, int64_t> out;
+  for (const auto b : kAllBackends) {
+    const int64_t c = counts_[static_cast<int>(b)].load(std::memory_order_relaxed);
+    if (c > 0) out[b] = c;
+  }
+  return out;
+}
+
+}  // namespace tp::detail

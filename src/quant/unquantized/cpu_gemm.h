@@ -1,0 +1,174 @@
+#pragma once
+// The unquantized method's CPU GEMM: y = x W^T (+ bias) for float32 and bfloat16
+// layers, by whichever backend is fastest for the call's shape, dtype, ISA and thread
+// count. The choice is a pure function of those (select_cpu_gemm), observable
+// (CpuGemm::counts, CpuGemm::backend_for) and forcible (TP_CPU_GEMM=<name>).
+//
+//   backend      what runs                                          prepacked weight
+//   at_linear    at::linear (MKL sgemm; ATen's / oneDNN's bf16 GEMM)  -
+//   onednn       oneDNN inner product on a weight reordered once     a copy of W in oneDNN's
+//                (mkldnn::_reorder_linear_weight / _linear_pointwise) blocked layout (1.0x W)
+//   mkl_packed   MKL's packed SGEMM (cblas_sgemm_pack / _compute,    a copy of W in MKL's
+//                exported by LibTorch's MKL, found at run time)      panels (1.15-1.3x W)
+//   gemv         own AVX2 / AVX-512 kernel for small M, threaded      -
+//                over N (cpu_gemm_kernels.h): reads W once
+//   bf16_tiles   bfloat16 W widened to float32 one tile of rows at    -
+//                a time, float32 GEMM (at::mm) on the tile (machines
+//                without bf16 arithmetic)
+//
+// At most one packed copy is made per layer: the one the table picks for its shape on
+// this machine (forcing another backend packs for it on first use).
+//
+// The prepacked weight is made by prepare() (the method's finalize) and made again
+// whenever the weight changed since: another storage, shape or dtype, or a newer
+// version counter (every in-place write through the tensor or a view of it: copy_,
+// an optimizer step, load_state_dict). Inference tensors carry no version counter;
+// for them only a new storage is noticed, so whoever writes into one in place calls
+// prepare() again (the layers' load_weights does).
+//
+// Autograd: the prepacked and own kernels have no backward. A call that needs a graph
+// (grad mode on and x, W or the bias requiring grad) always takes at_linear.
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "common/cpu_features.h"
+
+namespace tp::detail {
+
+/// The CPU GEMM backends of the unquantized method.
+enum class CpuGemmBackend {
+  kAtLinear,   ///< at::linear
+  kOneDnn,     ///< oneDNN inner product with a weight reordered once ("onednn")
+  kGemv,       ///< own small-M kernel, AVX2 / AVX-512 / portable ("gemv")
+  kBf16Tiles,  ///< bfloat16 weight converted per tile, float32 GEMM ("bf16_tiles")
+  kMklPacked,  ///< MKL's packed SGEMM with the weight packed once ("mkl_packed")
+};
+constexpr int kCpuGemmBackendCount = 5;
+
+/// "at_linear", "onednn", "gemv", "bf16_tiles", "mkl_packed".
+const char* to_string(CpuGemmBackend backend);
+
+/// Parses the names above (case-insensitive); c10::ValueError naming the valid ones otherwise.
+CpuGemmBackend parse_cpu_gemm_backend(const std::string& name);
+
+/// What the choice of a backend depends on.
+struct CpuGemmProblem {
+  int64_t m = 0, n = 0, k = 0;        ///< x: [m, k], W: [n, k]
+  at::ScalarType dtype = at::kFloat;  ///< of x and W (float32 or bfloat16)
+  CpuIsa isa = CpuIsa::kScalar;       ///< cpu_isa(): what own kernels may use
+  bool native_bf16 = false;           ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
+  bool amd = false;                   ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
+  int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
+  bool onednn = false;                ///< ATen's oneDNN ops take this dtype here
+  bool mkl_packed = false;            ///< MKL's packed SGEMM found (float32 only)
+  bool allow_packs = true;            ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
+};
+
+/// The problem for a call made now: cpu_isa(), cpu_features(), at::get_num_threads(),
+/// the libraries' capabilities and TP_CPU_GEMM_PACK.
+CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype);
+
+/// Whether `backend` can compute `p` at all here (dtype; oneDNN's bf16 support; MKL's
+/// packed SGEMM found). at_linear can compute everything.
+bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p);
+
+/// The built-in table's choice: a pure function of `p` (no environment, no state), from
+/// the measurements quoted in cpu_gemm.cpp.
+CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p);
+
+/// The backend forced by TP_CPU_GEMM (read once; unset, empty or "auto": none). An
+/// unknown name is a c10::ValueError.
+std::optional<CpuGemmBackend> forced_cpu_gemm();
+
+/// Calls per backend over every CpuGemm in the process since it started (what ran,
+/// after any fallback): benchmarks diff it around a row to name the kernel, as they do
+/// Communicator::all_reduce_counts for strategies.
+std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
+
+/// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
+/// (one streaming pass over W), up to kCpuGemvMaxMBlocked where no bf16 arithmetic
+/// competes (W blocks reused from L2); MKL's packed SGEMM up to kCpuMklPackedMaxM rows,
+/// for weights of at least kCpuMklPackedMinBytes (its ~8 MB of fixed overhead).
+constexpr int64_t kCpuGemvMaxM = 4;
+constexpr int64_t kCpuGemvMaxMBlocked = 16;
+constexpr int64_t kCpuBf16LinearMaxM = 16;
+constexpr int64_t kCpuMklPackedMaxM = 64;
+constexpr int64_t kCpuMklPackedMinBytes = int64_t{16} << 20;
+
+/// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may
+/// run concurrently; a stale prepacked weight is rebuilt under a lock.
+class CpuGemm {
+ public:
+  /// Binds `weight` ([N, K], the layer's parameter: shares its storage) and prepacks it
+  /// for the backend the table picks for it on this machine. Calling it again re-binds
+  /// and re-packs (the method's finalize).
+  void prepare(const at::Tensor& weight);
+
+  /// Binds `weight` without packing: a pack is made on first use (a freshly created
+  /// layer, whose weight reset_parameters or a load is about to fill).
+  void bind(const at::Tensor& weight);
+
+  /// Whether `x` (any CPU dtype) against the bound weight is a call the backends here
+  /// serve: CPU, float32 or bfloat16, matching dtypes, unit-stride weight rows.
+  bool serves(const at::Tensor& x) const;
+
+  /// y = x W^T (+ bias), x: [..., K], bias: [N] or none, y: [..., N]; by
+  /// backend_for(x, bias).
+  at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& bias) const;
+
+  /// The same by `backend` (tests and benchmarks force each one). A backend that
+  /// cannot compute the call, or a call that needs autograd, runs at_linear.
+  at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, CpuGemmBackend backend) const;
+
+  /// The backend linear(x, bias) runs: at_linear for calls that need autograd or that
+  /// serves() refuses, else TP_CPU_GEMM when set and able, else select_cpu_gemm.
+  CpuGemmBackend backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias = std::nullopt) const;
+
+  /// Calls per backend since prepare() (what ran, after any fallback).
+  std::map<CpuGemmBackend, int64_t> counts() const;
+
+  /// How many times the oneDNN weight was (re)packed since prepare(): 1 after a pack,
+  /// +1 each time a changed weight made it stale (tests).
+  int64_t packs() const { return packs_.load(); }
+
+  /// Bytes held by the prepacked weight (0 when none).
+  int64_t packed_bytes() const;
+
+ private:
+  struct Key {
+    const void* data = nullptr;
+    int64_t version = -1;  // -1: an inference tensor (no version counter)
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype = at::kFloat;
+    bool operator==(const Key& o) const {
+      return data == o.data && version == o.version && sizes == o.sizes && strides == o.strides && dtype == o.dtype;
+    }
+  };
+  static Key key_of(const at::Tensor& w);
+  bool can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const;  // else at::linear
+  // The current pack for `backend` (kOneDnn or kMklPacked), made or re-made when stale.
+  at::Tensor packed(CpuGemmBackend backend) const;
+  at::Tensor make_pack(CpuGemmBackend backend) const;
+  at::Tensor run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const;
+
+  struct Pack {
+    at::Tensor data;  // undefined: none
+    Key key;          // of the weight it was made from
+  };
+  at::Tensor weight_;  // [N, K], shares the layer's parameter
+  mutable std::mutex mutex_;
+  mutable std::array<Pack, kCpuGemmBackendCount> packs_by_backend_;
+  mutable std::atomic<int64_t> packs_{0};
+  mutable std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts_{};
+};
+
+}  // namespace tp::detail

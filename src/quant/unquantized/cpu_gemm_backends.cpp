@@ -1,0 +1,331 @@
+#include "quant/unquantized/cpu_gemm_backends.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Config.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+
+#include "quant/unquantized/cpu_gemm_kernels.h"
+
+namespace tp::detail {
+
+// ---- portable kernels (the scalar ISA) ---------------------------------------------------
+
+namespace {
+
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+
+template <typename W>
+void gemv_portable(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_t ld_w, float* y, int64_t ld_y,
+                   int64_t n0, int64_t n1) {
+  constexpr int kLanes = 8;  // partial sums the compiler can keep in vector lanes
+  for (int64_t i = 0; i < m; ++i) {
+    const float* xi = x + i * ld_x;
+    for (int64_t n = n0; n < n1; ++n) {
+      const W* wn = w + n * ld_w;
+      float acc[kLanes] = {};
+      int64_t j = 0;
+      for (; j + kLanes <= k; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] += to_float(wn[j + l]) * xi[j + l];
+      float sum = 0.0f;
+      for (; j < k; ++j) sum += to_float(wn[j]) * xi[j];
+      for (int l = 0; l < kLanes; ++l) sum += acc[l];
+      y[i * ld_y + n] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void gemv_f32_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
+                     int64_t ld_y, int64_t n0, int64_t n1) {
+  gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
+}
+
+void gemv_bf16_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w, float* y,
+                      int64_t ld_y, int64_t n0, int64_t n1) {
+  gemv_portable(x, m, k, ld_x, w, ld_w, y, ld_y, n0, n1);
+}
+
+void bf16_to_f32_scalar(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * ld_dst + c] = bf16_to_float(src[r * ld_src + c]);
+}
+
+// ---- oneDNN ----------------------------------------------------------------------------
+
+namespace {
+
+using ReorderOp = at::Tensor(const at::Tensor&, std::optional<int64_t>);
+using LinearPointwiseOp = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                     c10::string_view, c10::List<std::optional<at::Scalar>>,
+                                     std::optional<c10::string_view>);
+
+// ATen's oneDNN ops (aten/src/ATen/native/mkldnn/Linear.cpp; torch.compile's CPU backend
+// uses them for frozen linear weights): registered in libtorch_cpu, reached by name.
+const c10::TypedOperatorHandle<ReorderOp>& reorder_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_reorder_linear_weight", "").typed<ReorderOp>();
+  return op;
+}
+const c10::TypedOperatorHandle<LinearPointwiseOp>& linear_pointwise_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "").typed<LinearPointwiseOp>();
+  return op;
+}
+
+// The batch size the reorder picks the blocked layout for. One layout serves every M:
+// packed for M = 1, 16, 64 or for no M in particular, the times at M = 1..256 agree
+// within this machine's noise (4096 x 4096 and 28672 x 4096, float32 and bfloat16).
+constexpr int64_t kOneDnnPackBatch = 64;
+
+}  // namespace
+
+bool onednn_supports(at::ScalarType dtype) {
+#if AT_MKLDNN_ENABLED()
+  if (dtype == at::kFloat) return true;
+  if (dtype != at::kBFloat16) return false;
+  static const bool bf16 =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "").typed<bool()>().call();
+  return bf16;
+#else
+  (void)dtype;
+  return false;
+#endif
+}
+
+at::Tensor onednn_pack(const at::Tensor& w) { return reorder_op().call(w.contiguous(), kOneDnnPackBatch); }
+
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+  return linear_pointwise_op().call(x, packed, bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+int64_t onednn_packed_bytes(const at::Tensor& packed) {
+  static const auto nbytes =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_nbytes", "").typed<int64_t(const at::Tensor&)>();
+  return nbytes.call(packed);
+}
+
+// ---- MKL packed SGEMM -------------------------------------------------------------------
+
+namespace {
+
+// CBLAS constants (mkl_cblas.h); MKL_INT is int in the LP64 MKL LibTorch links.
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
+
+struct MklPackedApi {
+  size_t (*get_size)(int identifier, int m, int n, int k) = nullptr;
+  void (*pack)(int layout, int identifier, int trans, int m, int n, int k, float alpha, const float* src, int ld,
+               float* dest) = nullptr;
+  void (*compute)(int layout, int transa, int transb, int m, int n, int k, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) = nullptr;
+  // The Fortran SGEMM (column-major; LibTorch's MKL exports sgemm_, not cblas_sgemm):
+  // optional, bf16_tiles uses at::mm without it.
+  void (*sgemm)(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+                const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                const int* ldc) = nullptr;
+};
+
+// y[:, r0 : r0 + r] (row-major, row stride ldy) = x [m, k] * tile [r, k]^T through the
+// column-major SGEMM: that block is the column-major r x m matrix tile * x^T.
+void sgemm_rows(const MklPackedApi& api, const float* x, int m, int k, const float* tile, int r, float* y, int ldy) {
+  const float one = 1.0f, zero = 0.0f;
+  api.sgemm("T", "N", &r, &m, &k, &one, tile, &k, x, &k, &zero, y, &ldy);
+}
+
+// The library that defines ATen's own functions (libtorch_cpu), already loaded.
+void* aten_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&at::get_num_threads), &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  return dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+}
+
+at::Tensor pack_with(const MklPackedApi& api, const at::Tensor& w) {
+  const int n = static_cast<int>(w.size(0)), k = static_cast<int>(w.size(1));
+  // B = W^T: W [n, k] row-major is op(src) = src^T with ld = k. The pack's layout does
+  // not depend on m (its size does not), and any m may use it (checked below).
+  const size_t bytes = api.get_size(kBMatrix, 1, n, k);
+  auto packed = at::empty({static_cast<int64_t>(bytes / sizeof(float) + 1)}, w.options().dtype(at::kFloat));
+  const auto wc = w.contiguous();
+  api.pack(kRowMajor, kBMatrix, kTrans, 1, n, k, 1.0f, wc.const_data_ptr<float>(), k, packed.mutable_data_ptr<float>());
+  return packed;
+}
+
+void compute_with(const MklPackedApi& api, const float* x, int m, int n, int k, const at::Tensor& packed, float* y) {
+  api.compute(kRowMajor, kNoTrans, kPacked, m, n, k, x, k, packed.const_data_ptr<float>(), k, 0.0f, y, n);
+}
+
+const MklPackedApi* mkl_api() {
+  static const std::optional<MklPackedApi> api = []() -> std::optional<MklPackedApi> {
+    void* lib = aten_library();
+    if (lib == nullptr) return std::nullopt;
+    MklPackedApi a;
+    a.get_size = reinterpret_cast<decltype(a.get_size)>(dlsym(lib, "cblas_sgemm_pack_get_size"));
+    a.pack = reinterpret_cast<decltype(a.pack)>(dlsym(lib, "cblas_sgemm_pack"));
+    a.compute = reinterpret_cast<decltype(a.compute)>(dlsym(lib, "cblas_sgemm_compute"));
+    if (!a.get_size || !a.pack || !a.compute) return std::nullopt;
+    a.sgemm = reinterpret_cast<decltype(a.sgemm)>(dlsym(lib, "sgemm_"));
+    // Self-check on a small product (packed for one M, used at others), so an MKL with
+    // another integer width or semantics disables the backend instead of miscomputing.
+    const auto w = at::arange(1, 3 * 37 + 1, at::kFloat).reshape({37, 3}).div_(16.0);
+    const auto packed = pack_with(a, w);
+    for (const int m : {1, 5}) {
+      const auto x = at::arange(1, m * 3 + 1, at::kFloat).reshape({m, 3}).sub_(4.0);
+      auto y = at::empty({m, 37}, at::kFloat);
+      compute_with(a, x.const_data_ptr<float>(), m, 37, 3, packed, y.mutable_data_ptr<float>());
+      if (!at::equal(y, at::mm(x, w.t()))) return std::nullopt;  // small integers / 16: exact in float32
+      if (a.sgemm != nullptr) {  // the plain SGEMM, into a wider row stride; dropped if it disagrees
+        auto y2 = at::zeros({m, 40}, at::kFloat);
+        sgemm_rows(a, x.const_data_ptr<float>(), m, 3, w.const_data_ptr<float>(), 37, y2.mutable_data_ptr<float>(), 40);
+        if (!at::equal(y2.narrow(1, 0, 37), y)) a.sgemm = nullptr;
+      }
+    }
+    return a;
+  }();
+  return api ? &*api : nullptr;
+}
+
+}  // namespace
+
+bool mkl_packed_available() { return mkl_api() != nullptr; }
+
+bool mkl_packed_exported() {
+  void* lib = aten_library();
+  return lib != nullptr && dlsym(lib, "cblas_sgemm_pack") != nullptr && dlsym(lib, "cblas_sgemm_compute") != nullptr &&
+         dlsym(lib, "cblas_sgemm_pack_get_size") != nullptr;
+}
+
+at::Tensor mkl_pack(const at::Tensor& w) {
+  const auto* api = mkl_api();
+  TORCH_INTERNAL_ASSERT(api != nullptr, "mkl_pack: MKL's packed SGEMM is not available");
+  TORCH_CHECK(w.size(0) <= INT_MAX && w.size(1) <= INT_MAX, "mkl_pack: weight ", w.sizes(),
+              " exceeds MKL's 32-bit sizes");
+  return pack_with(*api, w);
+}
+
+at::Tensor mkl_packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
+  const auto* api = mkl_api();
+  TORCH_INTERNAL_ASSERT(api != nullptr, "mkl_packed_linear: MKL's packed SGEMM is not available");
+  TORCH_CHECK(x.size(0) <= INT_MAX, "mkl_packed_linear: ", x.size(0), " rows exceed MKL's 32-bit sizes");
+  auto y = at::empty({x.size(0), n}, x.options());
+  compute_with(*api, x.const_data_ptr<float>(), static_cast<int>(x.size(0)), static_cast<int>(n),
+               static_cast<int>(x.size(1)), packed, y.mutable_data_ptr<float>());
+  return y;
+}
+
+// ---- own kernels ------------------------------------------------------------------------
+
+namespace {
+
+using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                         int64_t);
+using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                          int64_t);
+using Bf16ToF32 = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
+
+GemvF32 gemv_f32_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return gemv_f32_avx512;
+    case CpuIsa::kAvx2: return gemv_f32_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return gemv_f32_scalar;
+}
+GemvBf16 gemv_bf16_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return gemv_bf16_avx512;
+    case CpuIsa::kAvx2: return gemv_bf16_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return gemv_bf16_scalar;
+}
+Bf16ToF32 bf16_to_f32_for(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return bf16_to_f32_avx512;
+    case CpuIsa::kAvx2: return bf16_to_f32_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return bf16_to_f32_scalar;
+}
+
+// Rows of W per bf16 tile: the float32 tile (rows x K) within ~4 MiB, so it is widened
+// and consumed while in L2/L3; 64..512 rows, a multiple of 16. (128, 512 and 1024 rows
+// measured alike at K = 4096, M = 64 and 256.)
+int64_t bf16_tile_rows(int64_t k) {
+  const int64_t rows = (int64_t{4} << 20) / (4 * std::max<int64_t>(1, k));
+  return std::clamp<int64_t>(rows / 16 * 16, 64, 512);
+}
+
+}  // namespace
+
+at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) {
+  const auto x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), ld_w = w.stride(0);
+  auto y = at::empty({m, n}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  // Tasks of at least ~64 KiB of weight, so the pool's hand-off stays small next to them.
+  const int64_t grain = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, k * w.element_size()));
+  if (w.scalar_type() == at::kBFloat16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
+    const GemvBf16 kernel = gemv_bf16_for(isa);
+    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { kernel(xp, m, k, k, wp, ld_w, yp, n, n0, n1); });
+  } else {
+    const float* wp = w.const_data_ptr<float>();
+    const GemvF32 kernel = gemv_f32_for(isa);
+    at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { kernel(xp, m, k, k, wp, ld_w, yp, n, n0, n1); });
+  }
+  return y;
+}
+
+at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) {
+  const auto x = x_in.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0), ld_w = w.stride(0);
+  const int64_t rows = bf16_tile_rows(k);
+  const int64_t tiles = (n + rows - 1) / rows;
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
+  const Bf16ToF32 widen = bf16_to_f32_for(isa);
+  const auto* mkl = mkl_api();
+  const bool blas = mkl != nullptr && mkl->sgemm != nullptr && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX;
+  // With MKL's SGEMM at hand each task writes its columns of y in place (ldc = N);
+  // through at::mm, it forms y^T[tile rows, :] = W_tile x^T, one contiguous block each.
+  auto out = blas ? at::empty({m, n}, x.options()) : at::empty({n, m}, x.options());
+  const auto x_t = x.t();
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = out.mutable_data_ptr<float>();  // taken here: the pool's threads are not in this one's InferenceMode
+  const at::ThreadLocalState state;           // ... which the at::mm_out fallback needs there
+  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    at::ThreadLocalStateGuard guard(state);
+    auto tile = at::empty({rows, k}, x.options());
+    float* tp = tile.mutable_data_ptr<float>();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = t * rows, r = std::min(rows, n - r0);
+      widen(wp + r0 * ld_w, r, k, ld_w, tp, k);
+      if (blas) {
+        sgemm_rows(*mkl, xp, static_cast<int>(m), static_cast<int>(k), tp, static_cast<int>(r), yp + r0,
+                   static_cast<int>(n));
+      } else {
+        auto block = out.narrow(0, r0, r);
+        at::mm_out(block, tile.narrow(0, 0, r), x_t);  // MKL runs single-threaded inside the task
+      }
+    }
+  });
+  return blas ? out : out.t();
+}
+
+}  // namespace tp::detail

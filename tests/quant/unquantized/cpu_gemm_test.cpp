@@ -1,0 +1,414 @@
+// The unquantized method's CPU GEMM backends (src/quant/unquantized/cpu_gemm.h): each
+// one forced, at edge shapes, against a float64 reference from the same weights; the
+// per-ISA kernels called directly for every ISA this CPU has; the selection table; the
+// re-pack when the weight changes; autograd falling back to at::linear.
+
+#include "support/tp_catch.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "quant/unquantized/cpu_gemm.h"
+#include "quant/unquantized/cpu_gemm_backends.h"
+#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "support/test_util.h"
+
+using tp::detail::CpuGemm;
+using tp::detail::CpuGemmBackend;
+using tp::detail::CpuGemmProblem;
+using tp::detail::CpuIsa;
+
+namespace {
+
+// Worst-case bound of a float32 dot product of length k in any summation order
+// (Higham, Accuracy and Stability of Numerical Algorithms, 3.1): |fl(x.w) - x.w| <=
+// gamma_k * sum |x_i w_i|, gamma_k = k u / (1 - k u), u = 2^-24; the inputs are exact
+// in float64, so this is the whole error of a float32 result. A bfloat16 result is
+// then rounded once more: + 2^-8 |x.w|. Checked element by element, so a wrong or
+// missing term (a kernel's tail, a row of the wrong tile) is far outside it.
+void require_within_bound(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w,
+                          const std::optional<at::Tensor>& bias = std::nullopt) {
+  const auto x64 = x.to(at::kDouble), w64 = w.to(at::kDouble);
+  auto ref = at::matmul(x64, w64.t());
+  auto abs_ref = at::matmul(x64.abs(), w64.abs().t());
+  const int64_t k = x.size(-1);
+  const double u = std::ldexp(1.0, -24);
+  const double gamma = (k + 1) * u / (1.0 - (k + 1) * u);  // + 1: the bias add
+  if (bias) {
+    ref = ref + bias->to(at::kDouble);
+    abs_ref = abs_ref + bias->to(at::kDouble).abs();
+  }
+  auto bound = gamma * abs_ref + 1e-30;
+  if (y.scalar_type() == at::kBFloat16) bound = (1.0 + std::ldexp(1.0, -8)) * bound + std::ldexp(1.0, -8) * ref.abs();
+  REQUIRE(y.sizes() == ref.sizes());
+  const auto excess = ((y.to(at::kDouble) - ref).abs() - bound).max().item<double>();
+  INFO("max(|y - ref| - bound) = " << excess << ", max |ref| = " << ref.abs().max().item<double>());
+  REQUIRE(excess <= 0.0);
+  // Not trivially within the bound: the result has the reference's magnitude.
+  REQUIRE(y.to(at::kDouble).abs().max().item<double>() > 0.5 * ref.abs().max().item<double>());
+}
+
+std::vector<CpuIsa> isas_here() {
+  std::vector<CpuIsa> out{CpuIsa::kScalar};
+  if (static_cast<int>(tp::detail::cpu_max_isa()) >= static_cast<int>(CpuIsa::kAvx2)) out.push_back(CpuIsa::kAvx2);
+  if (tp::detail::cpu_max_isa() == CpuIsa::kAvx512) out.push_back(CpuIsa::kAvx512);
+  return out;
+}
+
+using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,
+                         int64_t);
+using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t,
+                          int64_t);
+
+GemvF32 f32_kernel(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return tp::detail::gemv_f32_avx512;
+    case CpuIsa::kAvx2: return tp::detail::gemv_f32_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return tp::detail::gemv_f32_scalar;
+}
+GemvBf16 bf16_kernel(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return tp::detail::gemv_bf16_avx512;
+    case CpuIsa::kAvx2: return tp::detail::gemv_bf16_avx2;
+    case CpuIsa::kScalar: break;
+  }
+  return tp::detail::gemv_bf16_scalar;
+}
+
+struct Shape {
+  int64_t n, k;
+};
+// N and K off every tile (4 rows; 8 / 16 lanes; the 16-row bf16 tile), a single
+// element, K one vector, and a Llama-sized K.
+const std::vector<Shape> kEdgeShapes{{1, 1}, {5, 7}, {3, 8}, {17, 16}, {33, 17}, {67, 129}, {130, 1000}, {19, 4096}};
+const std::vector<int64_t> kMs{1, 3, 17};
+
+const std::vector<CpuGemmBackend> kBackends{CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn,
+                                            CpuGemmBackend::kMklPacked, CpuGemmBackend::kGemv,
+                                            CpuGemmBackend::kBf16Tiles};
+
+}  // namespace
+
+TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and writes only [n0, n1)",
+          "[quant][cpu_kernels]") {
+  uint64_t seed = 100;
+  for (const CpuIsa isa : isas_here()) {
+    for (const auto& s : kEdgeShapes) {
+      for (const int64_t m : kMs) {
+        for (const bool bf16 : {false, true}) {
+          INFO("isa " << tp::detail::to_string(isa) << " M=" << m << " N=" << s.n << " K=" << s.k
+                      << (bf16 ? " bf16" : " f32") << " seed " << seed);
+          // Padded rows: ld_x = K + 3, ld_w = K + 5, ld_y = N + 2; outputs outside
+          // [n0, n1) keep a NaN sentinel.
+          const auto x_pad = tp::test::randn({m, s.k + 3}, seed++).to(at::kFloat);
+          auto w_pad = tp::test::randn({s.n, s.k + 5}, seed++).to(bf16 ? at::kBFloat16 : at::kFloat);
+          const auto x = x_pad.narrow(1, 0, s.k), w = w_pad.narrow(1, 0, s.k);
+          auto y = at::full({m, s.n + 2}, std::numeric_limits<float>::quiet_NaN(), at::kFloat);
+          const int64_t n0 = s.n > 2 ? 1 : 0, n1 = s.n > 2 ? s.n - 1 : s.n;
+          if (bf16) {
+            bf16_kernel(isa)(x_pad.data_ptr<float>(), m, s.k, s.k + 3,
+                             reinterpret_cast<const uint16_t*>(w_pad.data_ptr<at::BFloat16>()), s.k + 5,
+                             y.data_ptr<float>(), s.n + 2, n0, n1);
+          } else {
+            f32_kernel(isa)(x_pad.data_ptr<float>(), m, s.k, s.k + 3, w_pad.data_ptr<float>(), s.k + 5,
+                            y.data_ptr<float>(), s.n + 2, n0, n1);
+          }
+          require_within_bound(y.narrow(1, n0, n1 - n0), x, w.narrow(0, n0, n1 - n0).to(at::kFloat));
+          const auto outside = at::cat({y.narrow(1, 0, n0), y.narrow(1, n1, s.n + 2 - n1)}, 1);
+          REQUIRE(outside.isnan().all().item<bool>());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: each per-ISA bf16 widening is exact on strided blocks", "[quant][cpu_kernels]") {
+  using Widen = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
+  for (const CpuIsa isa : isas_here()) {
+    const Widen widen = isa == CpuIsa::kAvx512 ? tp::detail::bf16_to_f32_avx512
+                        : isa == CpuIsa::kAvx2 ? tp::detail::bf16_to_f32_avx2
+                                               : tp::detail::bf16_to_f32_scalar;
+    for (const int64_t cols : {1, 7, 8, 15, 16, 17, 33, 100}) {
+      INFO("isa " << tp::detail::to_string(isa) << " cols " << cols);
+      const auto src = tp::test::randn({5, cols + 3}, 40 + cols).to(at::kBFloat16);
+      auto dst = at::full({5, cols + 2}, -7.0f, at::kFloat);
+      widen(reinterpret_cast<const uint16_t*>(src.data_ptr<at::BFloat16>()), 5, cols, cols + 3, dst.data_ptr<float>(),
+            cols + 2);
+      REQUIRE(at::equal(dst.narrow(1, 0, cols), src.narrow(1, 0, cols).to(at::kFloat)));
+      REQUIRE((dst.narrow(1, cols, 2) == -7.0f).all().item<bool>());
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: every backend forced matches float64 within float32 accumulation bounds (float32)",
+          "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  uint64_t seed = 1000;
+  for (const auto& s : kEdgeShapes) {
+    const auto w = tp::test::randn({s.n, s.k}, seed++).to(at::kFloat);
+    const auto bias = tp::test::randn({s.n}, seed++).to(at::kFloat);
+    CpuGemm gemm;
+    gemm.prepare(w);
+    for (const int64_t m : kMs) {
+      const auto x = tp::test::randn({m, s.k}, seed++).to(at::kFloat);
+      for (const auto backend : kBackends) {
+        const auto p = tp::detail::cpu_gemm_problem(m, s.n, s.k, at::kFloat);
+        if (!tp::detail::cpu_gemm_supports(backend, p)) continue;
+        INFO(tp::detail::to_string(backend) << " M=" << m << " N=" << s.n << " K=" << s.k);
+        require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+        require_within_bound(gemm.linear(x, bias, backend), x, w, bias);
+        REQUIRE(gemm.counts().at(backend) >= 2);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: every backend forced matches float64 within bounds (bfloat16)", "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  uint64_t seed = 2000;
+  for (const auto& s : kEdgeShapes) {
+    const auto w = tp::test::randn({s.n, s.k}, seed++).to(at::kBFloat16);
+    const auto bias = tp::test::randn({s.n}, seed++).to(at::kBFloat16);
+    CpuGemm gemm;
+    gemm.prepare(w);
+    for (const int64_t m : kMs) {
+      const auto x = tp::test::randn({m, s.k}, seed++).to(at::kBFloat16);
+      for (const auto backend : kBackends) {
+        INFO(tp::detail::to_string(backend) << " M=" << m << " N=" << s.n << " K=" << s.k);
+        const auto y = gemm.linear(x, bias, backend);
+        REQUIRE(y.scalar_type() == at::kBFloat16);
+        // ATen's and oneDNN's bf16 GEMMs may round the output of each K block to
+        // bf16 (at::linear on CPUs without bf16 arithmetic); the own paths round once.
+        if (backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
+          require_within_bound(y, x, w, bias);
+        } else {
+          const auto ref = at::addmm(bias.to(at::kDouble), x.to(at::kDouble), w.to(at::kDouble).t());
+          REQUIRE(tp::test::relative_error(y, ref) <= tp::test::tolerance(at::kBFloat16));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: backends threaded over N agree with float64, in InferenceMode too", "[quant][cpu_kernels]") {
+  // Shapes that split into several tasks of ATen's pool, whose threads do not share the
+  // caller's InferenceMode.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(std::max(2, threads));
+  for (const bool inference : {false, true}) {
+    std::optional<c10::InferenceMode> guard;
+    if (inference) guard.emplace();
+    at::NoGradGuard no_grad;
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      const auto w = tp::test::randn({1100, 1000}, 71).to(dtype);
+      CpuGemm gemm;
+      gemm.prepare(w);
+      for (const int64_t m : {1, 5, 40}) {
+        const auto x = tp::test::randn({m, 1000}, 72 + m).to(dtype);
+        for (const auto backend :
+             {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked, CpuGemmBackend::kOneDnn}) {
+          INFO(tp::detail::to_string(backend)
+               << " " << c10::toString(dtype) << " M=" << m << (inference ? " inference" : ""));
+          const auto y = gemm.linear(x, std::nullopt, backend);
+          if (dtype == at::kFloat || backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
+            require_within_bound(y, x, w);
+          } else {
+            REQUIRE(tp::test::relative_error(y, at::matmul(x.to(at::kDouble), w.to(at::kDouble).t())) <=
+                    tp::test::tolerance(at::kBFloat16));
+          }
+        }
+      }
+    }
+  }
+  at::set_num_threads(threads);
+}
+
+TEST_CASE("cpu_gemm: batched inputs keep their leading dimensions", "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  const auto w = tp::test::randn({37, 40}, 7).to(at::kFloat);
+  const auto x = tp::test::randn({2, 3, 40}, 8).to(at::kFloat);
+  CpuGemm gemm;
+  gemm.prepare(w);
+  for (const auto backend : {CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv}) {
+    INFO(tp::detail::to_string(backend));
+    const auto y = gemm.linear(x, std::nullopt, backend);
+    REQUIRE(y.sizes() == c10::IntArrayRef({2, 3, 37}));
+    require_within_bound(y.reshape({6, 37}), x.reshape({6, 40}), w);
+  }
+  // No rows: at::linear, an empty result of the right shape.
+  const auto empty = at::empty({0, 40}, at::kFloat);
+  REQUIRE(gemm.backend_for(empty) == CpuGemmBackend::kAtLinear);
+  REQUIRE(gemm.linear(empty, std::nullopt).sizes() == c10::IntArrayRef({0, 37}));
+}
+
+TEST_CASE("cpu_gemm: a packed weight is re-packed when the weight changes", "[quant][cpu_kernels]") {
+  at::NoGradGuard no_grad;
+  for (const auto backend : {CpuGemmBackend::kOneDnn, CpuGemmBackend::kMklPacked}) {
+    if (!tp::detail::cpu_gemm_supports(backend, tp::detail::cpu_gemm_problem(5, 24, 48, at::kFloat))) continue;
+    INFO(tp::detail::to_string(backend));
+    auto w = tp::test::randn({24, 48}, 11).to(at::kFloat);
+    const auto x = tp::test::randn({5, 48}, 12).to(at::kFloat);
+    CpuGemm gemm;
+    gemm.prepare(w);
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    const int64_t packs = gemm.packs();
+    REQUIRE(packs >= 1);
+    (void)gemm.linear(x, std::nullopt, backend);  // same weight: no new pack
+    REQUIRE(gemm.packs() == packs);
+
+    w.copy_(tp::test::randn({24, 48}, 13));  // as load_state_dict writes it
+    REQUIRE(gemm.packs() == packs);          // nothing is re-packed before it is used
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    REQUIRE(gemm.packs() == packs + 1);
+    w.narrow(0, 3, 4).add_(1.0);  // an optimizer step through a view
+    require_within_bound(gemm.linear(x, std::nullopt, backend), x, w);
+    REQUIRE(gemm.packs() == packs + 2);
+  }
+}
+
+TEST_CASE("cpu_gemm: prepare() packs at most the one copy the table uses", "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& s : std::vector<Shape>{{256, 512}, {2048, 2048}}) {
+      const auto w = tp::test::randn({s.n, s.k}, 51).to(dtype);
+      CpuGemm gemm;
+      gemm.prepare(w);
+      INFO(c10::toString(dtype) << " " << s.n << "x" << s.k << ": " << gemm.packed_bytes() << " packed bytes");
+      REQUIRE(gemm.packs() <= 1);
+      // One copy: oneDNN's blocked W is W's size; MKL's panels are at most ~1.25x W plus
+      // a fixed ~8 MB (measured 1.05-1.42x at the Llama shapes, 1.50x at 2048 x 2048),
+      // which the table spends only on weights of kCpuMklPackedMinBytes or more.
+      const int64_t w_bytes = w.numel() * w.element_size();
+      const int64_t limit =
+          w_bytes >= tp::detail::kCpuMklPackedMinBytes ? 5 * w_bytes / 4 + (int64_t{9} << 20) : 3 * w_bytes / 2;
+      REQUIRE(gemm.packed_bytes() <= limit);
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: bind() packs nothing until a packed backend runs", "[quant][cpu_kernels]") {
+  at::NoGradGuard no_grad;
+  auto w = at::empty({40, 24}, at::kFloat);  // as create_weights registers it
+  CpuGemm gemm;
+  gemm.bind(w);
+  REQUIRE(gemm.packs() == 0);
+  REQUIRE(gemm.packed_bytes() == 0);
+  w.copy_(tp::test::randn({40, 24}, 61));  // reset_parameters / load fill it later
+  const auto x = tp::test::randn({6, 24}, 62).to(at::kFloat);
+  require_within_bound(gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn), x, w);
+  REQUIRE(gemm.packs() == 1);
+}
+
+TEST_CASE("cpu_gemm: an inference-tensor weight edited in place is re-packed by prepare()", "[quant][cpu_kernels]") {
+  c10::InferenceMode inference;
+  auto w = tp::test::randn({24, 48}, 21).to(at::kFloat);
+  REQUIRE(w.is_inference());
+  const auto x = tp::test::randn({5, 48}, 22).to(at::kFloat);
+  CpuGemm gemm;
+  gemm.prepare(w);
+  require_within_bound(gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn), x, w);
+  w.copy_(tp::test::randn({24, 48}, 23));
+  gemm.prepare(w);  // what the layers' load_weights does after writing the weight
+  require_within_bound(gemm.linear(x, std::nullopt, CpuGemmBackend::kOneDnn), x, w);
+  // A new tensor (another storage) is noticed without prepare().
+  CpuGemm other;
+  other.prepare(w);
+  (void)other.linear(x, std::nullopt, CpuGemmBackend::kOneDnn);
+  REQUIRE(other.packs() >= 1);
+}
+
+TEST_CASE("cpu_gemm: a call that needs autograd runs at::linear and its gradients are at::linear's",
+          "[quant][cpu_kernels]") {
+  auto w = tp::test::randn({9, 20}, 31).to(at::kFloat).requires_grad_();
+  const auto x = tp::test::randn({3, 20}, 32).to(at::kFloat).requires_grad_();
+  CpuGemm gemm;
+  gemm.prepare(w);
+  for (const auto backend : kBackends) {
+    INFO(tp::detail::to_string(backend));
+    w.mutable_grad() = at::Tensor();
+    x.mutable_grad() = at::Tensor();
+    const auto before = gemm.counts();
+    auto y = gemm.linear(x, std::nullopt, backend);
+    const auto after = gemm.counts();
+    REQUIRE(after.at(CpuGemmBackend::kAtLinear) ==
+            (before.count(CpuGemmBackend::kAtLinear) ? before.at(CpuGemmBackend::kAtLinear) + 1 : 1));
+    REQUIRE(y.requires_grad());
+    y.sum().backward();
+    REQUIRE(at::allclose(w.grad(), x.sum(0, true).expand({9, 20}).detach()));
+    REQUIRE(at::allclose(x.grad(), w.sum(0, true).expand({3, 20}).detach()));
+  }
+  // Without grad mode the same weight takes the table's backend.
+  at::NoGradGuard no_grad;
+  REQUIRE(gemm.backend_for(x.detach()) ==
+          tp::detail::select_cpu_gemm(tp::detail::cpu_gemm_problem(3, 9, 20, at::kFloat)));
+}
+
+TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
+  // A pure function of the problem: machines described, not detected.
+  CpuGemmProblem p;
+  p.n = 4096, p.k = 4096, p.threads = 2, p.onednn = true, p.mkl_packed = true;
+  auto pick = [&](int64_t m, at::ScalarType dtype, CpuIsa isa, bool native_bf16, bool amd = false) {
+    p.m = m, p.dtype = dtype, p.isa = isa, p.native_bf16 = native_bf16, p.amd = amd;
+    p.onednn = dtype == at::kFloat || native_bf16;
+    return tp::detail::select_cpu_gemm(p);
+  };
+  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes.
+  for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+    for (const auto dtype : {at::kFloat, at::kBFloat16})
+      for (const int64_t m : {1, 4}) REQUIRE(pick(m, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+  // The portable kernels are never chosen: at::linear serves the scalar ISA.
+  REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
+  // float32: gemv to M = 16, then oneDNN (AVX-512, AMD) or MKL's packed SGEMM (Intel AVX2) to M = 64.
+  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kGemv);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kMklPacked);
+  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kOneDnn);
+  // Small weights keep MKL's pack (~8 MB of overhead) away.
+  p.n = 512;
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  p.n = 4096;
+  // No packed copies allowed (TP_CPU_GEMM_PACK=0): the unpacked backends only.
+  p.allow_packs = false;
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  p.allow_packs = true;
+  // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above.
+  REQUIRE(pick(8, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(32, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs.
+  for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
+    const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
+    INFO("M=" << m << " -> " << tp::detail::to_string(b));
+    REQUIRE(b == (m <= 16 ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles));
+  }
+  // Other dtypes: at::linear.
+  REQUIRE(pick(1, at::kDouble, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kHalf, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+}
+
+TEST_CASE("cpu_gemm: MKL's packed SGEMM is available wherever LibTorch exports it", "[quant][cpu_kernels]") {
+  // Its self-check failing would silently drop the backend (and skip it in every test above).
+  INFO("exported: " << tp::detail::mkl_packed_exported());
+  REQUIRE(tp::detail::mkl_packed_available() == tp::detail::mkl_packed_exported());
+}
+
+TEST_CASE("cpu_gemm: backend names parse and an unknown one is an error naming the valid ones",
+          "[quant][cpu_kernels]") {
+  for (const auto b : kBackends) REQUIRE(tp::detail::parse_cpu_gemm_backend(tp::detail::to_string(b)) == b);
+  REQUIRE(tp::detail::parse_cpu_gemm_backend("OneDNN") == CpuGemmBackend::kOneDnn);
+  REQUIRE_THROWS_WITH(tp::detail::parse_cpu_gemm_backend("mkl"),
+                      Catch::Contains("unknown CPU GEMM backend 'mkl'") &&
+                          Catch::Contains("at_linear, onednn, mkl_packed, gemv or bf16_tiles"));
+}
