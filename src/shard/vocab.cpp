@@ -13,7 +13,8 @@ Range VocabPartition::real(int64_t rank) const {
 }
 
 int64_t VocabPartition::owner(int64_t id) const {
-  for (int64_t r = 0; r < world_size(); ++r) {
+  // Padding rows belong to a rank but are no token.
+  for (int64_t r = 0; id >= 0 && id < vocab_size && r < world_size(); ++r) {
     if (id >= ranges[r].begin && id < ranges[r].end) return r;
   }
   throw ShardError("token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size) +
