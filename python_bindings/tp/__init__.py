@@ -12,6 +12,19 @@ torch.distributed process group (gloo on CPU, nccl on GPUs)::
 
 Errors from C++ arrive as ValueError (bad arguments), TypeError (wrong dtype),
 IndexError, or RuntimeError (e.g. a collective that timed out), with the C++ message.
+
+A Hugging Face folder describes its layers itself (config.json)::
+
+    cfg = tp.ModelConfig.from_pretrained("/models/Qwen3-8B")     # sizes, biases, RoPE, quant
+    ckpt = tp.open_checkpoint("/models/Qwen3-8B")
+    opts = cfg.decoder_layer_options(0)                           # layer 0's four projections
+    qkv = tp.QKVParallelLinear.from_options(opts.qkv)
+    qkv.load_weights(ckpt, opts.qkv_prefix)
+
+Training: the layers are differentiable at every TP size (their collectives are
+autograd functions, also available as ``tp.copy_to_parallel`` etc.), and
+``tp.gather_weights(model)`` gathers what was trained into full tensors under Hugging
+Face names for ``tp.save_safetensors``.
 """
 
 import torch  # noqa: F401  (loads libtorch and torch's pybind11 casters before _C)
@@ -19,43 +32,95 @@ import torch  # noqa: F401  (loads libtorch and torch's pybind11 casters before 
 from . import _C
 from ._C import (
     AllReduceStrategy,
+    BlockScaleName,
     Checkpoint,
+    CheckpointQuantization,
     CommunicatorOptions,
+    DecoderLayerOptions,
+    GptqFormat,
     HeadPlan,
+    ModelConfig,
+    ModelType,
     QuantConfig,
     QuantFormat,
     Range,
+    RopeParameters,
+    RopeType,
     SplitPolicy,
     WirePrecision,
     open_checkpoint,
     save_safetensors,
+    save_sharded_safetensors,
     split,
 )
+from .collectives import (
+    copy_to_parallel,
+    gather_from_parallel,
+    gather_from_sequence_parallel,
+    reduce_from_parallel,
+    reduce_scatter_to_sequence_parallel,
+    scatter_to_parallel,
+    scatter_to_sequence_parallel,
+    sequence_ranges,
+    sequence_sizes,
+)
 from .distributed import Communicator, communicator
+from .loading import LoadSession
 from .layers import (
     ColumnParallelLinear,
     GateUpParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    gather_weights,
 )
+from .causal_lm import CausalLM
+from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_argmax, vocab_parallel_cross_entropy
+from ._C import VocabPartition, partition_vocab
 
 __all__ = [
     "AllReduceStrategy",
+    "BlockScaleName",
+    "CausalLM",
     "Checkpoint",
+    "CheckpointQuantization",
     "ColumnParallelLinear",
     "Communicator",
     "CommunicatorOptions",
+    "DecoderLayerOptions",
     "GateUpParallelLinear",
+    "GptqFormat",
     "HeadPlan",
+    "LoadSession",
+    "ModelConfig",
+    "ModelType",
+    "ParallelLMHead",
     "QKVParallelLinear",
     "QuantConfig",
     "QuantFormat",
     "Range",
+    "RopeParameters",
+    "RopeType",
     "RowParallelLinear",
     "SplitPolicy",
+    "VocabParallelEmbedding",
+    "VocabPartition",
     "WirePrecision",
     "communicator",
+    "copy_to_parallel",
+    "gather_from_parallel",
+    "gather_from_sequence_parallel",
+    "gather_weights",
     "open_checkpoint",
+    "partition_vocab",
+    "reduce_from_parallel",
+    "reduce_scatter_to_sequence_parallel",
     "save_safetensors",
+    "save_sharded_safetensors",
+    "scatter_to_parallel",
+    "scatter_to_sequence_parallel",
+    "sequence_ranges",
+    "sequence_sizes",
     "split",
+    "vocab_parallel_argmax",
+    "vocab_parallel_cross_entropy",
 ]

@@ -1,0 +1,151 @@
+"""tp.CausalLM built from the tiny Hugging Face folders transformers wrote
+(hf_fixtures.py: Llama with Llama-3 RoPE and biases, Qwen2 with q/k/v biases and tied
+embeddings, Qwen3 with q/k norms; float64, two layers), at TP 1-4 (one process per
+rank, gloo), against transformers' own model: the logits of a prompt within
+1e-12 max(1, max |ref|), and 16 greedy tokens equal to generate(do_sample=False).
+Qwen3's 2 KV heads over 3 ranks: a clear error on every rank."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_fixtures
+import launcher
+import tp
+
+_ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    env = os.environ.get("TP_HF_FIXTURES")
+    if env:
+        return Path(env)
+    built = _ROOT / os.environ.get("TP_BUILD_DIR", "build") / "tests" / "hf_fixtures"
+    stamp = built / "stamp"
+    if (built / "manifest.json").exists() and stamp.exists() and stamp.read_text() == hf_fixtures._stamp(
+            hf_fixtures.ALL):
+        return built
+    out = tmp_path_factory.mktemp("hf_model_fixtures")
+    hf_fixtures.make(out, MODELS)
+    return out
+
+
+def _rank(rank, world, folder):
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in MODELS:
+        ref = load_file(f"{folder}/{name}.reference.safetensors")
+        try:
+            model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        except ValueError as e:
+            out[name] = ("error", str(e))
+            continue
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        err = (logits - ref["model.logits"]).abs().max().item()
+        scale = max(1.0, ref["model.logits"].abs().max().item())
+        tokens = model.generate(ref["model.prompt"], ref["model.generated"].shape[1])
+        out[name] = ("ran", err, scale, torch.equal(tokens, ref["model.generated"]), tokens.tolist())
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_causal_lm_equals_transformers(folder, world):
+    results = launcher.run(world, _rank, str(folder), timeout=600) if world > 1 else [_rank(0, 1, str(folder))]
+    for rank, res in enumerate(results):
+        for name in MODELS:
+            where = f"{name} TP {world} rank {rank}"
+            if name == "qwen3" and world == 3:
+                assert res[name][0] == "error" and "heads" in res[name][1], (where, res[name])
+                continue
+            assert res[name][0] == "ran", (where, res[name])
+            _, err, scale, same, tokens = res[name]
+            assert err <= 1e-12 * scale, f"{where}: max |logit err| {err:.3g} (max |logit| {scale:.3g})"
+            assert same, f"{where}: greedy tokens {tokens} differ from transformers'"
+        print(f"\nTP {world}: " + ", ".join(f"{n}: {res[n][1]:.2g}" for n in MODELS if res[n][0] == "ran"))
+
+
+def test_parameters_are_the_models_tensors(folder):
+    model = tp.CausalLM.from_pretrained(f"{folder}/qwen2", dtype=torch.float64)  # tied embeddings
+    names = [n for n, _ in model.named_parameters()]
+    assert "embed_tokens.weight" in names and not any(n.startswith("lm_head") for n in names), names
+    assert "layers.1.qkv.weight" in names and "norm.weight" in names, names
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[1, 128]]))
+
+
+def test_hf_model_example(folder):
+    """examples/hf_model.py on the Llama folder at TP 1 and 3: transformers' tokens."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(tp.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(_ROOT / "examples" / "hf_model.py"), str(folder / "llama"), "--tp", "1", "3",
+         "--dtype", "float64", "--compare-transformers"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for world in (1, 3):
+        assert f"TP={world}: max |logits - transformers|" in proc.stdout, proc.stdout
+        assert "DIFFERENT" not in proc.stdout, proc.stdout
+
+
+LR = 0.5
+
+
+def _train_rank(rank, world, folder):
+    from safetensors.torch import load_file
+
+    out = {}
+    for name in MODELS:
+        ids = load_file(f"{folder}/{name}.reference.safetensors")["model.prompt"]
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+            logits = model.gather_logits(model(ids))
+        out[name] = (loss.item(), logits)
+    return out
+
+
+def _train_reference(folder, name):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    ids = load_file(f"{folder}/{name}.reference.safetensors")["model.prompt"]
+    model = AutoModelForCausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64).eval()
+    logits = model(ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():  # tied weights appear once
+            p -= LR * p.grad
+        after = model(ids).logits
+    return loss.item(), logits.detach(), after
+
+
+def test_one_sgd_step_at_tp2_equals_transformers(folder):
+    """The vocab-parallel loss, its backward through every layer, one SGD step: the loss
+    and the logits after the step (they depend on every updated weight) equal
+    transformers' on one process, float64, within 1e-10."""
+    results = launcher.run(2, _train_rank, str(folder), timeout=600)
+    for name in MODELS:
+        want_loss, before, want_after = _train_reference(folder, name)
+        scale = max(1.0, want_after.abs().max().item())
+        assert (want_after - before).abs().max().item() > 1e-3, f"{name}: the step changed nothing"
+        for rank, res in enumerate(results):
+            loss, after = res[name]
+            where = f"{name} rank {rank}"
+            assert abs(loss - want_loss) <= 1e-10, f"{where}: loss {loss!r} vs {want_loss!r}"
+            err = (after - want_after).abs().max().item()
+            assert err <= 1e-10 * scale, f"{where}: logits after the step differ by {err:.3g}"
