@@ -21,6 +21,8 @@
 #include "tp/loader/safetensors.h"
 #include "tp/loader/safetensors_writer.h"
 #include "tp/loader/tensor_source.h"
+#include "tp/models/layer_options.h"
+#include "tp/models/model_config.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"

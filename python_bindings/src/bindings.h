@@ -12,12 +12,14 @@ namespace tp::python {
 
 /// AllReduceStrategy, CommunicatorOptions, Communicator (from a process group name).
 void init_comm(pybind11::module_& m);
-/// QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan.
+/// QuantFormat, GptqFormat, BlockScaleName, QuantConfig, Range, SplitPolicy, HeadPlan.
 void init_config(pybind11::module_& m);
 /// Checkpoint (name -> tensor sources), LoadSession.
 void init_loader(pybind11::module_& m);
 /// The four layers and their options.
 void init_layers(pybind11::module_& m);
+/// ModelConfig, its quantization and DecoderLayerOptions (after init_layers: it returns layer options).
+void init_models(pybind11::module_& m);
 /// The differentiable collectives and the sequence-parallel token rule.
 void init_differentiable(pybind11::module_& m);
 

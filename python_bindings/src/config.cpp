@@ -1,6 +1,8 @@
-// Bindings: QuantFormat, QuantConfig, Range, SplitPolicy, HeadPlan (plain values).
+// Bindings: QuantFormat, GptqFormat, BlockScaleName, QuantConfig, Range, SplitPolicy,
+// HeadPlan (plain values).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,16 +24,38 @@ void init_config(py::module_& m) {
   py::enum_<QuantFormat> formats(m, "QuantFormat", "Weight formats (none: the layer's dtype, GEMM by at::linear).");
   for (QuantFormat f : all_quant_formats()) formats.value(to_string(f), f);
 
-  py::class_<QuantConfig>(m, "QuantConfig", "Selects a layer's weight format (INT4: group_size and symmetric).")
-      .def(py::init([](QuantFormat format, int64_t group_size, bool symmetric) {
-             return QuantConfig{format, group_size, symmetric};
+  py::enum_<GptqFormat>(m, "GptqFormat",
+                        "How a GPTQ checkpoint stores zero points: v1 ('gptq', zero - 1) or v2 ('gptq_v2').")
+      .value("v1", GptqFormat::kV1)
+      .value("v2", GptqFormat::kV2);
+  py::enum_<BlockScaleName>(m, "BlockScaleName",
+                            "The tensor name of an FP8 block scale: weight_scale_inv (HF / DeepSeek) or "
+                            "weight_scale (compressed-tensors).")
+      .value("weight_scale_inv", BlockScaleName::kWeightScaleInv)
+      .value("weight_scale", BlockScaleName::kWeightScale);
+
+  py::class_<QuantConfig>(m, "QuantConfig",
+                          "Selects a layer's weight format (INT4: group_size and symmetric; int4_gptq: "
+                          "gptq_format; fp8_block: block_scale_name).")
+      .def(py::init([](QuantFormat format, int64_t group_size, bool symmetric, GptqFormat gptq_format,
+                       BlockScaleName block_scale_name) {
+             QuantConfig c{format, group_size, symmetric};
+             c.gptq_format = gptq_format;
+             c.block_scale_name = block_scale_name;
+             return c;
            }),
-           py::arg("format") = QuantFormat::kNone, py::arg("group_size") = 128, py::arg("symmetric") = true)
+           py::arg("format") = QuantFormat::kNone, py::arg("group_size") = 128, py::arg("symmetric") = true,
+           py::arg("gptq_format") = GptqFormat::kV1, py::arg("block_scale_name") = BlockScaleName::kWeightScaleInv)
       .def_static("parse", &parse_quant_config, py::arg("text"),
-                  "From a name like 'int4_gptq:g64:asym' or 'fp8_block'.")
+                  "From a name like 'int4_gptq:g64:asym:v2', 'fp8_block:weight_scale' or 'int4_pack_quantized'.")
       .def_readwrite("format", &QuantConfig::format)
       .def_readwrite("group_size", &QuantConfig::group_size)
       .def_readwrite("symmetric", &QuantConfig::symmetric)
+      .def_readwrite("gptq_format", &QuantConfig::gptq_format)
+      .def_readwrite("block_scale_name", &QuantConfig::block_scale_name)
+      .def(py::self == py::self)
+      .def(py::self != py::self)
+      .def("__hash__", [](const QuantConfig& q) { return std::hash<std::string>()(to_string(q)); })
       .def("__str__", [](const QuantConfig& q) { return to_string(q); })
       .def("__repr__", [](const QuantConfig& q) { return "tp.QuantConfig.parse('" + to_string(q) + "')"; });
 

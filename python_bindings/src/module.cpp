@@ -45,5 +45,6 @@ PYBIND11_MODULE(_C, m) {
   tp::python::init_config(m);
   tp::python::init_loader(m);
   tp::python::init_layers(m);
+  tp::python::init_models(m);
   tp::python::init_differentiable(m);
 }

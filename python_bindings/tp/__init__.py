@@ -13,6 +13,14 @@ torch.distributed process group (gloo on CPU, nccl on GPUs)::
 Errors from C++ arrive as ValueError (bad arguments), TypeError (wrong dtype),
 IndexError, or RuntimeError (e.g. a collective that timed out), with the C++ message.
 
+A Hugging Face folder describes its layers itself (config.json)::
+
+    cfg = tp.ModelConfig.from_pretrained("/models/Qwen3-8B")     # sizes, biases, RoPE, quant
+    ckpt = tp.open_checkpoint("/models/Qwen3-8B")
+    opts = cfg.decoder_layer_options(0)                           # layer 0's four projections
+    qkv = tp.QKVParallelLinear.from_options(opts.qkv)
+    qkv.load_weights(ckpt, opts.qkv_prefix)
+
 Training: the layers are differentiable at every TP size (their collectives are
 autograd functions, also available as ``tp.copy_to_parallel`` etc.), and
 ``tp.gather_weights(model)`` gathers what was trained into full tensors under Hugging
@@ -24,12 +32,20 @@ import torch  # noqa: F401  (loads libtorch and torch's pybind11 casters before 
 from . import _C
 from ._C import (
     AllReduceStrategy,
+    BlockScaleName,
     Checkpoint,
+    CheckpointQuantization,
     CommunicatorOptions,
+    DecoderLayerOptions,
+    GptqFormat,
     HeadPlan,
+    ModelConfig,
+    ModelType,
     QuantConfig,
     QuantFormat,
     Range,
+    RopeParameters,
+    RopeType,
     SplitPolicy,
     WirePrecision,
     open_checkpoint,
@@ -60,17 +76,25 @@ from .layers import (
 
 __all__ = [
     "AllReduceStrategy",
+    "BlockScaleName",
     "Checkpoint",
+    "CheckpointQuantization",
     "ColumnParallelLinear",
     "Communicator",
     "CommunicatorOptions",
+    "DecoderLayerOptions",
     "GateUpParallelLinear",
+    "GptqFormat",
     "HeadPlan",
     "LoadSession",
+    "ModelConfig",
+    "ModelType",
     "QKVParallelLinear",
     "QuantConfig",
     "QuantFormat",
     "Range",
+    "RopeParameters",
+    "RopeType",
     "RowParallelLinear",
     "SplitPolicy",
     "WirePrecision",

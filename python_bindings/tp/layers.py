@@ -57,6 +57,10 @@ class _ParallelLinear(nn.Module):
         options.device = torch.device("cpu" if device is None else device)
         for name, value in fields.items():
             setattr(options, name, value)
+        self._build(impl_type, options, group, communicator)
+
+    def _build(self, impl_type, options, group, communicator):
+        """Builds ``impl_type(options, comm)`` and registers its tensors as parameters."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
@@ -69,6 +73,23 @@ class _ParallelLinear(nn.Module):
             self.register_parameter(name, tensor)
         if "bias" not in self._parameters:
             self.register_parameter("bias", None)
+
+    @classmethod
+    def from_options(cls, options, *, group: Optional["dist.ProcessGroup"] = None,
+                     communicator: Optional["_C.Communicator"] = None):
+        """The layer from its C++ options, e.g. those tp.ModelConfig gives::
+
+            opts = tp.ModelConfig.from_pretrained(folder).decoder_layer_options(0)
+            qkv = tp.QKVParallelLinear.from_options(opts.qkv)
+            o = tp.RowParallelLinear.from_options(opts.o_proj(qkv))
+        """
+        if not isinstance(options, cls._options_type):
+            raise TypeError(f"{cls.__name__}.from_options: expected {cls._options_type.__name__}, "
+                            f"got {type(options).__name__}")
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._build(cls._impl_type, options, group, communicator)
+        return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """Runs the C++ forward with the GIL released (collectives included)."""
@@ -168,6 +189,9 @@ class ColumnParallelLinear(_ParallelLinear):
     reduce-scatters the input gradient. The column layers (QKV and GateUp too) take it.
     """
 
+    _impl_type = _C.ColumnParallelLinear
+    _options_type = _C.ColumnParallelLinearOptions
+
     def __init__(
         self,
         in_features: int,
@@ -215,6 +239,9 @@ class RowParallelLinear(_ParallelLinear):
     instead of all-reduced: this rank gets its tokens, ``tp.sequence_ranges(tokens,
     world)[rank]``; the backward all-gathers the output gradient.
     """
+
+    _impl_type = _C.RowParallelLinear
+    _options_type = _C.RowParallelLinearOptions
 
     def __init__(
         self,
@@ -264,6 +291,9 @@ class QKVParallelLinear(_ParallelLinear):
     gives (q, k, v).
     """
 
+    _impl_type = _C.QKVParallelLinear
+    _options_type = _C.QKVParallelLinearOptions
+
     def __init__(
         self,
         hidden_size: int,
@@ -309,6 +339,9 @@ class GateUpParallelLinear(_ParallelLinear):
     Output [..., 2 * local intermediate] ([gate_local | up_local]); ``split(y)`` gives
     (gate, up), so SiLU(gate) * up needs no communication.
     """
+
+    _impl_type = _C.GateUpParallelLinear
+    _options_type = _C.GateUpParallelLinearOptions
 
     def __init__(
         self,

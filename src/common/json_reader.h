@@ -1,7 +1,7 @@
 #pragma once
 // JsonReader: a small, strict, bounded JSON reader for the safetensors header and
-// index, and the all-reduce tuning table (no torch, so the fuzz target builds
-// without it).
+// index, the all-reduce tuning table and (through JsonValue, common/json_value.h) a
+// model's config.json (no torch, so the fuzz target builds without it).
 // Recursion is limited to kMaxJsonDepth; every read is bounds-checked; errors are
 // FormatError with the byte offset.
 
@@ -170,6 +170,15 @@ class JsonReader {
     if (p_ - start > 1 && *start == '0') fail_here(field + " has a leading zero");
     if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) fail_here(field + " must be an integer");
     return v;
+  }
+
+  // A JSON number's text, checked against JSON's grammar (for callers that convert it).
+  std::string number_text() {
+    const char c = peek();
+    if (c != '-' && (c < '0' || c > '9')) fail_here("expected a number, found " + found());
+    const char* start = p_;
+    number();
+    return std::string(start, p_);
   }
 
   // Any JSON value, checked and discarded.

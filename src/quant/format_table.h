@@ -17,12 +17,22 @@
 
 namespace tp::detail {
 
+/// The QuantConfig fields a format takes (FormatEntry::options, a bitwise or): the
+/// text form accepts exactly these, and QuantConfig equality compares only these.
+enum FormatOption : unsigned {
+  kNoOptions = 0,
+  kGroupOption = 1u << 0,           ///< group_size, ":g<group>"
+  kSymmetryOption = 1u << 1,        ///< symmetric, ":sym" / ":asym"
+  kGptqFormatOption = 1u << 2,      ///< gptq_format, ":v1" / ":v2"
+  kBlockScaleNameOption = 1u << 3,  ///< block_scale_name, ":weight_scale_inv" / ":weight_scale"
+};
+
 struct FormatEntry {
   QuantFormat format;
   /// The name to_string / parse_quant_config use ("fp8_block").
   const char* name;
-  /// Whether the text form takes ":g<group>" and ":sym|asym" (the INT4 formats).
-  bool group_options;
+  /// The QuantConfig fields this format takes (FormatOption bits).
+  unsigned options;
   /// The layer's QuantMethod.
   std::shared_ptr<QuantMethod> (*make_method)(const QuantConfig&);
   /// tp::quantize_weight: a float [N, K] weight (float32, CPU) -> the stored tensors.

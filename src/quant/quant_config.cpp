@@ -1,4 +1,4 @@
-// QuantConfig's text form and make_quant_method, read from the format table.
+// QuantConfig's text form, equality and make_quant_method, read from the format table.
 
 #include "tp/quant/quant_config.h"
 
@@ -23,6 +23,17 @@ std::string accepted_formats() {
   return out.str();
 }
 
+// The options a format takes, as the text form spells them.
+std::string accepted_options(unsigned options) {
+  std::string out;
+  const auto add = [&](const char* text) { out += (out.empty() ? "" : ", ") + std::string(text); };
+  if (options & detail::kGroupOption) add("g32, g64, g128");
+  if (options & detail::kSymmetryOption) add("sym, asym");
+  if (options & detail::kGptqFormatOption) add("v1, v2");
+  if (options & detail::kBlockScaleNameOption) add("weight_scale_inv, weight_scale");
+  return out.empty() ? "none" : out;
+}
+
 }  // namespace
 
 std::vector<QuantFormat> all_quant_formats() {
@@ -33,11 +44,30 @@ std::vector<QuantFormat> all_quant_formats() {
 
 const char* to_string(QuantFormat format) { return detail::format_entry(format).name; }
 
+const char* to_string(GptqFormat format) { return format == GptqFormat::kV2 ? "v2" : "v1"; }
+
+const char* to_string(BlockScaleName name) {
+  return name == BlockScaleName::kWeightScale ? "weight_scale" : "weight_scale_inv";
+}
+
+bool QuantConfig::operator==(const QuantConfig& other) const {
+  if (format != other.format) return false;
+  const unsigned options = detail::format_entry(format).options;
+  return (!(options & detail::kGroupOption) || group_size == other.group_size) &&
+         (!(options & detail::kSymmetryOption) || symmetric == other.symmetric) &&
+         (!(options & detail::kGptqFormatOption) || gptq_format == other.gptq_format) &&
+         (!(options & detail::kBlockScaleNameOption) || block_scale_name == other.block_scale_name);
+}
+
 std::string to_string(const QuantConfig& config) {
+  const unsigned options = detail::format_entry(config.format).options;
   std::string text = to_string(config.format);
-  if (detail::format_entry(config.format).group_options) {
-    text += ":g" + std::to_string(config.group_size) + (config.symmetric ? ":sym" : ":asym");
-  }
+  if (options & detail::kGroupOption) text += ":g" + std::to_string(config.group_size);
+  if (options & detail::kSymmetryOption) text += config.symmetric ? ":sym" : ":asym";
+  if ((options & detail::kGptqFormatOption) && config.gptq_format != GptqFormat::kV1)
+    text += std::string(":") + to_string(config.gptq_format);
+  if ((options & detail::kBlockScaleNameOption) && config.block_scale_name != BlockScaleName::kWeightScaleInv)
+    text += std::string(":") + to_string(config.block_scale_name);
   return text;
 }
 
@@ -52,21 +82,32 @@ QuantConfig parse_quant_config(const std::string& text) {
     if (fields[0] == e.name) entry = &e;
   }
   TORCH_CHECK_VALUE(entry != nullptr, "quant format: unknown format '", fields[0], "' in '", text,
-                    "'; expected one of ", accepted_formats(), " (INT4 formats take ':g32|g64|g128' and ':sym|asym')");
+                    "'; expected one of ", accepted_formats(),
+                    " (INT4 formats take ':g32|g64|g128' and ':sym|asym', int4_gptq ':v1|v2', fp8_block "
+                    "':weight_scale_inv|weight_scale')");
   QuantConfig config;
   config.format = entry->format;
   for (size_t i = 1; i < fields.size(); ++i) {
     const std::string& f = fields[i];
-    TORCH_CHECK_VALUE(entry->group_options, "quant format: '", text, "': only the INT4 formats take options; '",
-                      fields[0], "' takes none");
+    unsigned option = detail::kNoOptions;
     if (f == "sym" || f == "asym") {
+      option = detail::kSymmetryOption;
       config.symmetric = f == "sym";
-    } else if (f.size() > 1 && f[0] == 'g' && f.find_first_not_of("0123456789", 1) == std::string::npos) {
+    } else if (f.size() > 1 && f.size() < 8 && f[0] == 'g' &&
+               f.find_first_not_of("0123456789", 1) == std::string::npos) {
+      option = detail::kGroupOption;
       config.group_size = std::stoll(f.substr(1));
-    } else {
-      TORCH_CHECK_VALUE(false, "quant format: '", text, "': unknown option '", f,
-                        "'; expected g32, g64, g128, sym or asym");
+    } else if (f == "v1" || f == "v2") {
+      option = detail::kGptqFormatOption;
+      config.gptq_format = f == "v2" ? GptqFormat::kV2 : GptqFormat::kV1;
+    } else if (f == "weight_scale_inv" || f == "weight_scale") {
+      option = detail::kBlockScaleNameOption;
+      config.block_scale_name = f == "weight_scale" ? BlockScaleName::kWeightScale : BlockScaleName::kWeightScaleInv;
     }
+    TORCH_CHECK_VALUE(option != detail::kNoOptions, "quant format: '", text, "': unknown option '", f, "'; ", fields[0],
+                      " takes ", accepted_options(entry->options));
+    TORCH_CHECK_VALUE(entry->options & option, "quant format: '", text, "': ", fields[0], " does not take '", f,
+                      "'; it takes ", accepted_options(entry->options));
   }
   return config;
 }

@@ -12,8 +12,10 @@
 using namespace tp;
 
 TEST_CASE("quant configs round-trip through their names", "[quant]") {
-  for (const char* text : {"none", "fp8_tensor", "fp8_channel", "fp8_block", "int8_w8a8", "int8_weight_only",
-                           "int4_gptq:g32:sym", "int4_gptq:g128:asym", "int4_awq:g64:sym", "int4_awq:g128:asym"}) {
+  for (const char* text :
+       {"none", "fp8_tensor", "fp8_channel", "fp8_block", "int8_w8a8", "int8_weight_only", "int4_gptq:g32:sym",
+        "int4_gptq:g128:asym", "int4_awq:g64:sym", "int4_awq:g128:asym", "int4_gptq:g64:asym:v2",
+        "fp8_block:weight_scale", "int4_pack_quantized:g32:sym", "int4_pack_quantized:g128:asym"}) {
     INFO(text);
     CHECK(to_string(parse_quant_config(text)) == text);
   }
@@ -22,11 +24,37 @@ TEST_CASE("quant configs round-trip through their names", "[quant]") {
   CHECK(c.group_size == 32);
   CHECK_FALSE(c.symmetric);
   CHECK(parse_quant_config("int4_gptq").group_size == 128);
+  CHECK(parse_quant_config("int4_gptq").gptq_format == GptqFormat::kV1);
+  CHECK(parse_quant_config("int4_gptq:v2:g64").gptq_format == GptqFormat::kV2);
+  CHECK(to_string(parse_quant_config("int4_gptq:v1")) == "int4_gptq:g128:sym");
+  CHECK(parse_quant_config("fp8_block").block_scale_name == BlockScaleName::kWeightScaleInv);
+  CHECK(parse_quant_config("fp8_block:weight_scale").block_scale_name == BlockScaleName::kWeightScale);
+  CHECK(to_string(parse_quant_config("fp8_block:weight_scale_inv")) == "fp8_block");
+}
+
+TEST_CASE("quant configs compare only the options their format takes", "[quant]") {
+  QuantConfig a{QuantFormat::kFp8Block}, b = a;
+  b.group_size = 64;
+  b.gptq_format = GptqFormat::kV2;
+  CHECK(a == b);
+  b.block_scale_name = BlockScaleName::kWeightScale;
+  CHECK(a != b);
+  QuantConfig g1{QuantFormat::kInt4Gptq, 64, false}, g2 = g1;
+  g2.block_scale_name = BlockScaleName::kWeightScale;
+  CHECK(g1 == g2);
+  g2.gptq_format = GptqFormat::kV2;
+  CHECK(g1 != g2);
+  CHECK(QuantConfig{QuantFormat::kInt4Awq, 64} != QuantConfig{QuantFormat::kInt4Awq, 128});
+  CHECK(QuantConfig{QuantFormat::kInt4Awq} != QuantConfig{QuantFormat::kInt4PackQuantized});
 }
 
 TEST_CASE("unknown quant names are errors listing what is accepted", "[quant][errors]") {
   CHECK_THROWS_WITH(parse_quant_config("fp4"), Catch::Contains("unknown format 'fp4'") && Catch::Contains("int4_awq"));
-  CHECK_THROWS_WITH(parse_quant_config("fp8_block:g64"), Catch::Contains("takes none"));
+  CHECK_THROWS_WITH(parse_quant_config("fp8_tensor:g64"), Catch::Contains("takes none"));
+  CHECK_THROWS_WITH(parse_quant_config("fp8_block:g64"),
+                    Catch::Contains("does not take 'g64'") && Catch::Contains("weight_scale_inv, weight_scale"));
+  CHECK_THROWS_WITH(parse_quant_config("int4_awq:v2"), Catch::Contains("int4_awq does not take 'v2'"));
+  CHECK_THROWS_WITH(parse_quant_config("int4_gptq:v3"), Catch::Contains("unknown option 'v3'"));
   CHECK_THROWS_WITH(parse_quant_config("int4_gptq:x"), Catch::Contains("unknown option 'x'"));
   CHECK_THROWS_WITH(parse_quant_config(""), Catch::Contains("expected one of"));
 }

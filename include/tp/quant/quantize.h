@@ -10,10 +10,14 @@
 //   fp8_tensor        weight f8e4m3 [N, K], weight_scale f32 [], input_scale f32 []
 //   fp8_channel       weight f8e4m3 [N, K], weight_scale f32 [N, 1]
 //   fp8_block         weight f8e4m3 [N, K], weight_scale_inv f32 [ceil(N/128), ceil(K/128)]
+//                     (named weight_scale with QuantConfig::block_scale_name = kWeightScale)
 //   int8_w8a8         weight i8 [N, K], weight_scale f32 [N, 1]
 //   int8_weight_only  weight i8 [N, K], weight_scale f32 [N, 1]
 //   int4_gptq         qweight i32 [K/8, N], scales f16 [K/g, N], qzeros i32 [K/g, N/8]
+//                     (zero - 1 in v1, the zero itself in v2: QuantConfig::gptq_format)
 //   int4_awq          qweight i32 [K, N/8], scales f16 [K/g, N], qzeros i32 [K/g, N/8]
+//   int4_pack_quantized  weight_packed i32 [N, K/8], weight_scale f32 [N, K/g],
+//                     weight_shape i64 [2], and weight_zero_point i32 [N/8, K/g] when asymmetric
 // (the INT4 packings and zero-point conventions are described in src/quant/int4/packing.h).
 
 #include <map>

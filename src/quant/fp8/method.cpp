@@ -5,13 +5,14 @@
 //   fp8_tensor   weight f8 [N,K], weight_scale f32 [], input_scale []  static: fp8(x / input_scale)
 //   fp8_channel  weight f8 [N,K], weight_scale f32 [N,1]               dynamic per token: amax(row) / 448
 //   fp8_block    weight f8 [N,K], weight_scale_inv [ceil(N/128),       dynamic 1x128 groups along K
-//                ceil(K/128)] (DeepSeek-V3: w = w_f8 * scale_inv)
+//                ceil(K/128)] (DeepSeek-V3: w = w_f8 * scale_inv; compressed-tensors
+//                names the same tensor weight_scale: QuantConfig::block_scale_name)
 //
 // Inside a layer, every format keeps its weight scales PER LOCAL ROW, in the kernel's
 // layout, registered under the checkpoint's name:
 //   fp8_tensor   weight_scale     [out_local, 1]
 //   fp8_channel  weight_scale     [out_local, 1]            (the checkpoint's own shape)
-//   fp8_block    weight_scale_inv [out_local, ceil(in_local / 128)]
+//   fp8_block    weight_scale_inv [out_local, ceil(in_local / 128)]   (or weight_scale, as configured)
 // plus fp8_tensor's input_scale []. Per-row scales make every concatenation exact: a
 // fused QKV whose q, k, v tensors each have their own per-tensor scale, or a fused
 // gate|up whose segments are not multiples of 128 (gate=1000: up's first row sits in
@@ -113,9 +114,11 @@ const at::Tensor& find(const QuantizedTensors& tensors, const char* suffix, cons
   return it->second;
 }
 
-// The name of the weight scale tensor of `format` in checkpoints and in the layer.
-const char* scale_name(QuantFormat format) {
-  return format == QuantFormat::kFp8Block ? "weight_scale_inv" : "weight_scale";
+// The name of the weight scale tensor of `config` in checkpoints and in the layer:
+// fp8_block's is configurable (HF fine-grained FP8 "weight_scale_inv", compressed-tensors
+// "weight_scale"; both multiply).
+const char* scale_name(const QuantConfig& config) {
+  return config.format == QuantFormat::kFp8Block ? to_string(config.block_scale_name) : "weight_scale";
 }
 
 void check_scale_dtype(const std::string& layer, const TensorSource& source, const QuantConfig& config) {
@@ -129,7 +132,7 @@ class Fp8Method final : public QuantMethod {
  public:
   explicit Fp8Method(QuantConfig config) : config_(config) {}
 
-  std::string name() const override { return to_string(config_.format); }
+  std::string name() const override { return to_string(config_); }
   int64_t tp_alignment(ShardMode mode) const override { return fp8_alignment(config_, mode); }
   bool allows_partial_block(ShardMode) const override { return block(); }
 
@@ -142,7 +145,7 @@ class Fp8Method final : public QuantMethod {
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
     weight_ = layer.register_parameter("weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
                                        /*requires_grad=*/false);
-    scale_ = layer.register_parameter(scale_name(config_.format), at::ones({out_local, groups()}, f32),
+    scale_ = layer.register_parameter(scale_name(config_), at::ones({out_local, groups()}, f32),
                                       /*requires_grad=*/false);
     if (config_.format == QuantFormat::kFp8PerTensor)
       input_scale_ = layer.register_parameter("input_scale", at::ones({}, f32), /*requires_grad=*/false);
@@ -155,7 +158,7 @@ class Fp8Method final : public QuantMethod {
     at::NoGradGuard no_grad;
     const auto q = quantize_fp8(random_linear_weight(weight_.size(0), weight_.size(1), global_in_features), config_);
     weight_.copy_(q.at("weight"));
-    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_.format)), weight_.size(0));
+    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_)), weight_.size(0));
     if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));
     finalize();
   }
@@ -192,7 +195,7 @@ class Fp8Method final : public QuantMethod {
                         ": tensor '", wsrc.name(), "' has shape ", c10::IntArrayRef(wshape), "; expected [", n, ", ", k,
                         "] (weight is [out_features, in_features])");
       const int64_t n_all = wshape[0], k_all = wshape[1];
-      const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_.format), layer);
+      const auto& ssrc = checkpoint.get(part.prefix + "." + scale_name(config_), layer);
       check_scale_dtype(layer, ssrc, config_);
       check_scale_shape(layer, ssrc, n_all, k_all);
       at::Tensor input;
@@ -376,7 +379,7 @@ QuantizedTensors quantize_fp8(const at::Tensor& weight, const QuantConfig& confi
       const auto padded = at::constant_pad_nd(w, {0, kb * kBlock - k, 0, nb * kBlock - n});
       const auto amax = padded.abs().reshape({nb, kBlock, kb, kBlock}).amax(at::IntArrayRef{1, 3});
       const auto s = scale_of(amax);  // [nb, kb]
-      return {{"weight", to_e4m3(w / expand_blocks(s, n, k))}, {"weight_scale_inv", s}};
+      return {{"weight", to_e4m3(w / expand_blocks(s, n, k))}, {scale_name(config), s}};
     }
     default: break;
   }
@@ -391,7 +394,7 @@ at::Tensor dequantize_fp8(const QuantizedTensors& tensors, const QuantConfig& co
                     ": 'weight' must be a float8_e4m3fn [out_features, in_features] tensor; got ", w.sizes(), " ",
                     w.scalar_type());
   const int64_t n = w.size(0), k = w.size(1);
-  const at::Tensor s = find(tensors, scale_name(config.format), config).to(at::kFloat);
+  const at::Tensor s = find(tensors, scale_name(config), config).to(at::kFloat);
   switch (config.format) {
     case QuantFormat::kFp8PerTensor:
       TORCH_CHECK_VALUE(s.numel() == 1 && s.dim() <= 1, to_string(config), ": 'weight_scale' must be [] or [1]; got ",
@@ -403,8 +406,8 @@ at::Tensor dequantize_fp8(const QuantizedTensors& tensors, const QuantConfig& co
       return w.to(at::kFloat) * s;
     case QuantFormat::kFp8Block:
       TORCH_CHECK_VALUE(s.sizes() == at::IntArrayRef({ceil_div(n, kBlock), ceil_div(k, kBlock)}), to_string(config),
-                        ": 'weight_scale_inv' must be [", ceil_div(n, kBlock), ", ", ceil_div(k, kBlock), "]; got ",
-                        s.sizes());
+                        ": '", scale_name(config), "' must be [", ceil_div(n, kBlock), ", ", ceil_div(k, kBlock),
+                        "]; got ", s.sizes());
       return w.to(at::kFloat) * expand_blocks(s, n, k);
     default: break;
   }

@@ -1,6 +1,7 @@
 #pragma once
-// The INT4 group-wise family (int4_gptq, int4_awq): its row functions in the
-// format table (quant/format_table.h), implemented in this folder's method.cpp.
+// The INT4 group-wise family (int4_gptq, int4_awq, int4_pack_quantized): its row
+// functions in the format table (quant/format_table.h), implemented in this folder's
+// method.cpp and pack_quantized.cpp.
 
 #include <cstdint>
 #include <memory>
@@ -19,5 +20,7 @@ QuantizedTensors quantize_int4(const at::Tensor& weight, const QuantConfig& conf
 at::Tensor dequantize_int4(const QuantizedTensors& tensors, const QuantConfig& config);
 at::Tensor quantize_activation_int4(const at::Tensor& x, const QuantizedTensors& tensors, const QuantConfig& config);
 int64_t int4_alignment(const QuantConfig& config, ShardMode mode);
+QuantizedTensors quantize_int4_pack_quantized(const at::Tensor& weight, const QuantConfig& config);
+at::Tensor dequantize_int4_pack_quantized(const QuantizedTensors& tensors, const QuantConfig& config);
 
 }  // namespace tp::detail

@@ -1,10 +1,14 @@
-// INT4 weight-only, group-wise: kInt4Gptq and kInt4Awq (the packings are described in
-// quant/int4/packing.h).
+// INT4 weight-only, group-wise: kInt4Gptq, kInt4Awq and kInt4PackQuantized (the
+// packings are described in quant/int4/packing.h). One method: the packings differ in
+// what is registered and loaded, and all unpack to the same codes / scales / zero
+// points (Int4Unpacked), from which finalize() builds the kernels' layouts.
 //
-// TP alignment: COLUMN splits N, which GPTQ's qzeros and AWQ's qweight/qzeros pack
-// eight to an int32, so every boundary is a multiple of 8. ROW splits K, which the
-// scale groups cover g at a time (and GPTQ's qweight packs eight at a time; g is a
-// multiple of 8), so every boundary is a multiple of g.
+// TP alignment: COLUMN splits N, which GPTQ's qzeros, AWQ's qweight/qzeros and
+// pack-quantized's weight_zero_point pack eight to an int32, so every boundary is a
+// multiple of 8 - except for symmetric pack-quantized, which packs only along K
+// (alignment 1). ROW splits K, which the scale groups cover g at a time (and the
+// K-packed qweight / weight_packed eight at a time; g is a multiple of 8), so every
+// boundary is a multiple of g.
 //
 // CPU kernel: tp's own (quant/int4/cpu_kernels.h). finalize() unpacks the checkpoint
 // to codes q [N, K], scales and zero points, and repacks them once into the kernels'
@@ -42,6 +46,22 @@ void check_group(const QuantConfig& config) {
                     " is not supported; use 32, 64 or 128");
 }
 
+// Which checkpoint packing a format reads.
+enum class Packing { kGptq, kAwq, kPackQuantized };
+
+Packing packing_of(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kInt4Gptq: return Packing::kGptq;
+    case QuantFormat::kInt4Awq: return Packing::kAwq;
+    case QuantFormat::kInt4PackQuantized: return Packing::kPackQuantized;
+    default: break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "not an int4 format: ", to_string(format));
+  return Packing::kGptq;
+}
+
+bool is_float_scale(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
 bool cpu_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -53,7 +73,11 @@ std::string shape_str(const std::vector<int64_t>& s) {
 class Int4Method final : public QuantMethod {
  public:
   explicit Int4Method(const QuantConfig& config)
-      : config_(config), g_(config.group_size), awq_(config.format == QuantFormat::kInt4Awq) {
+      : config_(config),
+        g_(config.group_size),
+        packing_(packing_of(config.format)),
+        awq_(packing_ == Packing::kAwq),
+        pack_(packing_ == Packing::kPackQuantized) {
     check_group(config);
   }
 
@@ -65,13 +89,22 @@ class Int4Method final : public QuantMethod {
                       const at::TensorOptions& options) override {
     TORCH_CHECK_VALUE(in_local % g_ == 0, name(), ": the layer's in_features per rank (", in_local,
                       ") is not a multiple of the group size ", g_, "; pad in_features to a multiple of ", g_);
-    TORCH_CHECK_VALUE(out_local % 8 == 0, name(), ": the layer's out_features per rank (", out_local,
+    TORCH_CHECK_VALUE(out_local % 8 == 0 || !packs_n(), name(), ": the layer's out_features per rank (", out_local,
                       ") is not a multiple of 8 (eight 4-bit values share one int32); pad out_features to ",
                       round_up(out_local, 8));
     n_ = out_local;
     k_ = in_local;
     dtype_ = c10::typeMetaToScalarType(options.dtype());
     const auto i32 = options.dtype(at::kInt);
+    if (pack_) {
+      // compressed-tensors' names and [N, K] orientation. The scale is kept in float32,
+      // which holds the checkpoint's bfloat16 / float16 / float32 scale exactly.
+      qweight_ = layer.register_parameter("weight_packed", at::zeros({n_, k_ / 8}, i32), false);
+      scales_ = layer.register_parameter("weight_scale", at::ones({n_, k_ / g_}, options.dtype(at::kFloat)), false);
+      if (!config_.symmetric)
+        qzeros_ = layer.register_parameter("weight_zero_point", at::zeros({n_ / 8, k_ / g_}, i32), false);
+      return;
+    }
     // Registered as the checkpoint names them, so parameters() and state_dict() show the format.
     qweight_ = layer.register_parameter(
         "qweight", at::zeros(awq_ ? std::vector<int64_t>{k_, n_ / 8} : std::vector<int64_t>{k_ / 8, n_}, i32), false);
@@ -83,16 +116,25 @@ class Int4Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (n_ == 0 || k_ == 0) return;
-    const auto q = quantize_int4(random_linear_weight(n_, k_, global_in_features), config_);
+    const auto w = random_linear_weight(n_, k_, global_in_features);
     at::NoGradGuard no_grad;
-    qweight_.copy_(q.at("qweight"));
-    qzeros_.copy_(q.at("qzeros"));
-    scales_.copy_(q.at("scales"));
+    if (pack_) {
+      const auto q = quantize_int4_pack_quantized(w, config_);
+      qweight_.copy_(q.at("weight_packed"));
+      scales_.copy_(q.at("weight_scale"));
+      if (qzeros_.defined()) qzeros_.copy_(q.at("weight_zero_point"));
+    } else {
+      const auto q = quantize_int4(w, config_);
+      qweight_.copy_(q.at("qweight"));
+      qzeros_.copy_(q.at("qzeros"));
+      scales_.copy_(q.at("scales"));
+    }
     finalize();
   }
 
   void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
             const std::string& layer) override {
+    if (pack_) return load_pack_quantized(checkpoint, parts, mode, layer);
     const bool column = mode == ShardMode::kColumn;
     // The checkpoint is [K, N]-oriented: COLUMN (split N) splits its dim 1 and ROW
     // (split K) its dim 0, which is load_shard's flip_tp. The local tensors have the
@@ -212,9 +254,96 @@ class Int4Method final : public QuantMethod {
   at::Device weight_device() const override { return qweight_.device(); }
 
  private:
+  // Whether the checkpoint packs N eight to a word (then N-shards are multiples of 8).
+  bool packs_n() const { return !pack_ || !config_.symmetric; }
+
   Int4Unpacked unpack() const {
-    const auto qw = qweight_.cpu(), qz = qzeros_.cpu(), sc = scales_.cpu();
-    return awq_ ? unpack_awq(qw, qz, sc) : unpack_gptq(qw, qz, sc);
+    const auto qw = qweight_.cpu(), qz = qzeros_.defined() ? qzeros_.cpu() : at::Tensor(), sc = scales_.cpu();
+    switch (packing_) {
+      case Packing::kAwq: return unpack_awq(qw, qz, sc);
+      case Packing::kPackQuantized: return unpack_pack_quantized(qw, qz, sc);
+      case Packing::kGptq: break;
+    }
+    return unpack_gptq(qw, qz, sc, config_.gptq_format);
+  }
+
+  // compressed-tensors pack-quantized: every tensor [N, K]-oriented (no flip_tp).
+  // COLUMN splits dim 0 (N; weight_zero_point packs it eight to a word), ROW dim 1
+  // (K; weight_packed packs it eight to a word, weight_scale / weight_zero_point hold
+  // one column per group). Every rank checks every tensor's metadata, including ranks
+  // whose part is empty, so a bad checkpoint fails on all ranks alike.
+  void load_pack_quantized(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
+                           const std::string& layer) {
+    const bool column = mode == ShardMode::kColumn;
+    const int64_t dim = column ? 0 : 1;
+    at::NoGradGuard no_grad;
+    for (const auto& part : parts) {
+      TORCH_INTERNAL_ASSERT(part.logical_size >= 0, layer, ": WeightPart '", part.prefix, "' has no logical_size");
+      const int64_t n = column ? part.logical_size : n_;  // the checkpoint tensor's N and K
+      const int64_t k = column ? k_ : part.logical_size;
+      const std::string weight = "[" + std::to_string(n) + ", " + std::to_string(k) + "]";
+      TORCH_CHECK_VALUE(k % g_ == 0 && (n % 8 == 0 || config_.symmetric), layer, ": '", part.prefix, "' is a ", weight,
+                        " weight; ", name(), " needs in_features a multiple of ", g_,
+                        config_.symmetric ? "" : " and out_features a multiple of 8 (the zero points pack N)");
+      const auto check = [&](const TensorSource& source, bool integer, const std::vector<int64_t>& expected,
+                             const char* layout) {
+        const auto dtype = source.dtype();
+        if (integer) {
+          TORCH_CHECK_TYPE(dtype == at::kInt, layer, ": tensor '", source.name(), "' has dtype ", dtype, "; ", name(),
+                           " stores it as int32 (eight 4-bit values per element)");
+        } else {
+          TORCH_CHECK_TYPE(is_float_scale(dtype), layer, ": tensor '", source.name(), "' has dtype ", dtype, "; ",
+                           name(), " expects a bfloat16, float16 or float32 scale");
+        }
+        TORCH_CHECK_VALUE(source.shape() == expected, layer, ": tensor '", source.name(), "' has shape ",
+                          shape_str(source.shape()), "; expected ", shape_str(expected), " (", layout, ") for a ",
+                          weight, " (out_features, in_features) weight in ", name());
+      };
+      const auto& packed = checkpoint.get(part.prefix + ".weight_packed", layer);
+      check(packed, true, {n, k / 8}, "[N, K/8], packed along K");
+      const auto& scale = checkpoint.get(part.prefix + ".weight_scale", layer);
+      check(scale, false, {n, k / g_}, "[N, K/g]");
+      const std::string zp_name = part.prefix + ".weight_zero_point";
+      const TensorSource* zero_point = nullptr;
+      if (config_.symmetric) {
+        TORCH_CHECK_VALUE(!checkpoint.contains(zp_name), layer, ": the checkpoint has '", zp_name,
+                          "', but the layer is ", name(),
+                          ", which has no zero points; build it with ':asym' (the checkpoint's "
+                          "quantization_config says symmetric: false)");
+      } else {
+        zero_point = &checkpoint.get(zp_name, layer);
+        check(*zero_point, true, {n / 8, k / g_}, "[N/8, K/g], packed along N");
+      }
+      const auto& shape = checkpoint.get(part.prefix + ".weight_shape", layer);
+      TORCH_CHECK_VALUE(
+          shape.shape() == std::vector<int64_t>{2} && (shape.dtype() == at::kLong || shape.dtype() == at::kInt), layer,
+          ": tensor '", shape.name(), "' has shape ", shape_str(shape.shape()), " and dtype ", shape.dtype(),
+          "; expected an int64 [2] holding [out_features, in_features]");
+      const auto nk = shape.read_all().to(at::kLong);
+      TORCH_CHECK_VALUE(nk[0].item<int64_t>() == n && nk[1].item<int64_t>() == k, layer, ": tensor '", shape.name(),
+                        "' says the weight is [", nk[0].item<int64_t>(), ", ", nk[1].item<int64_t>(),
+                        "]; the layer expects ", weight);
+      if (part.range.size() == 0) continue;  // nothing of this part on this rank
+
+      const auto load_one = [&](const TensorSource& source, LoadOptions options, const at::Tensor& dst) {
+        const int64_t div = options.scale_span * options.elm_packing;
+        TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '",
+                              part.prefix, "' at ", part.local_offset, " is not aligned to ", div);
+        const auto shard = load_shard(source, mode, part.range, options, layer);
+        auto slot = dst.narrow(dim, part.local_offset / div, part.range.size() / div);
+        TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ",
+                              shard.sizes(), " does not fit its local slot ", slot.sizes());
+        slot.copy_(shard);
+      };
+      LoadOptions packed_k, per_group, packed_n_per_group;
+      packed_k.elm_packing = column ? 1 : 8;   // K packed eight to a word: only ROW splits it
+      per_group.scale_span = column ? 1 : g_;  // one column of scales per group of K
+      packed_n_per_group.elm_packing = column ? 8 : 1;
+      packed_n_per_group.scale_span = column ? 1 : g_;
+      load_one(packed, packed_k, qweight_);
+      load_one(scale, per_group, scales_);
+      if (zero_point) load_one(*zero_point, packed_n_per_group, qzeros_);
+    }
   }
 
   // Act-order checkpoints permute K through g_idx; only the trivial g_idx[k] = k / g is accepted.
@@ -233,18 +362,23 @@ class Int4Method final : public QuantMethod {
   // Module::to(dtype) converts every parameter, the integer ones too, which would
   // turn the codes into garbage: refuse to run on them rather than compute nonsense.
   void check_stored() const {
-    TORCH_CHECK_TYPE(qweight_.scalar_type() == at::kInt && qzeros_.scalar_type() == at::kInt, name(),
-                     ": 'qweight' / 'qzeros' are ", qweight_.scalar_type(), " / ", qzeros_.scalar_type(),
+    TORCH_CHECK_TYPE(qweight_.scalar_type() == at::kInt && (!qzeros_.defined() || qzeros_.scalar_type() == at::kInt),
+                     name(), ": the packed weight / zero points are ", qweight_.scalar_type(), " / ",
+                     qzeros_.defined() ? c10::toString(qzeros_.scalar_type()) : "absent",
                      ", not int32: Module::to(dtype) converts integer parameters too. Build the layer with "
                      "Options.dtype(...) and load the checkpoint instead of converting the layer");
   }
 
   QuantConfig config_;
   int64_t g_;
-  bool awq_;
+  Packing packing_;
+  bool awq_;                           // packing_ == kAwq
+  bool pack_;                          // packing_ == kPackQuantized
   at::ScalarType dtype_ = at::kFloat;  // the layer's activation and output dtype
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
-  // Registered on the layer, as stored in the checkpoint (shapes in quant/int4/packing.h).
+  // Registered on the layer, as stored in the checkpoint (shapes in quant/int4/packing.h):
+  // GPTQ / AWQ "qweight", "qzeros", "scales"; pack-quantized "weight_packed",
+  // "weight_zero_point" (asymmetric only; else undefined), "weight_scale" (float32).
   at::Tensor qweight_, qzeros_, scales_;
   // Kernel side, built by finalize().
   Int4CpuWeight cpu_;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
@@ -256,9 +390,12 @@ class Int4Method final : public QuantMethod {
 
 }  // namespace
 
-// COLUMN: N is packed eight to an int32 (qzeros, AWQ's qweight); ROW: K in whole groups.
+// COLUMN: N is packed eight to an int32 (qzeros, AWQ's qweight, pack-quantized's
+// weight_zero_point), except in symmetric pack-quantized, which packs K only; ROW: K in
+// whole groups.
 int64_t int4_alignment(const QuantConfig& config, ShardMode mode) {
-  return mode == ShardMode::kColumn ? 8 : config.group_size;
+  if (mode == ShardMode::kRow) return config.group_size;
+  return config.format == QuantFormat::kInt4PackQuantized && config.symmetric ? 1 : 8;
 }
 
 // Weight-only: activations stay as they are.
@@ -274,6 +411,8 @@ QuantizedTensors quantize_int4(const at::Tensor& weight, const QuantConfig& conf
   check_group(config);
   const int64_t n = weight.size(0), k = weight.size(1), g = config.group_size;
   const bool awq = config.format == QuantFormat::kInt4Awq;
+  const bool v2 = config.gptq_format == GptqFormat::kV2;
+  TORCH_INTERNAL_ASSERT(awq || config.format == QuantFormat::kInt4Gptq, "not a GPTQ / AWQ format: ", to_string(config));
   TORCH_CHECK_VALUE(k % g == 0 && n % 8 == 0, "quantize_weight(", to_string(config), "): a [", n, ", ", k,
                     "] weight needs in_features a multiple of the group size ", g,
                     " and out_features a multiple of 8; pad to [", round_up(n, 8), ", ", round_up(k, g), "]");
@@ -293,7 +432,7 @@ QuantizedTensors quantize_int4(const at::Tensor& weight, const QuantConfig& conf
   if (config.symmetric) {
     zero = at::full_like(scale, 8);
   } else {
-    zero = at::round(-wg.amin(-1).clamp_max(0) / scale).clamp(awq ? 0 : 1, 15);
+    zero = at::round(-wg.amin(-1).clamp_max(0) / scale).clamp(awq || v2 ? 0 : 1, 15);
   }
   const auto codes = (at::round(wg / scale.unsqueeze(-1)) + zero.unsqueeze(-1)).clamp(0, 15).reshape({n, k});
   const auto codes_kn = codes.t().to(at::kInt);  // [K, N]
@@ -305,7 +444,7 @@ QuantizedTensors quantize_int4(const at::Tensor& weight, const QuantConfig& conf
     out["qzeros"] = pack_int4(zero_gn, 1, /*awq_order=*/true);
   } else {
     out["qweight"] = pack_int4(codes_kn, 0);
-    out["qzeros"] = pack_int4(zero_gn - 1, 1);  // v1 stores zero - 1
+    out["qzeros"] = pack_int4(v2 ? zero_gn : zero_gn - 1, 1);  // v1 stores zero - 1
   }
   return out;
 }
@@ -319,8 +458,9 @@ at::Tensor dequantize_int4(const QuantizedTensors& tensors, const QuantConfig& c
     return it->second.cpu();
   };
   const bool awq = config.format == QuantFormat::kInt4Awq;
+  TORCH_INTERNAL_ASSERT(awq || config.format == QuantFormat::kInt4Gptq, "not a GPTQ / AWQ format: ", to_string(config));
   const auto u = awq ? unpack_awq(get("qweight"), get("qzeros"), get("scales"))
-                     : unpack_gptq(get("qweight"), get("qzeros"), get("scales"));
+                     : unpack_gptq(get("qweight"), get("qzeros"), get("scales"), config.gptq_format);
   const int64_t k = u.codes.size(1), groups = u.scale.size(0);
   TORCH_CHECK_VALUE(groups * config.group_size == k, "dequantize_weight(", to_string(config), "): 'scales' has ",
                     groups, " groups for in_features=", k, ", which is a group size of ", k / groups, ", not ",

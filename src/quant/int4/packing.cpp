@@ -44,7 +44,8 @@ at::Tensor unpack_int4(const at::Tensor& words, int64_t dim, bool awq_order) {
   return c.flatten(-2).movedim(-1, dim).contiguous();
 }
 
-Int4Unpacked unpack_gptq(const at::Tensor& qweight, const at::Tensor& qzeros, const at::Tensor& scales) {
+Int4Unpacked unpack_gptq(const at::Tensor& qweight, const at::Tensor& qzeros, const at::Tensor& scales,
+                         GptqFormat format) {
   check_2d_int32(qweight, "qweight");
   check_2d_int32(qzeros, "qzeros");
   const int64_t k = qweight.size(0) * 8, n = qweight.size(1);
@@ -55,7 +56,8 @@ Int4Unpacked unpack_gptq(const at::Tensor& qweight, const at::Tensor& qzeros, co
                     qzeros.sizes(), "; expected [K/g, N/8] = [", scales.size(0), ", ", n / 8, "]");
   Int4Unpacked u;
   u.codes = unpack_int4(qweight, 0).t().contiguous();
-  u.zero = unpack_int4(qzeros, 1).to(at::kFloat) + 1;  // v1: stored zero - 1
+  u.zero = unpack_int4(qzeros, 1).to(at::kFloat);
+  if (format == GptqFormat::kV1) u.zero += 1;  // v1 stores zero - 1
   u.scale = scales.to(at::kFloat);
   return u;
 }
@@ -73,6 +75,31 @@ Int4Unpacked unpack_awq(const at::Tensor& qweight, const at::Tensor& qzeros, con
   u.codes = unpack_int4(qweight, 1, /*awq_order=*/true).t().contiguous();
   u.zero = unpack_int4(qzeros, 1, /*awq_order=*/true).to(at::kFloat);
   u.scale = scales.to(at::kFloat);
+  return u;
+}
+
+Int4Unpacked unpack_pack_quantized(const at::Tensor& weight_packed, const at::Tensor& weight_zero_point,
+                                   const at::Tensor& weight_scale) {
+  check_2d_int32(weight_packed, "weight_packed");
+  const int64_t n = weight_packed.size(0), k = weight_packed.size(1) * 8;
+  TORCH_CHECK_VALUE(weight_scale.dim() == 2 && weight_scale.size(0) == n && weight_scale.size(1) >= 1 &&
+                        k % weight_scale.size(1) == 0,
+                    "int4_pack_quantized: 'weight_scale' has shape ", weight_scale.sizes(),
+                    "; expected [N, K/g] with N=", n, ", K=", k,
+                    " (weight_packed is [N, K/8] = ", weight_packed.sizes(), ")");
+  const int64_t groups = weight_scale.size(1);
+  Int4Unpacked u;
+  u.codes = unpack_int4(weight_packed, 1);  // [N, K], 0..15 = signed code + 8
+  u.scale = weight_scale.to(at::kFloat).t().contiguous();
+  if (weight_zero_point.defined()) {
+    check_2d_int32(weight_zero_point, "weight_zero_point");
+    TORCH_CHECK_VALUE(weight_zero_point.size(0) * 8 == n && weight_zero_point.size(1) == groups,
+                      "int4_pack_quantized: 'weight_zero_point' has shape ", weight_zero_point.sizes(),
+                      "; expected [N/8, K/g] = [", n / 8, ", ", groups, "]");
+    u.zero = unpack_int4(weight_zero_point, 0).to(at::kFloat).t().contiguous();  // [K/g, N], 0..15
+  } else {
+    u.zero = at::full({groups, n}, 8.0f, at::kFloat);
+  }
   return u;
 }
 

@@ -94,9 +94,10 @@ TEST_CASE("int4 CPU decoders reproduce dequantize_weight bit for bit (GPTQ, AWQ;
         for (const auto& [n, k] : {std::pair<int64_t, int64_t>{8, g}, {40, 2 * g}, {200, 3 * g}}) {
           const auto tensors = quantize_weight(float_weight(n, k, 7 + n + g), config);
           const auto expected = dequantize_weight(tensors, config);
-          const auto u = format == QuantFormat::kInt4Awq
-                             ? unpack_awq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"))
-                             : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"));
+          const auto u =
+              format == QuantFormat::kInt4Awq
+                  ? unpack_awq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"))
+                  : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"), GptqFormat::kV1);
           const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, g);
           CHECK(packed.scales.scalar_type() == at::kHalf);
           for (CpuIsa isa : isas()) {
@@ -160,9 +161,10 @@ TEST_CASE("int4 CPU kernels match the float64 reference on random data (edge sha
       const QuantConfig config{format, s.g, seed % 2 == 0};
       const auto tensors = quantize_weight(float_weight(s.n, s.k, ++seed), config);
       const auto w = dequantize_weight(tensors, config);
-      const auto u = format == QuantFormat::kInt4Awq
-                         ? unpack_awq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"))
-                         : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"));
+      const auto u =
+          format == QuantFormat::kInt4Awq
+              ? unpack_awq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"))
+              : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"), GptqFormat::kV1);
       const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, s.g);
       for (int64_t m : kRows) {
         const auto x = test::randn({m, s.k}, ++seed).to(at::kFloat);

@@ -1,0 +1,394 @@
+// ModelConfig from config.json text: the fields of each model type in both spellings
+// transformers writes, each quantization_config tp reads (and what it refuses, by
+// field and value), and the decoder layer options built from them. The folders
+// written by transformers and the quantizers are in hf_folders_test.cpp.
+
+#include "support/tp_catch.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tp/models/layer_options.h"
+#include "tp/models/model_config.h"
+
+using namespace tp;
+using Catch::Contains;
+
+namespace {
+
+// A config.json: a small Llama's members, those named in `extra` replaced by extra's.
+std::string llama(const std::string& extra = "", const std::string& model_type = "llama") {
+  const std::vector<std::pair<std::string, std::string>> base = {{"architectures", R"(["LlamaForCausalLM"])"},
+                                                                 {"model_type", "\"" + model_type + "\""},
+                                                                 {"hidden_size", "256"},
+                                                                 {"intermediate_size", "512"},
+                                                                 {"num_hidden_layers", "2"},
+                                                                 {"num_attention_heads", "8"},
+                                                                 {"num_key_value_heads", "2"},
+                                                                 {"vocab_size", "1000"},
+                                                                 {"rms_norm_eps", "1e-05"},
+                                                                 {"max_position_embeddings", "4096"},
+                                                                 {"hidden_act", "\"silu\""},
+                                                                 {"tie_word_embeddings", "false"}};
+  std::string out = "{";
+  for (const auto& [key, value] : base) {
+    if (extra.find("\"" + key + "\":") != std::string::npos) continue;
+    out += "\"" + key + "\": " + value + ", ";
+  }
+  if (extra.empty()) return out.substr(0, out.size() - 2) + "}";
+  return out + extra + "}";
+}
+
+std::string with_quant(const std::string& qcfg, const std::string& model_type = "llama") {
+  return llama(R"("quantization_config": )" + qcfg, model_type);
+}
+
+std::string ct_group(const std::string& weights, const std::string& inputs, const std::string& format,
+                     const std::string& ignore = R"(["lm_head"])", const std::string& targets = R"(["Linear"])") {
+  return R"({"quant_method": "compressed-tensors", "format": ")" + format +
+         R"(", "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": )" +
+         targets + R"(, "weights": )" + weights + R"(, "input_activations": )" + inputs +
+         R"(, "output_activations": null, "format": ")" + format + R"("}},
+    "ignore": )" +
+         ignore + R"(, "kv_cache_scheme": null, "sparsity_config": {}, "transform_config": {}, "version": "0.20.1"})";
+}
+
+const char* kW4 =
+    R"({"num_bits": 4, "type": "int", "symmetric": false, "strategy": "group", "group_size": 64, "dynamic": false})";
+
+std::string quant_of(const std::string& json, const std::string& module) {
+  return to_string(ModelConfig::from_json(json).quant_config(module));
+}
+
+const std::string kDown = "model.layers.1.mlp.down_proj";
+
+}  // namespace
+
+TEST_CASE("ModelConfig reads Llama, Qwen2 and Qwen3 fields", "[model]") {
+  SECTION("llama, transformers 5 spelling, Llama-3 RoPE") {
+    const auto c = ModelConfig::from_json(llama(R"("head_dim": 64, "attention_bias": true, "mlp_bias": true,
+      "dtype": "bfloat16", "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"));
+    CHECK(c.model_type == ModelType::kLlama);
+    CHECK(c.hidden_size == 256);
+    CHECK(c.intermediate_size == 512);
+    CHECK(c.num_hidden_layers == 2);
+    CHECK(c.num_attention_heads == 8);
+    CHECK(c.num_key_value_heads == 2);
+    CHECK(c.head_dim == 64);
+    CHECK(c.q_size() == 512);
+    CHECK(c.kv_size() == 128);
+    CHECK(c.vocab_size == 1000);
+    CHECK(c.max_position_embeddings == 4096);
+    CHECK(c.qkv_bias);
+    CHECK(c.o_bias);
+    CHECK(c.mlp_bias);
+    CHECK_FALSE(c.tie_word_embeddings);
+    CHECK(c.rms_norm_eps == 1e-5);
+    CHECK(c.dtype == at::kBFloat16);
+    CHECK(c.rope.type == RopeType::kLlama3);
+    CHECK(c.rope.theta == 500000.0);
+    CHECK(c.rope.factor == 8.0);
+    CHECK(c.rope.low_freq_factor == 1.0);
+    CHECK(c.rope.high_freq_factor == 4.0);
+    CHECK(c.rope.original_max_position_embeddings == 8192);
+    CHECK_FALSE(c.quantization.quantized());
+    CHECK(quant_of(llama(), kDown) == "none");
+  }
+  SECTION("llama, transformers 4 spelling: rope_theta + rope_scaling, torch_dtype, no head_dim / KV heads") {
+    auto text = llama(R"("rope_theta": 500000.0, "torch_dtype": "float16", "rope_scaling": {"type": "llama3",
+      "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+    const std::string kv = R"("num_key_value_heads": 2, )";
+    text.replace(text.find(kv), kv.size(), "");
+    const auto c = ModelConfig::from_json(text);
+    CHECK(c.head_dim == 32);  // hidden / heads
+    CHECK(c.num_key_value_heads == 8);
+    CHECK(c.dtype == at::kHalf);
+    CHECK(c.rope.type == RopeType::kLlama3);
+    CHECK(c.rope.theta == 500000.0);
+    CHECK(c.rope.factor == 32.0);
+    CHECK_FALSE(c.qkv_bias);
+    CHECK_FALSE(c.o_bias);
+    CHECK_FALSE(c.mlp_bias);
+    const auto plain = ModelConfig::from_json(llama(R"("rope_theta": 10000.0, "rope_scaling": null)"));
+    CHECK(plain.rope.type == RopeType::kDefault);
+    CHECK(plain.rope.theta == 10000.0);
+    CHECK(plain.dtype == at::kFloat);
+  }
+  SECTION("qwen2: no head_dim, q/k/v biases always, o never, tied") {
+    const auto c = ModelConfig::from_json(llama(R"("tie_word_embeddings": true, "use_sliding_window": false,
+      "sliding_window": null, "layer_types": ["full_attention", "full_attention"], "head_dim": 999,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"})",
+                                                "qwen2"));
+    CHECK(c.model_type == ModelType::kQwen2);
+    CHECK(c.head_dim == 32);  // hidden / heads; Qwen2 has no head_dim (a stray one is not read)
+    CHECK(c.qkv_bias);
+    CHECK_FALSE(c.o_bias);
+    CHECK_FALSE(c.mlp_bias);
+    CHECK(c.tie_word_embeddings);
+    CHECK(c.rope.theta == 1e6);
+  }
+  SECTION("qwen3: head_dim != hidden / heads, attention_bias") {
+    const auto c = ModelConfig::from_json(llama(R"("head_dim": 128, "attention_bias": false)", "qwen3"));
+    CHECK(c.model_type == ModelType::kQwen3);
+    CHECK(c.head_dim == 128);
+    CHECK(c.q_size() == 1024);
+    CHECK_FALSE(c.qkv_bias);
+    const auto b = ModelConfig::from_json(llama(R"("head_dim": 128, "attention_bias": true)", "qwen3"));
+    CHECK(b.qkv_bias);
+    CHECK(b.o_bias);
+  }
+}
+
+TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the value", "[model][errors]") {
+  const auto fails = [](const std::string& json) {
+    try {
+      ModelConfig::from_json(json);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(no error)");
+  };
+  CHECK_THAT(fails(llama("", "mistral")), Contains("model_type = \"mistral\"") && Contains("llama, qwen2 and qwen3"));
+  CHECK_THAT(fails(llama(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})")),
+             Contains("rope_parameters.rope_type = \"yarn\""));
+  CHECK_THAT(fails(llama(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})")),
+             Contains("rope_scaling.low_freq_factor") && Contains("required"));
+  CHECK_THAT(fails(llama(R"("hidden_act": "gelu")")), Contains("hidden_act = \"gelu\""));
+  CHECK_THAT(fails(llama(R"("dtype": "int8")")), Contains("dtype = \"int8\""));
+  CHECK_THAT(fails(llama(R"("use_sliding_window": true)", "qwen2")), Contains("use_sliding_window = true"));
+  CHECK_THAT(fails(llama(R"("layer_types": ["full_attention", "sliding_attention"])", "qwen3")),
+             Contains("layer_types[1] = \"sliding_attention\""));
+  CHECK_THAT(fails(llama(R"("num_key_value_heads": 3)")), Contains("num_key_value_heads = 3"));
+  CHECK_THAT(fails(llama(R"("hidden_size": "256")")), Contains("hidden_size = \"256\"") && Contains("number"));
+  CHECK_THAT(fails(R"({"model_type": "llama"})"), Contains("hidden_size") && Contains("absent"));
+  CHECK_THAT(fails(R"({"model_type": "llama", "vocab_size": 1000, "vocab_size": 1000})"),
+             Contains("duplicate key \"vocab_size\""));
+  CHECK_THAT(fails("{\"model_type\": \"llama\","), Contains("config.json"));
+  CHECK_THAT(fails(llama(R"("quantization_config": {"quant_method": "bitsandbytes"})")),
+             Contains("quantization_config.quant_method = \"bitsandbytes\""));
+  CHECK_THROWS_WITH(ModelConfig::from_pretrained("/nonexistent/folder"), Contains("/nonexistent/folder/config.json"));
+}
+
+TEST_CASE("GPTQ quantization_config: v1 / v2 from checkpoint_format, desc_act refused", "[model][quant]") {
+  const std::string base = R"("quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false)";
+  const auto q = [&](const std::string& extra) { return with_quant("{" + base + extra + "}"); };
+  // AutoGPTQ writes no checkpoint_format: v1.
+  CHECK(quant_of(q(R"(, "sym": true)"), kDown) == "int4_gptq:g128:sym");
+  CHECK(quant_of(q(R"(, "sym": false, "checkpoint_format": "gptq")"), kDown) == "int4_gptq:g128:asym");
+  CHECK(quant_of(q(R"(, "sym": false, "checkpoint_format": "gptq_v2", "format": "gptq_v2")"), kDown) ==
+        "int4_gptq:g128:asym:v2");
+  CHECK(quant_of(q(R"(, "format": "gptq_v2")"), kDown) == "int4_gptq:g128:sym:v2");  // GPTQModel's other key
+  CHECK(quant_of(q(""), "lm_head") == "none");
+  CHECK(quant_of(q(R"(, "lm_head": true)"), "lm_head") == "int4_gptq:g128:sym");
+  const auto c = ModelConfig::from_json(q(R"(, "checkpoint_format": "gptq_v2")"));
+  CHECK(c.quantization.method() == "gptq");
+  CHECK(c.quant_config(kDown).gptq_format == GptqFormat::kV2);
+  CHECK_THAT(c.quantization.describe(), Contains("int4_gptq:g128:sym:v2"));
+
+  CHECK_THROWS_WITH(ModelConfig::from_json(q(R"(, "checkpoint_format": "gptq", "format": "gptq_v2")")),
+                    Contains("quantization_config.format = \"gptq_v2\"") && Contains("disagrees"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "gptq", "bits": 4, "group_size": 128,
+    "desc_act": true})")),
+                    Contains("quantization_config.desc_act = true") && Contains("act-order"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(q(R"(, "checkpoint_format": "marlin")")),
+                    Contains("checkpoint_format = \"marlin\""));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "gptq", "bits": 8, "group_size": 128})")),
+                    Contains("quantization_config.bits = 8"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "gptq", "bits": 4, "group_size": -1})")),
+                    Contains("quantization_config.group_size = -1"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(q(R"(, "dynamic": {"-:.*mlp.*": {}})")),
+                    Contains("quantization_config.dynamic"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(q(R"(, "pack_dtype": "int16")")), Contains("pack_dtype = \"int16\""));
+  CHECK_THROWS_WITH(ModelConfig::from_json(q(R"(, "is_marlin_format": true)")), Contains("is_marlin_format = true"));
+}
+
+TEST_CASE("AWQ and HF FP8 quantization_config", "[model][quant]") {
+  const std::string awq = R"({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm",
+    "zero_point": true, "sym": true, "modules_to_not_convert": ["mlp.down_proj"]})";
+  CHECK(quant_of(with_quant(awq), "model.layers.0.mlp.gate_proj") == "int4_awq:g64:asym");  // "sym" means nothing
+  CHECK(quant_of(with_quant(awq), kDown) == "none");
+  CHECK(quant_of(with_quant(awq), "lm_head") == "none");
+  CHECK_THROWS_WITH(
+      ModelConfig::from_json(
+          with_quant(R"({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemv", "zero_point": true})")),
+      Contains("quantization_config.version = \"gemv\""));
+  CHECK_THROWS_WITH(
+      ModelConfig::from_json(with_quant(
+          R"({"quant_method": "awq", "bits": 4, "group_size": 64, "version": "gemm", "zero_point": false})")),
+      Contains("quantization_config.zero_point = false"));
+
+  const std::string fp8 = R"({"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+    "weight_block_size": [128, 128], "modules_to_not_convert": ["model.layers.1", "o_proj"]})";
+  CHECK(quant_of(with_quant(fp8), "model.layers.0.mlp.down_proj") == "fp8_block");
+  CHECK(ModelConfig::from_json(with_quant(fp8)).quant_config("model.layers.0.mlp.up_proj").block_scale_name ==
+        BlockScaleName::kWeightScaleInv);
+  // transformers' matching: a prefix up to a module boundary, or a suffix.
+  CHECK(quant_of(with_quant(fp8), kDown) == "none");
+  CHECK(quant_of(with_quant(fp8), "model.layers.0.self_attn.o_proj") == "none");
+  CHECK(quant_of(with_quant(fp8), "lm_head") == "none");
+  CHECK(quant_of(with_quant(R"({"quant_method": "fp8", "weight_block_size": [128, 128],
+    "modules_to_not_convert": ["model.layers.1"]})"),
+                 "model.layers.11.mlp.up_proj") == "fp8_block");
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "fp8", "weight_block_size": [64, 64]})")),
+                    Contains("weight_block_size = [64, 64]"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "fp8", "weight_block_size": null})")),
+                    Contains("weight_block_size") && Contains("per-tensor"));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "fp8", "activation_scheme": "static",
+    "weight_block_size": [128, 128]})")),
+                    Contains("activation_scheme = \"static\""));
+  CHECK_THROWS_WITH(ModelConfig::from_json(with_quant(R"({"quant_method": "fp8", "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128]})")),
+                    Contains("scale_fmt = \"ue8m0\""));
+}
+
+TEST_CASE("compressed-tensors quantization_config: every scheme tp reads, ignore and targets", "[model][quant]") {
+  const char* fp8_w = R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "%s", "dynamic": false%s})";
+  const auto w = [&](const char* strategy, const char* extra = "") {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, fp8_w, strategy, extra);
+    return std::string(buf);
+  };
+  const std::string token_fp8 =
+      R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "token", "dynamic": true})";
+  const std::string group_fp8 =
+      R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "group", "group_size": 128, "dynamic": true})";
+  const std::string static_fp8 =
+      R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "tensor", "dynamic": false})";
+  const std::string int8_w =
+      R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel", "dynamic": false})";
+  const std::string int8_a =
+      R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token", "dynamic": true})";
+
+  CHECK(quant_of(with_quant(ct_group(w("tensor"), static_fp8, "float-quantized")), kDown) == "fp8_tensor");
+  CHECK(quant_of(with_quant(ct_group(w("channel"), token_fp8, "float-quantized")), kDown) == "fp8_channel");
+  CHECK(quant_of(with_quant(ct_group(w("block", R"(, "block_structure": [128, 128])"), group_fp8, "float-quantized")),
+                 kDown) == "fp8_block:weight_scale");
+  CHECK(quant_of(with_quant(ct_group(int8_w, int8_a, "int-quantized")), kDown) == "int8_w8a8");
+  CHECK(quant_of(with_quant(ct_group(int8_w, "null", "int-quantized")), kDown) == "int8_weight_only");
+  CHECK(quant_of(with_quant(ct_group(kW4, "null", "pack-quantized")), kDown) == "int4_pack_quantized:g64:asym");
+  CHECK(quant_of(with_quant(ct_group(R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+    "group_size": 128, "actorder": "weight"})",
+                                     "null", "pack-quantized")),
+                 kDown) == "int4_pack_quantized:g128:sym");
+
+  // ignore: exact names (as compressed-tensors resolves them at save time) and re: patterns.
+  const auto ignored =
+      with_quant(ct_group(kW4, "null", "pack-quantized",
+                          R"(["lm_head", "model.layers.0.self_attn.o_proj", "re:.*layers\\.1\\.mlp\\.up"])"));
+  CHECK(quant_of(ignored, "lm_head") == "none");
+  CHECK(quant_of(ignored, "model.layers.0.self_attn.o_proj") == "none");
+  CHECK(quant_of(ignored, "model.layers.1.self_attn.o_proj") == "int4_pack_quantized:g64:asym");
+  CHECK(quant_of(ignored, "model.layers.1.mlp.up_proj") == "none");
+  CHECK(quant_of(ignored, "model.layers.11.mlp.up_proj") == "int4_pack_quantized:g64:asym");
+  // targets: re: matches from the start (Python's re.match), so ".*" is needed for a suffix.
+  const auto targeted = with_quant(ct_group(kW4, "null", "pack-quantized", "[]", R"(["re:.*mlp\\..*_proj$"])"));
+  CHECK(quant_of(targeted, kDown) == "int4_pack_quantized:g64:asym");
+  CHECK(quant_of(targeted, "model.layers.1.self_attn.q_proj") == "none");
+  CHECK(quant_of(with_quant(ct_group(kW4, "null", "pack-quantized", "[]", R"(["re:mlp"])")), kDown) == "none");
+  // Two groups, each with its own format (the top-level format is then "mixed-precision").
+  const auto mixed = with_quant(R"({"quant_method": "compressed-tensors", "format": "mixed-precision",
+    "config_groups": {
+      "attn": {"targets": ["re:.*self_attn.*"], "weights": )" +
+                                int8_w + R"(, "input_activations": )" + int8_a + R"(, "format": "int-quantized"},
+      "mlp": {"targets": ["re:.*mlp.*"], "weights": )" +
+                                std::string(kW4) +
+                                R"(, "format": "pack-quantized"}},
+    "ignore": ["lm_head"]})");
+  CHECK(quant_of(mixed, "model.layers.0.self_attn.k_proj") == "int8_w8a8");
+  CHECK(quant_of(mixed, kDown) == "int4_pack_quantized:g64:asym");
+  CHECK(quant_of(mixed, "lm_head") == "none");
+}
+
+TEST_CASE("compressed-tensors quantization_config: what tp refuses", "[model][quant][errors]") {
+  const auto fails = [](const std::string& qcfg) {
+    try {
+      ModelConfig::from_json(with_quant(qcfg)).quant_config(kDown);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(no error)");
+  };
+  const std::string w4 = kW4;
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "channel"})", "null",
+                            "pack-quantized")),
+             Contains("config_groups.group_0.weights.strategy = \"channel\""));
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+    "group_size": 16})",
+                            "null", "pack-quantized")),
+             Contains("weights.group_size = 16"));
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+    "group_size": 128, "actorder": "group"})",
+                            "null", "pack-quantized")),
+             Contains("weights.actorder = \"group\""));
+  CHECK_THAT(fails(ct_group(w4, R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token",
+    "dynamic": true})",
+                            "pack-quantized")),
+             Contains("input_activations") && Contains("W4A16"));
+  CHECK_THAT(fails(ct_group(w4, "null", "marlin-24")), Contains("format = \"marlin-24\""));
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "float", "symmetric": true, "strategy": "tensor_group",
+    "group_size": 16})",
+                            "null", "nvfp4-pack-quantized")),
+             Contains("weights.num_bits = 4"));
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel"})", "null",
+                            "float-quantized")),
+             Contains("input_activations") && Contains("FP8_DYNAMIC"));
+  CHECK_THAT(fails(ct_group(w4, "null", "pack-quantized", R"(["lm_head"])", R"(["LlamaDecoderLayer"])")),
+             Contains("targets = [\"LlamaDecoderLayer\"]") && Contains("class name"));
+  auto frozen = ct_group(w4, "null", "pack-quantized");
+  frozen.replace(frozen.find("\"compressed\""), 12, "\"frozen\"");
+  CHECK_THAT(fails(frozen), Contains("quantization_status = \"frozen\""));
+  auto kv = ct_group(w4, "null", "pack-quantized");
+  kv.replace(kv.find("\"kv_cache_scheme\": null"), 23, R"("kv_cache_scheme": {"num_bits": 8, "type": "float"})");
+  CHECK_THAT(fails(kv), Contains("kv_cache_scheme"));
+  auto sparse = ct_group(w4, "null", "pack-quantized");
+  sparse.replace(sparse.find("\"sparsity_config\": {}"), 21, R"("sparsity_config": {"format": "sparse-24"})");
+  CHECK_THAT(fails(sparse), Contains("sparsity_config"));
+  CHECK_THAT(fails(ct_group(w4, "null", "pack-quantized", R"(["re:("])")), Contains("ignore") && Contains("re:("));
+  // Two groups claiming one layer with different formats.
+  const auto two = R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+      "a": {"targets": ["Linear"], "weights": )" +
+                   w4 + R"(},
+      "b": {"targets": [")" +
+                   kDown + R"("], "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+            "strategy": "group", "group_size": 128}}}})";
+  CHECK_THAT(fails(two), Contains("'a'") && Contains("'b'") && Contains(kDown));
+}
+
+TEST_CASE("decoder_layer_options: sizes, biases, quant formats and prefixes of a layer", "[model][layers]") {
+  const auto c = ModelConfig::from_json(with_quant(R"({"quant_method": "gptq", "bits": 4, "group_size": 64,
+    "sym": false, "checkpoint_format": "gptq_v2"})",
+                                                   "qwen2"));
+  const auto o = decoder_layer_options(c, 1, at::kDouble);
+  CHECK(o.qkv_prefix == "model.layers.1.self_attn");
+  CHECK(o.o_prefix == "model.layers.1.self_attn.o_proj");
+  CHECK(o.gate_up_prefix == "model.layers.1.mlp");
+  CHECK(o.down_prefix == "model.layers.1.mlp.down_proj");
+  CHECK(o.qkv.hidden_size() == 256);
+  CHECK(o.qkv.head_dim() == 32);
+  CHECK(o.qkv.num_heads() == 8);
+  CHECK(o.qkv.num_kv_heads() == 2);
+  CHECK(o.qkv.bias());
+  CHECK_FALSE(o.o.bias());
+  CHECK(o.o.in_features() == 256);
+  CHECK(o.o.out_features() == 256);
+  CHECK(o.gate_up.intermediate_size() == 512);
+  CHECK_FALSE(o.gate_up.bias());
+  CHECK(o.down.in_features() == 512);
+  CHECK(o.down.out_features() == 256);
+  CHECK(o.qkv.dtype() == at::kDouble);
+  CHECK(to_string(o.qkv.quant()) == "int4_gptq:g64:asym:v2");
+  CHECK(to_string(o.down.quant()) == "int4_gptq:g64:asym:v2");
+  CHECK(decoder_layer_options(c, 0).qkv.dtype() == at::kFloat);  // the checkpoint's dtype
+  CHECK_THROWS_WITH(decoder_layer_options(c, 2), Contains("layer 2 is out of range"));
+
+  // A fused layer needs one format for its parts.
+  const auto split = ModelConfig::from_json(
+      with_quant(ct_group(kW4, "null", "pack-quantized", R"(["lm_head", "model.layers.0.self_attn.k_proj"])")));
+  CHECK_THROWS_WITH(decoder_layer_options(split, 0), Contains("model.layers.0.self_attn.q_proj") &&
+                                                         Contains("model.layers.0.self_attn.k_proj") &&
+                                                         Contains("one format"));
+  CHECK_NOTHROW(decoder_layer_options(split, 1));
+}
