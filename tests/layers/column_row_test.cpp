@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "support/test_util.h"
@@ -256,4 +257,21 @@ TEST_CASE("clone() copies a TP layer with its sharding and weights", "[layers]")
   CHECK(copy->weight.data_ptr() != fc->weight.data_ptr());
   const auto x = at::randn({2, 12});
   CHECK(at::equal(copy->forward(x), fc->forward(x)));
+}
+
+TEST_CASE("clone() of a quantized layer computes with the copied tensors", "[layers][quant]") {
+  // clone() builds a fresh layer (random weights, finalized) and copies the tensors into
+  // it in place: the kernels' derived copies must follow (quant/tensor_stamp.h).
+  for (const std::string name : {"int4_gptq:g32", "int4_awq:g64:asym", "int8_weight_only", "int8_w8a8", "fp8_block"}) {
+    INFO(name);
+    ColumnParallelLinear fc(ColumnParallelLinearOptions(256, 64).quant(parse_quant_config(name)));
+    RowParallelLinear down(RowParallelLinearOptions(256, 64).quant(parse_quant_config(name)));
+    auto fc_copy = std::dynamic_pointer_cast<ColumnParallelLinearImpl>(fc->clone());
+    auto down_copy = std::dynamic_pointer_cast<RowParallelLinearImpl>(down->clone());
+    REQUIRE(fc_copy != nullptr);
+    REQUIRE(down_copy != nullptr);
+    const auto x = randn({3, 256}, 11).to(at::kFloat);
+    CHECK(at::equal(fc_copy->forward(x), fc->forward(x)));
+    CHECK(at::equal(down_copy->forward(x), down->forward(x)));
+  }
 }
