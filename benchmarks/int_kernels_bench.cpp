@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       if (format == "int4") {
         const QuantConfig config{QuantFormat::kInt4Gptq, group, true};
         const auto q = quantize_weight(w, config);
-        const auto u = unpack_gptq(q.at("qweight"), q.at("qzeros"), q.at("scales"));
+        const auto u = unpack_gptq(q.at("qweight"), q.at("qzeros"), q.at("scales"), config.gptq_format);
         w4 = int4_cpu_pack(u.codes, u.scale, u.zero, group);
         reference = dequantize_weight(q, config);
         bytes = w4.bytes();

@@ -6,10 +6,12 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>  // process_group() hands out an intrusive_ptr
@@ -231,16 +233,26 @@ TEST_CASE("a peer that stops calling makes the shared-memory all_reduce time out
   options.verify_calls = false;  // so the wait is in shared memory, not in the fingerprint exchange
   std::string first_error, second_error;
   double seconds = -1;
+  std::atomic<bool> timed_out{false};
   REQUIRE_THROWS(tp::run_ranks_in_threads(
       2,
       [&](Communicator& comm) {
         at::Tensor t = at::ones({256});
         comm.all_reduce(t, kOneShot);  // both: the workspace exists
-        if (comm.rank() == 1) return;  // rank 1 stops calling
+        if (comm.rank() == 1) {
+          // Rank 1 stops calling but stays alive: were its communicator destroyed (by
+          // returning into run_ranks_in_threads' barrier, whose own timeout can end
+          // first), rank 0 would see "rank 1 is gone" instead of its timeout.
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while (!timed_out.load() && std::chrono::steady_clock::now() < give_up)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return;
+        }
         const auto t0 = std::chrono::steady_clock::now();
         first_error = error_of([&] { comm.all_reduce(t, kOneShot); });
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         second_error = error_of([&] { comm.all_reduce(t, kTwoShot); });
+        timed_out.store(true);
         throw std::runtime_error(first_error);
       },
       options));

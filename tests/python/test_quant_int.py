@@ -67,3 +67,18 @@ def test_int4_layers_at_tp2_match_torch():
     failures = [f"rank {r}: {case}: {msg}" for r, res in enumerate(results) for case, msg in res.items() if msg]
     assert not failures, "\n".join(failures)
     assert all(len(res) == 8 for res in results)
+
+
+def test_load_state_dict_into_quantized_layers_is_what_the_next_forward_uses():
+    # load_state_dict copies into the C++ layer's own tensors in place, after the kernels
+    # derived their copies (INT4 panels, INT8 scales) from the random initialisation.
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(5))
+    for quant in ("int4_gptq:g64", "int4_awq:g64:asym", "int4_pack_quantized:g32", "int8_weight_only", "int8_w8a8",
+                  "fp8_block"):
+        source = tp.ColumnParallelLinear(K, N, quant=quant)
+        target = tp.ColumnParallelLinear(K, N, quant=quant)
+        before = target(x)
+        target.load_state_dict(source.state_dict())
+        want = source(x)
+        assert not torch.equal(before, want), quant
+        assert torch.equal(target(x), want), quant

@@ -18,17 +18,22 @@
 // only the float32 accumulation rounds (no rounding of x to bfloat16), and the output
 // is rounded once to the layer's dtype. Float64 layers and other devices take a
 // dequantize-and-matmul reference with the weight dequantized once in finalize().
+// Whatever finalize() derives is made again on the next call once the registered
+// tensors were written in place (quant/tensor_stamp.h).
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <memory>
+#include <mutex>
 
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
 #include "quant/random_weight.h"
+#include "quant/tensor_stamp.h"
 #include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
@@ -197,31 +202,15 @@ class Int4Method final : public QuantMethod {
   }
 
   void finalize() override {
-    cpu_ = Int4CpuWeight{};
-    dequantized_ = at::Tensor();
-#if TP_WITH_CUDA
-    cuda_.reset();
-#endif
-    if (n_ == 0 || k_ == 0) return;
-    const auto u = unpack();
-#if TP_WITH_CUDA
-    if (qweight_.is_cuda()) {
-      // The CUDA kernels' layout (quant/int4/cuda.h): GEMV for decode, dequantize + cuBLASLt above.
-      cuda_ = cuda::prepare_int4(u.codes, u.scale, u.zero, g_, qweight_.device());
-      return;
-    }
-#endif
-    if (qweight_.device().is_cpu() && cpu_kernel_dtype(dtype_)) {
-      cpu_ = int4_cpu_pack(u.codes, u.scale, u.zero, g_);
-    } else {
-      dequantized_ = dequantize_unpacked(u, g_).to(qweight_.device(), dtype_);
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    kernel_ = make_kernel();
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
     check_stored();
+    const auto kernel = current_kernel();
 #if TP_WITH_CUDA
-    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias);
+    if (x.is_cuda() && kernel->cuda) return cuda::apply(*kernel->cuda, x, bias);
 #endif
     auto out_shape = x.sizes().vec();
     out_shape.back() = n_;
@@ -229,10 +218,10 @@ class Int4Method final : public QuantMethod {
     at::Tensor y;
     if (x2.size(0) == 0 || n_ == 0) {
       y = at::zeros({x2.size(0), n_}, x.options());
-    } else if (cpu_.codes.defined() && x.device().is_cpu() && cpu_kernel_dtype(x.scalar_type())) {
-      y = int4_cpu_linear(x2, cpu_);
+    } else if (kernel->cpu.codes.defined() && x.device().is_cpu() && cpu_kernel_dtype(x.scalar_type())) {
+      y = int4_cpu_linear(x2, kernel->cpu);
     } else {
-      const auto w = dequantized_.defined() ? dequantized_ : dequantize_unpacked(unpack(), g_);
+      const auto w = kernel->dequantized.defined() ? kernel->dequantized : dequantize_unpacked(unpack(), g_);
       y = at::matmul(x2, w.to(x.device(), x.scalar_type()).t());
     }
     if (bias) y = y + *bias;
@@ -242,7 +231,8 @@ class Int4Method final : public QuantMethod {
   at::Tensor dequantized_weight() const override {
     check_stored();
     if (n_ == 0 || k_ == 0) return at::zeros({n_, k_}, at::TensorOptions().dtype(dtype_).device(qweight_.device()));
-    if (dequantized_.defined()) return dequantized_;
+    const auto kernel = current_kernel();
+    if (kernel->dequantized.defined()) return kernel->dequantized;
     return dequantize_unpacked(unpack(), g_).to(qweight_.device(), dtype_);
   }
 
@@ -256,6 +246,47 @@ class Int4Method final : public QuantMethod {
  private:
   // Whether the checkpoint packs N eight to a word (then N-shards are multiples of 8).
   bool packs_n() const { return !pack_ || !config_.symmetric; }
+
+  // What the kernels need, derived from the registered tensors: the CPU panels, or the
+  // CUDA layout, or the dequantized weight where neither applies.
+  struct Kernel {
+    TensorStamp made_from;   // of qweight_, qzeros_, scales_ when it was made
+    Int4CpuWeight cpu;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
+    at::Tensor dequantized;  // [N, K] in dtype_, when the CPU kernels do not apply
+#if TP_WITH_CUDA
+    std::optional<cuda::Int4Prepared> cuda;  // when qweight is on CUDA
+#endif
+  };
+
+  TensorStamp stamp() const { return TensorStamp::of({qweight_, qzeros_, scales_}); }
+
+  std::shared_ptr<const Kernel> make_kernel() const {
+    auto kernel = std::make_shared<Kernel>();
+    kernel->made_from = stamp();
+    if (n_ == 0 || k_ == 0) return kernel;
+    const auto u = unpack();
+#if TP_WITH_CUDA
+    if (qweight_.is_cuda()) {
+      // The CUDA kernels' layout (quant/int4/cuda.h): GEMV for decode, dequantize + cuBLASLt above.
+      kernel->cuda = cuda::prepare_int4(u.codes, u.scale, u.zero, g_, qweight_.device());
+      return kernel;
+    }
+#endif
+    if (qweight_.device().is_cpu() && cpu_kernel_dtype(dtype_)) {
+      kernel->cpu = int4_cpu_pack(u.codes, u.scale, u.zero, g_);
+    } else {
+      kernel->dequantized = dequantize_unpacked(u, g_).to(qweight_.device(), dtype_);
+    }
+    return kernel;
+  }
+
+  // The kernel side for the tensors as they are now: finalize()'s, or made again when
+  // a tensor was written in place since (load_state_dict, copy_, clone()).
+  std::shared_ptr<const Kernel> current_kernel() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kernel_ || kernel_->made_from != stamp()) kernel_ = make_kernel();
+    return kernel_;
+  }
 
   Int4Unpacked unpack() const {
     const auto qw = qweight_.cpu(), qz = qzeros_.defined() ? qzeros_.cpu() : at::Tensor(), sc = scales_.cpu();
@@ -380,12 +411,9 @@ class Int4Method final : public QuantMethod {
   // GPTQ / AWQ "qweight", "qzeros", "scales"; pack-quantized "weight_packed",
   // "weight_zero_point" (asymmetric only; else undefined), "weight_scale" (float32).
   at::Tensor qweight_, qzeros_, scales_;
-  // Kernel side, built by finalize().
-  Int4CpuWeight cpu_;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
-  at::Tensor dequantized_;  // [N, K] in dtype_, when the CPU kernels do not apply
-#if TP_WITH_CUDA
-  std::optional<cuda::Int4Prepared> cuda_;  // built by finalize() when qweight is on CUDA
-#endif
+  // Kernel side: built by finalize(), rebuilt by current_kernel() when stale.
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const Kernel> kernel_;
 };
 
 }  // namespace

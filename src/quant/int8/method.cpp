@@ -20,8 +20,9 @@
 //   quantize_activation uses), tp's own kernels compute the exact int32 products
 //   (w8a8_kernels.h: AVX2 / AVX-VNNI / AVX-512 (VNNI) / scalar, chosen at run time),
 //   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
-//   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight changed
-//   in place since (its version counter moved) has them recomputed per call. K past
+//   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight or
+//   scale written in place since has them, and the float scales, made again on the
+//   next call (quant/tensor_stamp.h). K past
 //   kW8a8MaxK (int32 could overflow) takes at::_int_mm; off the CPU the products go
 //   through a float32 matmul.
 
@@ -30,12 +31,15 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "quant/int8/int8.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 #include "quant/random_weight.h"
+#include "quant/tensor_stamp.h"
 #include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
@@ -128,27 +132,15 @@ class Int8Method final : public QuantMethod {
   }
 
   void finalize() override {
-    weight_row_scale_ = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
-    row_sums_ = at::Tensor();
-    if (w8a8_ && weight_.is_cpu() && weight_.scalar_type() == at::kChar) row_sums_ = w8a8_row_sums(weight_);
-    weight_version_ = version_of(weight_);
-    // The weight-only CPU kernels read the registered weight itself (no copy).
-    cpu_wo_ = Int8WoCpuWeight{};
-    if (!w8a8_ && weight_.device().is_cpu() && weight_.scalar_type() == at::kChar && weight_.is_contiguous()) {
-      cpu_wo_ = int8_wo_cpu_pack(weight_, weight_scale_);
-    }
-#if TP_WITH_CUDA
-    // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
-    cuda_.reset();
-    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar)
-      cuda_ = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
-#endif
+    std::lock_guard<std::mutex> lock(mutex_);
+    kernel_ = make_kernel();
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
     check_stored();
+    const auto kernel = current_kernel();
 #if TP_WITH_CUDA
-    if (x.is_cuda() && cuda_) return cuda::apply(*cuda_, x, bias);
+    if (x.is_cuda() && kernel->cuda) return cuda::apply(*kernel->cuda, x, bias);
 #endif
     auto out_shape = x.sizes().vec();
     out_shape.back() = n_;
@@ -160,18 +152,15 @@ class Int8Method final : public QuantMethod {
       const auto xt = x2.scalar_type();
       const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
       const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
-      const at::Tensor sums = version_of(weight_) == weight_version_ ? row_sums_ : at::Tensor();
-      y = w8a8_linear_cpu(q, x_scale, weight_, weight_row_scale_.reshape({-1}), sums).to(x.scalar_type());
+      y = w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums).to(x.scalar_type());
     } else if (w8a8_) {
       const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
       const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
                                            : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
-      y = (acc * x_scale * weight_row_scale_).to(x.scalar_type());
-    } else if (x.device().is_cpu() && cpu_wo_.codes.defined() &&
-               cpu_wo_.codes.const_data_ptr() == weight_.const_data_ptr() &&
+      y = (acc * x_scale * kernel->row_scale).to(x.scalar_type());
+    } else if (x.device().is_cpu() && kernel->cpu_wo.codes.defined() &&
                (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf)) {
-      // (The data pointer check: a weight replaced since finalize() takes the reference.)
-      y = int8_wo_cpu_linear(x2, cpu_wo_);
+      y = int8_wo_cpu_linear(x2, kernel->cpu_wo);
     } else {
       const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
       y = at::matmul(x2, w.t());
@@ -193,10 +182,41 @@ class Int8Method final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
  private:
-  // The tensor's version counter (bumped by every in-place write); -1 for tensors
-  // that have none (made under InferenceMode), which are then trusted as finalized.
-  static int64_t version_of(const at::Tensor& t) {
-    return t.defined() && !t.is_inference() ? static_cast<int64_t>(t._version()) : -1;
+  // What the kernels need beyond the registered tensors, derived from them.
+  struct Kernel {
+    TensorStamp made_from;   // of weight_ and weight_scale_ when it was made
+    at::Tensor row_scale;    // f32 [1, N], for the W8A8 epilogue
+    at::Tensor row_sums;     // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+    Int8WoCpuWeight cpu_wo;  // weight-only CPU kernels: weight_ itself + f32 scales
+#if TP_WITH_CUDA
+    std::optional<cuda::Int8Prepared> cuda;  // when the weight is on CUDA
+#endif
+  };
+
+  TensorStamp stamp() const { return TensorStamp::of({weight_, weight_scale_}); }
+
+  std::shared_ptr<const Kernel> make_kernel() const {
+    auto kernel = std::make_shared<Kernel>();
+    kernel->made_from = stamp();
+    kernel->row_scale = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
+    const bool cpu_int8 = weight_.is_cpu() && weight_.scalar_type() == at::kChar;
+    if (w8a8_ && cpu_int8) kernel->row_sums = w8a8_row_sums(weight_);
+    // The weight-only CPU kernels read the registered weight itself (no copy).
+    if (!w8a8_ && cpu_int8 && weight_.is_contiguous()) kernel->cpu_wo = int8_wo_cpu_pack(weight_, weight_scale_);
+#if TP_WITH_CUDA
+    // On CUDA: cuBLASLt IMMA (W8A8) or the weight-only GEMV (quant/int8/cuda.h).
+    if (weight_.is_cuda() && weight_.scalar_type() == at::kChar)
+      kernel->cuda = cuda::prepare_int8(w8a8_, weight_, weight_scale_);
+#endif
+    return kernel;
+  }
+
+  // The kernel side for the tensors as they are now: finalize()'s, or made again when
+  // the weight or its scale was written in place or replaced since.
+  std::shared_ptr<const Kernel> current_kernel() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!kernel_ || kernel_->made_from != stamp()) kernel_ = make_kernel();
+    return kernel_;
   }
 
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
@@ -209,17 +229,13 @@ class Int8Method final : public QuantMethod {
 
   QuantConfig config_;
   bool w8a8_;
-#if TP_WITH_CUDA
-  std::optional<cuda::Int8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
-#endif
   at::ScalarType dtype_ = at::kFloat;  // the layer's activation and output dtype
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
-  Int8WoCpuWeight cpu_wo_;             // weight-only CPU kernels: weight_ itself + f32 scales
-  at::Tensor weight_row_scale_;        // f32 [1, N], for the W8A8 epilogue
-  at::Tensor row_sums_;                // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
-  int64_t weight_version_ = -2;        // weight_'s version counter when finalize() ran
+  // Kernel side: built by finalize(), rebuilt by current_kernel() when stale.
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const Kernel> kernel_;
 };
 
 }  // namespace

@@ -175,16 +175,6 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
 
 // ---- CpuGemm ---------------------------------------------------------------------------
 
-CpuGemm::Key CpuGemm::key_of(const at::Tensor& w) {
-  Key key;
-  key.data = w.const_data_ptr();
-  key.version = w.is_inference() ? -1 : static_cast<int64_t>(w._version());
-  key.sizes = w.sizes().vec();
-  key.strides = w.strides().vec();
-  key.dtype = w.scalar_type();
-  return key;
-}
-
 void CpuGemm::bind(const at::Tensor& weight) {
   TORCH_INTERNAL_ASSERT(weight.dim() == 2, "CpuGemm: weight must be [N, K], got ", weight.sizes());
   std::lock_guard<std::mutex> lock(mutex_);
@@ -209,7 +199,7 @@ void CpuGemm::prepare(const at::Tensor& weight) {
     auto& pack = packs_by_backend_[static_cast<int>(b)];
     if (!packed_backend(b) || pack.data.defined() || !cpu_gemm_supports(b, p)) continue;
     pack.data = make_pack(b);
-    pack.key = key_of(weight_);
+    pack.key = TensorStamp::of({weight_});
     ++packs_;
   }
 }
@@ -222,8 +212,8 @@ at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
 at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& pack = packs_by_backend_[static_cast<int>(backend)];
-  Key now = key_of(weight_);
-  if (!pack.data.defined() || !(pack.key == now)) {
+  TensorStamp now = TensorStamp::of({weight_});
+  if (!pack.data.defined() || pack.key != now) {
     pack.data = at::Tensor();  // free the stale copy before making the new one
     pack.data = make_pack(backend);
     pack.key = std::move(now);

@@ -41,6 +41,7 @@
 #include <string>
 
 #include "common/cpu_features.h"
+#include "quant/tensor_stamp.h"
 
 namespace tp::detail {
 
@@ -144,16 +145,6 @@ class CpuGemm {
   int64_t packed_bytes() const;
 
  private:
-  struct Key {
-    const void* data = nullptr;
-    int64_t version = -1;  // -1: an inference tensor (no version counter)
-    std::vector<int64_t> sizes, strides;
-    at::ScalarType dtype = at::kFloat;
-    bool operator==(const Key& o) const {
-      return data == o.data && version == o.version && sizes == o.sizes && strides == o.strides && dtype == o.dtype;
-    }
-  };
-  static Key key_of(const at::Tensor& w);
   bool can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const;  // else at::linear
   // The current pack for `backend` (kOneDnn or kMklPacked), made or re-made when stale.
   at::Tensor packed(CpuGemmBackend backend) const;
@@ -162,7 +153,7 @@ class CpuGemm {
 
   struct Pack {
     at::Tensor data;  // undefined: none
-    Key key;          // of the weight it was made from
+    TensorStamp key;  // of the weight it was made from
   };
   at::Tensor weight_;  // [N, K], shares the layer's parameter
   mutable std::mutex mutex_;

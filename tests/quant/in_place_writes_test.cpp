@@ -1,0 +1,64 @@
+// A quantized layer's tensors written in place after finalize() (load_state_dict, a
+// copy_ from another layer, an adapter merge) must be what the next forward and the
+// next dequantized_weight() use. finalize() derives kernel-side copies from them (INT4
+// panels, INT8 float scales and row sums); a copy made from the old values would give
+// a silently wrong output. Each format is checked against a second method that holds
+// the new values from the start: same kernels, so the outputs must be equal.
+
+#include "support/tp_catch.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <string>
+
+#include "support/test_util.h"
+#include "tp/quant/quant_method.h"
+
+using namespace tp;
+
+namespace {
+
+struct Layer {
+  torch::nn::Module module;
+  std::shared_ptr<QuantMethod> method;
+};
+
+void make(Layer& l, const QuantConfig& config, int64_t n, int64_t k, at::ScalarType dtype) {
+  l.method = make_quant_method(config);
+  l.method->create_weights(l.module, n, k, at::TensorOptions().dtype(dtype));
+  l.method->reset_parameters(k);  // random weights from the global generator: each layer its own
+  l.method->finalize();
+}
+
+}  // namespace
+
+TEST_CASE("quantized tensors written in place after finalize() are what the next forward uses",
+          "[quant][cpu_kernels]") {
+  const int64_t n = 64, k = 256;
+  for (const std::string name :
+       {"int4_gptq:g64", "int4_gptq:g64:v2", "int4_gptq:g32:asym", "int4_awq:g128", "int4_pack_quantized:g32:asym",
+        "int8_weight_only", "int8_w8a8", "fp8_tensor", "fp8_channel", "fp8_block"}) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      INFO(name << " " << c10::toString(dtype));
+      const QuantConfig config = parse_quant_config(name);
+      for (int64_t m : {1, 5, 40}) {
+        Layer target, source;
+        make(target, config, n, k, dtype);
+        make(source, config, n, k, dtype);
+        const at::Tensor x = test::randn({m, k}, 700 + m).to(dtype);
+        const at::Tensor before = target.method->apply(x, std::nullopt);  // kernels warmed on the old values
+        {
+          at::NoGradGuard no_grad;
+          auto dst = target.module.named_parameters();
+          for (const auto& p : source.module.named_parameters()) dst[p.key()].copy_(p.value());
+        }
+        const at::Tensor after = target.method->apply(x, std::nullopt);
+        const at::Tensor want = source.method->apply(x, std::nullopt);
+        REQUIRE(!at::equal(before, want));  // the write changed the layer
+        CHECK(at::equal(after, want));
+        CHECK(at::equal(target.method->dequantized_weight(), source.method->dequantized_weight()));
+      }
+    }
+  }
+}
