@@ -96,3 +96,41 @@ TEST_CASE("CausalLM from a Hugging Face folder equals transformers at TP 1-4: lo
   }
   std::cout << table.str();
 }
+
+TEST_CASE("CausalLM's KV cache: a prompt fed in chunks gives the logits of one forward", "[models][hf]") {
+  // Chunks of 2, 3 and 1 tokens: new tokens after cached ones (the masked SDPA path),
+  // then one token (the decode path), against one forward of the whole prompt.
+  for (const std::string name : {"llama", "qwen3"}) {
+    const auto ref = open_checkpoint(fixture_dir() + "/" + name + ".reference.safetensors");
+    const auto prompt = ref.get("model.prompt").read_all();
+    const auto want = ref.get("model.logits").read_all();
+    const double scale = std::max(1.0, want.abs().max().item<double>());
+    for (int64_t world : {1, 2}) {
+      std::vector<at::Tensor> got(world);
+      std::vector<int64_t> length(world);
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            const auto model =
+                CausalLMImpl::from_pretrained(fixture_dir() + "/" + name, CausalLMOptions().dtype(at::kDouble), comm);
+            at::NoGradGuard no_grad;
+            auto cache = model->make_cache(prompt.size(0), prompt.size(1));
+            std::vector<at::Tensor> parts;
+            int64_t begin = 0;
+            for (int64_t n : {2, 3, 1}) {
+              parts.push_back(model->gather_logits(model->forward(prompt.narrow(1, begin, n), &cache)));
+              begin += n;
+            }
+            got[comm.rank()] = at::cat(parts, 1);
+            length[comm.rank()] = cache.length;
+          },
+          test::test_comm_options());
+      for (int64_t r = 0; r < world; ++r) {
+        INFO(name << " TP " << world << " rank " << r);
+        CHECK(length[r] == prompt.size(1));
+        REQUIRE(got[r].sizes() == want.sizes());
+        CHECK((got[r] - want).abs().max().item<double>() <= 1e-12 * scale);
+      }
+    }
+  }
+}
