@@ -35,6 +35,7 @@
 #include "backward_bench.h"
 #include "bench_report.h"
 #include "machine_limits.h"
+#include "model_bench.h"
 #include "tp/comm/launch.h"
 #include "tp/quant/quant_config.h"
 
@@ -52,6 +53,11 @@ const char* kUsage = R"(usage: tp-bench [options]
                      per rank (torchrun-style variables, TCP store on 127.0.0.1)  (default threads)
   --m LIST           tokens per forward (the GEMMs' M)                    (default 1,64)
   --rows LIST        qkv,o,gate_up,down,block                             (default all)
+                     or model alone: a whole tp::CausalLM (Llama) of the shape from a Hugging Face folder
+                     written once: prefill and decode (M = 1, KV cache) tok/s at each TP vs TP=1, logit error
+  --model-layers N   decoder layers of the model row                      (default 2)
+  --model-vocab N    vocabulary of the model row                          (default 32000)
+  --prefill N        prompt tokens of the model row                       (default 256)
   --quant LIST       weight formats: none, fp8_tensor, fp8_channel, fp8_block, int8_w8a8,
                      int8_weight_only, int4_gptq, int4_awq (INT4: ":g64", ":asym")  (default none)
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
@@ -117,6 +123,7 @@ struct Args {
   std::string launch = "threads";  // threads | processes | worker (one rank, started by tp-bench)
   std::string worker_results;      // worker: where rank 0 writes its results
   bool backward = false;           // --backward: forward + backward (backward_bench.h)
+  int64_t model_layers = 2, model_vocab = 32000, prefill = 256;  // --rows model (model_bench.h)
 };
 
 Args parse_args(int argc, char** argv) {
@@ -181,6 +188,12 @@ Args parse_args(int argc, char** argv) {
       args.launch = value;
     } else if (flag == "--worker-results")
       args.worker_results = value;
+    else if (flag == "--model-layers")
+      args.model_layers = parse_positive(flag, value);
+    else if (flag == "--model-vocab")
+      args.model_vocab = parse_positive(flag, value);
+    else if (flag == "--prefill")
+      args.prefill = parse_positive(flag, value);
     else
       TORCH_CHECK_VALUE(false, "tp-bench: unknown option ", flag, "\n", kUsage);
   }
@@ -367,6 +380,25 @@ int backward_main(int argc, char** argv, const Args& args) {
   return 0;
 }
 
+// tp-bench --rows model: the whole-model row (model_bench.h).
+int model_main(const Args& args) {
+  const auto& config = args.config;
+  TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda() &&
+                        config.formats == std::vector<std::string>{"none"},
+                    "tp-bench --rows model: ranks as threads on the CPU, format none, no --json / --csv");
+  ModelBenchConfig m;
+  m.shape = config.shape;
+  m.layers = args.model_layers;
+  m.vocab = args.model_vocab;
+  m.prefill = args.prefill;
+  m.tp_sizes = config.tp_sizes;
+  m.dtypes = config.dtypes;
+  m.timing = config.timing;
+  m.ckpt_dir = config.ckpt_dir;
+  m.seed = config.seed;
+  return run_model_rows(m);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -374,6 +406,7 @@ int main(int argc, char** argv) {
     const auto args = parse_args(argc, argv);
     if (args.launch == "worker") return worker_main(args);
     if (args.backward) return backward_main(argc, argv, args);
+    if (args.config.rows == std::vector<std::string>{"model"}) return model_main(args);
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();
