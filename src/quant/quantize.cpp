@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "quant/format_table.h"
@@ -33,6 +34,12 @@ namespace detail {
 at::Tensor random_linear_weight(int64_t out, int64_t in, int64_t global_in_features) {
   const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
   return at::empty({out, in}, at::kFloat).uniform_(-bound, bound);
+}
+
+void for_each_row_chunk(int64_t n, int64_t k, int64_t row_multiple, const std::function<void(int64_t, int64_t)>& fill) {
+  const int64_t fit = std::max<int64_t>(1, kRandomInitChunkElements / std::max<int64_t>(k, 1) / row_multiple);
+  const int64_t chunk = fit * row_multiple;
+  for (int64_t first = 0; first < n; first += chunk) fill(first, std::min(chunk, n - first));
 }
 
 }  // namespace detail

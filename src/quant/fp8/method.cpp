@@ -156,10 +156,25 @@ class Fp8Method final : public QuantMethod {
   void reset_parameters(int64_t global_in_features) override {
     if (weight_.numel() == 0) return finalize();
     at::NoGradGuard no_grad;
-    const auto q = quantize_fp8(random_linear_weight(weight_.size(0), weight_.size(1), global_in_features), config_);
-    weight_.copy_(q.at("weight"));
-    set_rows(scale_, 0, weight_.size(0), q.at(scale_name(config_)), weight_.size(0));
-    if (input_scale_.defined()) input_scale_.copy_(q.at("input_scale").reshape({}));
+    const int64_t n = weight_.size(0), k = weight_.size(1);
+    if (config_.format == QuantFormat::kFp8PerTensor) {
+      // One scale for the whole weight, so a chunk cannot choose its own: the draw's
+      // bound is its amax (as quantize_fp8 would find it, to within the draw).
+      const double bound = global_in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(global_in_features)) : 0.0;
+      const at::Tensor s = scale_of(at::scalar_tensor(bound, at::kFloat));
+      for_each_row_chunk(n, k, 1, [&](int64_t first, int64_t rows) {
+        weight_.narrow(0, first, rows).copy_(to_e4m3(random_linear_weight(rows, k, global_in_features) / s));
+      });
+      scale_.fill_(s);
+      input_scale_.fill_(kDefaultInputAmax / kE4m3Max);
+      return finalize();
+    }
+    // Per channel / per 128 x 128 block: chunks of whole row blocks quantize alike.
+    for_each_row_chunk(n, k, block() ? kBlock : 1, [&](int64_t first, int64_t rows) {
+      const auto q = quantize_fp8(random_linear_weight(rows, k, global_in_features), config_);
+      weight_.narrow(0, first, rows).copy_(q.at("weight"));
+      set_rows(scale_, first, rows, q.at(scale_name(config_)), rows);
+    });
     finalize();
   }
 

@@ -104,6 +104,33 @@ Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, co
   return w;
 }
 
+Int4CpuWeight int4_cpu_concat(std::vector<Int4CpuWeight> parts) {
+  TORCH_INTERNAL_ASSERT(!parts.empty(), "int4_cpu_concat: no parts");
+  if (parts.size() == 1) return std::move(parts.front());
+  Int4CpuWeight w;
+  w.k = parts.front().k;
+  w.group = parts.front().group;
+  bool f16 = true;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& p = parts[i];
+    TORCH_INTERNAL_ASSERT(p.k == w.k && p.group == w.group && (i + 1 == parts.size() || p.n % kPanelWidth == 0),
+                          "int4_cpu_concat: part ", i, " is [", p.n, ", ", p.k, "] g", p.group);
+    w.n += p.n;
+    w.panels += p.panels;
+    f16 = f16 && p.scales.scalar_type() == at::kHalf;
+  }
+  std::vector<at::Tensor> codes, scales, zeros;
+  for (auto& p : parts) {
+    codes.push_back(std::move(p.codes));
+    scales.push_back(f16 ? std::move(p.scales) : p.scales.to(at::kFloat));  // float16 -> float32 is exact
+    zeros.push_back(std::move(p.zeros));
+  }
+  w.codes = at::cat(codes, 0);
+  w.scales = at::cat(scales, 0);
+  w.zeros = at::cat(zeros, 0);
+  return w;
+}
+
 void int4_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                int64_t ld_buf) {
   const auto& w = *static_cast<const Int4CpuView*>(view);

@@ -39,6 +39,7 @@
 // per term, far below float32 accumulation rounding.
 
 #include <cstdint>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -74,6 +75,12 @@ Int4CpuView int4_cpu_view(const Int4CpuWeight& w);
 /// [K/g, N] (integer-valued, 0..255) into the kernel layout. K must be a multiple of
 /// `group`, and `group` a multiple of 8; anything else is an error naming the tensor.
 Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t group);
+
+/// One weight from the packs of its consecutive row ranges (in order; each but the last
+/// a whole number of panels, kPanelWidth rows): what int4_cpu_pack of the whole would
+/// give, while the unpacked int32 codes exist for one range at a time. Float16 scales
+/// only where every part has them.
+Int4CpuWeight int4_cpu_concat(std::vector<Int4CpuWeight> parts);
 
 /// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
 /// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).

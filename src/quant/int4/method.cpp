@@ -28,7 +28,9 @@
 #include <cmath>
 #include <memory>
 #include <mutex>
+#include <vector>
 
+#include "common/cpu_panel_gemm.h"  // kPanelWidth: the rows of one kernel panel
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
@@ -121,19 +123,22 @@ class Int4Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (n_ == 0 || k_ == 0) return;
-    const auto w = random_linear_weight(n_, k_, global_in_features);
     at::NoGradGuard no_grad;
-    if (pack_) {
-      const auto q = quantize_int4_pack_quantized(w, config_);
-      qweight_.copy_(q.at("weight_packed"));
-      scales_.copy_(q.at("weight_scale"));
-      if (qzeros_.defined()) qzeros_.copy_(q.at("weight_zero_point"));
-    } else {
-      const auto q = quantize_int4(w, config_);
-      qweight_.copy_(q.at("qweight"));
-      qzeros_.copy_(q.at("qzeros"));
-      scales_.copy_(q.at("scales"));
-    }
+    // Eight rows at a time at least: the zero points (and AWQ's qweight) pack N.
+    for_each_row_chunk(n_, k_, 8, [&](int64_t first, int64_t rows) {
+      const auto w = random_linear_weight(rows, k_, global_in_features);
+      if (pack_) {
+        const auto q = quantize_int4_pack_quantized(w, config_);
+        copy_rows(qweight_, q.at("weight_packed"), first, rows);
+        copy_rows(scales_, q.at("weight_scale"), first, rows);
+        if (qzeros_.defined()) copy_rows(qzeros_, q.at("weight_zero_point"), first, rows);
+      } else {
+        const auto q = quantize_int4(w, config_);
+        copy_rows(qweight_, q.at("qweight"), first, rows);
+        copy_rows(qzeros_, q.at("qzeros"), first, rows);
+        copy_rows(scales_, q.at("scales"), first, rows);
+      }
+    });
     finalize();
   }
 
@@ -247,6 +252,20 @@ class Int4Method final : public QuantMethod {
   // Whether the checkpoint packs N eight to a word (then N-shards are multiples of 8).
   bool packs_n() const { return !pack_ || !config_.symmetric; }
 
+  // Writes `src`, the stored tensor of weight rows [first, first + rows), into its place
+  // in `dst` (the whole layer's): along the one dim that holds N (N itself, or N / 8
+  // where N is packed), which is the dim where the two sizes differ.
+  void copy_rows(const at::Tensor& dst, const at::Tensor& src, int64_t first, int64_t rows) const {
+    if (rows == n_) return void(dst.copy_(src));
+    for (int64_t d = 0; d < dst.dim(); ++d) {
+      if (src.size(d) == dst.size(d)) continue;
+      const int64_t per_row_8 = src.size(d) * 8 / rows;  // 8: N itself; 1: N packed eight to a word
+      dst.narrow(d, first * per_row_8 / 8, src.size(d)).copy_(src);
+      return;
+    }
+    TORCH_INTERNAL_ASSERT(false, name(), ": no dim of ", dst.sizes(), " holds the rows of ", src.sizes());
+  }
+
   // What the kernels need, derived from the registered tensors: the CPU panels, or the
   // CUDA layout, or the dequantized weight where neither applies.
   struct Kernel {
@@ -264,18 +283,28 @@ class Int4Method final : public QuantMethod {
     auto kernel = std::make_shared<Kernel>();
     kernel->made_from = stamp();
     if (n_ == 0 || k_ == 0) return kernel;
-    const auto u = unpack();
 #if TP_WITH_CUDA
     if (qweight_.is_cuda()) {
       // The CUDA kernels' layout (quant/int4/cuda.h): GEMV for decode, dequantize + cuBLASLt above.
+      const auto u = unpack();
       kernel->cuda = cuda::prepare_int4(u.codes, u.scale, u.zero, g_, qweight_.device());
       return kernel;
     }
 #endif
+    // A range of rows at a time: the unpacked codes are int32 [N, K], 8x the stored
+    // weight, and the dequantized float32 weight as large again.
     if (qweight_.device().is_cpu() && cpu_kernel_dtype(dtype_)) {
-      kernel->cpu = int4_cpu_pack(u.codes, u.scale, u.zero, g_);
+      std::vector<Int4CpuWeight> parts;
+      for_each_row_chunk(n_, k_, kPanelWidth, [&](int64_t first, int64_t rows) {
+        const auto u = unpack(first, rows);
+        parts.push_back(int4_cpu_pack(u.codes, u.scale, u.zero, g_));
+      });
+      kernel->cpu = int4_cpu_concat(std::move(parts));
     } else {
-      kernel->dequantized = dequantize_unpacked(u, g_).to(qweight_.device(), dtype_);
+      kernel->dequantized = at::empty({n_, k_}, at::TensorOptions().dtype(dtype_).device(qweight_.device()));
+      for_each_row_chunk(n_, k_, kPanelWidth, [&](int64_t first, int64_t rows) {
+        kernel->dequantized.narrow(0, first, rows).copy_(dequantize_unpacked(unpack(first, rows), g_));
+      });
     }
     return kernel;
   }
@@ -288,8 +317,19 @@ class Int4Method final : public QuantMethod {
     return kernel_;
   }
 
-  Int4Unpacked unpack() const {
-    const auto qw = qweight_.cpu(), qz = qzeros_.defined() ? qzeros_.cpu() : at::Tensor(), sc = scales_.cpu();
+  Int4Unpacked unpack() const { return unpack(0, n_); }
+
+  // The weight rows [first, first + rows) unpacked, from the stored tensors' slices
+  // along the dim that holds N (N / 8 where N is packed: rows then a multiple of 8).
+  Int4Unpacked unpack(int64_t first, int64_t rows) const {
+    const bool nk = pack_;  // pack-quantized: N is dim 0; GPTQ / AWQ: dim 1
+    const auto slice = [&](const at::Tensor& t, bool packed_n) -> at::Tensor {
+      if (!t.defined()) return t;
+      if (rows == n_) return t.cpu();
+      const int64_t per = packed_n ? 8 : 1;
+      return t.narrow(nk ? 0 : 1, first / per, rows / per).cpu().contiguous();
+    };
+    const auto qw = slice(qweight_, awq_), qz = slice(qzeros_, true), sc = slice(scales_, false);
     switch (packing_) {
       case Packing::kAwq: return unpack_awq(qw, qz, sc);
       case Packing::kPackQuantized: return unpack_pack_quantized(qw, qz, sc);

@@ -86,10 +86,12 @@ class Int8Method final : public QuantMethod {
 
   void reset_parameters(int64_t global_in_features) override {
     if (n_ > 0 && k_ > 0) {
-      const auto q = quantize_int8(random_linear_weight(n_, k_, global_in_features), config_);
       at::NoGradGuard no_grad;
-      weight_.copy_(q.at("weight"));
-      weight_scale_.copy_(q.at("weight_scale"));
+      for_each_row_chunk(n_, k_, 1, [&](int64_t first, int64_t rows) {
+        const auto q = quantize_int8(random_linear_weight(rows, k_, global_in_features), config_);
+        weight_.narrow(0, first, rows).copy_(q.at("weight"));
+        weight_scale_.narrow(0, first, rows).copy_(q.at("weight_scale"));
+      });
     }
     finalize();
   }
