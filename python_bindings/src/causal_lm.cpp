@@ -70,6 +70,7 @@ void init_causal_lm(py::module_& m) {
           },
           py::arg("local_logits"), py::arg("target"), py::arg("ignore_index") = -100, Release())
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))
+      .def("gather_weights", &CausalLMImpl::gather_weights, Release())
       .def("generate_greedy", &CausalLMImpl::generate_greedy, py::arg("prompt"), py::arg("new_tokens"), Release())
       .def(
           "named_parameters",

@@ -91,6 +91,7 @@ void bind_embedding(py::module_& m) {
             layer.load_weights(checkpoint, prefix);
           },
           py::arg("checkpoint"), py::arg("prefix"), Release())
+      .def("gather_weights", &Impl::gather_weights, py::arg("prefix"), Release())
       .def("reset_parameters", &Impl::reset_parameters)
       .def_readonly("options", &Impl::options)
       .def_property_readonly("communicator",
@@ -142,6 +143,7 @@ void bind_head(py::module_& m) {
             layer.load_weights(checkpoint, prefix);
           },
           py::arg("checkpoint"), py::arg("prefix"), Release())
+      .def("gather_weights", &Impl::gather_weights, py::arg("prefix"), Release())
       .def("reset_parameters", &Impl::reset_parameters)
       .def_readonly("options", &Impl::options)
       .def_property_readonly("communicator",

@@ -7,7 +7,7 @@ only its shards), as a torch.nn.Module whose parameters are the C++ model's tens
     logits = model.gather_logits(model(prompt_ids))             # [batch, seq, vocab]
 """
 
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -68,6 +68,14 @@ class CausalLM(nn.Module):
     def cross_entropy(self, local_logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100):
         """Per-token loss from the local logits (vocab-parallel; never gathers them)."""
         return self._impl.cross_entropy(local_logits, target, ignore_index)
+
+    _tp_gathers_hf_names = True  # tp.gather_weights(model) gives gather_weights()'s names
+
+    def gather_weights(self) -> Dict[str, torch.Tensor]:
+        """Every tensor the model loads, whole, under its Hugging Face name, on every rank
+        (the shards all-gathered: every rank calls it): rank 0 can save them next to
+        config.json as a folder that loads at any TP size."""
+        return self._impl.gather_weights()
 
     def make_cache(self, batch: int, capacity: int) -> "_C.KVCache":
         return self._impl.make_cache(batch, capacity)

@@ -386,7 +386,9 @@ def gather_weights(module: nn.Module, prefix: str = "") -> Dict[str, torch.Tenso
     and write what their ``load_weights`` reads: Column/Row at path P give P.weight and
     P.bias; QKV at P gives parent(P).q_proj / k_proj / v_proj (replicated KV heads once),
     GateUp at P parent(P).gate_proj / up_proj, as vLLM names fused layers
-    (``...self_attn.qkv_proj`` writes ``...self_attn.q_proj.weight``). A module tree
+    (``...self_attn.qkv_proj`` writes ``...self_attn.q_proj.weight``); the vocabulary
+    layers at P give P.weight without padding rows (a tied head: nothing), and a
+    ``tp.CausalLM`` its own Hugging Face names (``model.gather_weights()``). A module tree
     shaped like the Hugging Face model therefore gives its names, and
     ``tp.save_safetensors(path, gather_weights(model))`` on rank 0 writes a checkpoint
     that loads at any TP size. Other modules contribute their parameters and persistent
@@ -404,8 +406,10 @@ def gather_weights(module: nn.Module, prefix: str = "") -> Dict[str, torch.Tenso
             out[name] = t
 
     def visit(m, path, parent):
-        if isinstance(m, _PLAIN):
+        if isinstance(m, _PLAIN) or getattr(m, "_tp_gathers_at_path", False):
             return merge(m.gather_weights(path))
+        if getattr(m, "_tp_gathers_hf_names", False):  # tp.CausalLM: its own Hugging Face names
+            return merge(m.gather_weights())
         if isinstance(m, _FUSED):
             return merge(m.gather_weights(parent))
         own = {}

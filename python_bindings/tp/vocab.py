@@ -8,7 +8,7 @@ its weight IS the embedding's Parameter (one tensor, as transformers ties lm_hea
 an optimizer sees it once, both uses add to its gradient).
 """
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,13 @@ class _VocabLayer(_ParallelLinear):
         self._build(impl_type, options, group, communicator)
         del self._parameters["bias"]  # no bias: _build registers None for the linear layers' sake
 
-    def gather_weights(self, prefix: str):
-        raise NotImplementedError(f"{type(self).__name__}.gather_weights is not implemented")
+    _tp_gathers_at_path = True  # tp.gather_weights calls gather_weights(its path)
+
+    def gather_weights(self, prefix: str) -> Dict[str, torch.Tensor]:
+        """{prefix.weight: the whole [vocab, hidden] table} on every rank (an all-gather:
+        every rank calls it), padding rows left out; a tied head gives nothing (the
+        embedding writes the weight)."""
+        return self._impl.gather_weights(prefix)
 
     @property
     def partition(self) -> "_C.VocabPartition":

@@ -6,8 +6,10 @@
 #include "layers/layer_common.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
+#include "tp/layers/vocab_parallel_embedding.h"
 
 namespace tp {
 namespace {
@@ -28,6 +30,8 @@ void visit(const torch::nn::Module& m, const std::string& path, const std::strin
     return merge(out, l->gather_weights(fused_prefix));
   if (const auto* l = dynamic_cast<const GateUpParallelLinearImpl*>(&m))
     return merge(out, l->gather_weights(fused_prefix));
+  if (const auto* l = dynamic_cast<const VocabParallelEmbeddingImpl*>(&m)) return merge(out, l->gather_weights(path));
+  if (const auto* l = dynamic_cast<const ParallelLMHeadImpl*>(&m)) return merge(out, l->gather_weights(path));
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> own;
   for (const auto& p : m.named_parameters(/*recurse=*/false)) own[detail::join_name(path, p.key())] = p.value().clone();

@@ -110,4 +110,9 @@ void ParallelLMHeadImpl::load_weights(const Checkpoint& checkpoint, const std::s
                           local_range(), vocab_range(), weight);
 }
 
+std::map<std::string, at::Tensor> ParallelLMHeadImpl::gather_weights(const std::string& prefix) const {
+  if (tied_) return {};
+  return {{detail::join_name(prefix, "weight"), detail::gather_vocab_rows(weight, partition_, comm)}};
+}
+
 }  // namespace tp

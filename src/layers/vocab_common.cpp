@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <sstream>
+#include <vector>
 
 #include "tp/loader/load_shard.h"
 #include "tp/shard/shard_mode.h"
@@ -54,6 +55,14 @@ void load_vocab_rows(const char* layer, const Checkpoint& checkpoint, const std:
   at::NoGradGuard no_grad;
   if (real.size() > 0) weight.narrow(0, 0, real.size()).copy_(load_shard(source, ShardMode::kColumn, real, {}, layer));
   zero_padding_rows(weight, rows, real);
+}
+
+at::Tensor gather_vocab_rows(const at::Tensor& weight, const VocabPartition& partition, const Communicator& comm) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> sizes;
+  for (const auto& r : partition.ranges) sizes.push_back(r.size());
+  const at::Tensor all = comm.world_size() == 1 ? weight.clone() : comm.all_gather(weight.contiguous(), 0, sizes);
+  return all.narrow(0, 0, partition.vocab_size).contiguous();
 }
 
 }  // namespace tp::detail

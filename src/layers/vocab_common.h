@@ -7,8 +7,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "tp/comm/communicator.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/range.h"
+#include "tp/shard/vocab.h"
 
 namespace tp::detail {
 
@@ -26,5 +28,9 @@ void load_vocab_rows(const char* layer, const Checkpoint& checkpoint, const std:
 
 /// Zeroes the rows of `weight` (local rows `rows` of the padded table) outside `real`.
 void zero_padding_rows(at::Tensor& weight, Range rows, Range real);
+
+/// The whole [vocab_size, hidden] table from every rank's rows (`partition`; an
+/// all-gather: every rank calls it), padding rows left out, as load_vocab_rows reads it.
+at::Tensor gather_vocab_rows(const at::Tensor& weight, const VocabPartition& partition, const Communicator& comm);
 
 }  // namespace tp::detail

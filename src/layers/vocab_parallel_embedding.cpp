@@ -75,4 +75,8 @@ void VocabParallelEmbeddingImpl::load_weights(const Checkpoint& checkpoint, cons
                           local_range(), vocab_range(), weight);
 }
 
+std::map<std::string, at::Tensor> VocabParallelEmbeddingImpl::gather_weights(const std::string& prefix) const {
+  return {{detail::join_name(prefix, "weight"), detail::gather_vocab_rows(weight, partition_, comm)}};
+}
+
 }  // namespace tp

@@ -105,6 +105,21 @@ at::Tensor CausalLMImpl::generate_greedy(const at::Tensor& prompt, int64_t new_t
   return at::cat(out, 1);
 }
 
+std::map<std::string, at::Tensor> CausalLMImpl::gather_weights() const {
+  auto out = embed_tokens->gather_weights("model.embed_tokens");
+  for (const auto& layer : layers) {
+    auto part = layer->gather_weights();
+    out.insert(part.begin(), part.end());
+  }
+  at::NoGradGuard no_grad;
+  out["model.norm.weight"] = norm->weight.clone();
+  if (!config.tie_word_embeddings) {
+    auto head = lm_head->gather_weights("lm_head");
+    out.insert(head.begin(), head.end());
+  }
+  return out;
+}
+
 void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {
   embed_tokens->load_weights(checkpoint, "model.embed_tokens");
   for (auto& layer : layers) layer->load_weights(checkpoint);

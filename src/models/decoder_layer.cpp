@@ -126,4 +126,20 @@ void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
   down_proj->load_weights(checkpoint, p + ".mlp.down_proj");
 }
 
+std::map<std::string, at::Tensor> DecoderLayerImpl::gather_weights() const {
+  const std::string p = prefix();
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out{
+      {p + ".input_layernorm.weight", input_layernorm->weight.clone()},
+      {p + ".post_attention_layernorm.weight", post_attention_layernorm->weight.clone()}};
+  if (qk_norm()) {
+    out[p + ".self_attn.q_norm.weight"] = q_norm->weight.clone();
+    out[p + ".self_attn.k_norm.weight"] = k_norm->weight.clone();
+  }
+  for (auto&& part : {qkv->gather_weights(p + ".self_attn"), o_proj->gather_weights(p + ".self_attn.o_proj"),
+                      gate_up->gather_weights(p + ".mlp"), down_proj->gather_weights(p + ".mlp.down_proj")})
+    out.insert(part.begin(), part.end());
+  return out;
+}
+
 }  // namespace tp

@@ -9,11 +9,13 @@
 #include <torch/autograd.h>
 
 #include <limits>
+#include <map>
 #include <mutex>
 #include <vector>
 
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
+#include "tp/layers/gather_weights.h"
 #include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/sequence_parallel.h"
 #include "tp/layers/vocab_parallel_embedding.h"
@@ -307,4 +309,39 @@ TEST_CASE("vocab_parallel_cross_entropy refuses targets outside the vocabulary a
   CHECK_THROWS_WITH(
       vocab_parallel_cross_entropy(at::randn({3, 9}, at::kDouble), at::tensor({1, 2, 3}, at::kLong), p, single),
       Catch::Contains("expected [..., 10]"));
+}
+
+TEST_CASE("gather_weights gives the vocabulary layers' whole tables, padding left out, at TP 1-4", "[layers]") {
+  for (const auto& c : cases()) {
+    INFO(describe(c));
+    const auto table = randn({c.vocab, c.hidden}, c.seed), head_w = randn({c.vocab, c.hidden}, c.seed + 1);
+    Checkpoint ckpt;
+    ckpt.add("model.embed_tokens.weight", table);
+    ckpt.add("lm_head.weight", head_w);
+    std::vector<std::map<std::string, at::Tensor>> got(c.world);
+    run_ranks_in_threads(
+        c.world,
+        [&](Communicator& comm) {
+          const auto options =
+              VocabParallelEmbeddingOptions(c.vocab, c.hidden).pad_to_multiple_of(c.pad).dtype(at::kDouble);
+          VocabParallelEmbedding embed(options, comm);
+          embed->load_weights(ckpt, "model.embed_tokens");
+          ParallelLMHead head(ParallelLMHeadOptions(c.hidden, c.vocab).pad_to_multiple_of(c.pad).dtype(at::kDouble),
+                              comm);
+          head->load_weights(ckpt, "lm_head");
+          ParallelLMHead tied(embed);
+          torch::nn::Module model;
+          model.register_module("embed_tokens", embed.ptr());
+          model.register_module("lm_head", head.ptr());
+          model.register_module("tied_head", tied.ptr());
+          got[comm.rank()] = gather_weights(model, "model");
+        },
+        test::test_comm_options());
+    for (int64_t r = 0; r < c.world; ++r) {
+      INFO("rank " << r);
+      REQUIRE(got[r].size() == 2);  // the tied head writes nothing of its own
+      CHECK(at::equal(got[r].at("model.embed_tokens.weight"), table));
+      CHECK(at::equal(got[r].at("model.lm_head.weight"), head_w));
+    }
+  }
 }

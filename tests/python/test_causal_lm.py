@@ -187,3 +187,36 @@ def test_causal_lm_in_float32_is_as_close_as_transformers_in_float32(folder, wor
         err = max(res[name] for res in results)
         print(f"\nTP {world} float32 {name}: max |logit err| tp {err:.2g}, transformers {hf_err:.2g}")
         assert err <= 4 * hf_err + 1e-6 * scale, f"{name} TP {world}: tp float32 {err:.3g} vs transformers {hf_err:.3g}"
+
+
+def _rank_gather(rank, world, folder):
+    out = {}
+    for name in MODELS:
+        if name == "qwen3" and world == 3:
+            continue
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        a, b = model.gather_weights(), tp.gather_weights(model)
+        # numpy: pickled by value (a tensor would travel as shared memory of a process that exits)
+        out[name] = {k: v.numpy() for k, v in a.items()} if rank == 0 else None
+        out[name + " same"] = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gather_weights_gives_back_the_folders_tensors(folder, world):
+    # What a trained model would save: every tensor the folder holds (but the allowed
+    # rotary_emb.inv_freq), whole, under its name, equal to the file's.
+    from safetensors import safe_open
+
+    results = launcher.run(world, _rank_gather, str(folder), timeout=600) if world > 1 else [
+        _rank_gather(0, 1, str(folder))]
+    for name in [n for n in MODELS if n in results[0]]:
+        stored = {}
+        for f in sorted(Path(folder, name).glob("*.safetensors")):
+            with safe_open(str(f), "pt") as st:
+                stored.update({k: st.get_tensor(k) for k in st.keys() if not k.endswith("rotary_emb.inv_freq")})
+        got = {k: torch.from_numpy(v) for k, v in results[0][name].items()}
+        assert got.keys() == stored.keys(), (name, world, sorted(set(got) ^ set(stored)))
+        for k, v in stored.items():
+            assert torch.equal(got[k], v.to(got[k].dtype)), (name, world, k)
+        assert all(res[name + " same"] for res in results), (name, world, "tp.gather_weights differs")

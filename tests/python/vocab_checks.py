@@ -76,6 +76,10 @@ def check_all(rank, world):
         errs[f"{name} head padding is -inf"] = float(not bool(torch.all(local[:, re - rb:] == float("-inf"))))
         errs[f"{name} head gathered"] = _err(gathered(x), want)
         errs[f"{name} argmax"] = float(not torch.equal(head.argmax(local), want.argmax(-1)))
+        # Saving: tp.gather_weights gives the whole tables back, padding left out.
+        saved = tp.gather_weights(torch.nn.ModuleDict({"embed": embed, "head": head}))
+        errs[f"{name} gather_weights names"] = float(sorted(saved) != ["embed.weight", "head.weight"])
+        errs[f"{name} gather_weights"] = max(_err(saved["embed.weight"], w), _err(saved["head.weight"], w))
 
         # Cross entropy, untied and tied: loss, dL/dx, dL/dW.
         for tied in (False, True):

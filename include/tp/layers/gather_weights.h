@@ -23,7 +23,10 @@ namespace tp {
 ///     replicated KV heads once; GateUpParallelLinear at P: parent(P).gate_proj /
 ///     .up_proj - the fused layers are named after the projections they fuse, as vLLM
 ///     does ("model.layers.0.self_attn.qkv_proj" writes "model.layers.0.self_attn.q_proj.weight"),
-///     so a tree shaped like the Hugging Face model gives its names.
+///     so a tree shaped like the Hugging Face model gives its names;
+///   VocabParallelEmbedding / an untied ParallelLMHead at P: P.weight, [vocab, hidden]
+///     without padding rows (a tied head writes nothing: the embedding has the weight).
+///   (tp::CausalLM's own gather_weights() gives its Hugging Face names.)
 /// When `module` itself is a fused layer, `prefix` is what its load_weights takes.
 /// Other modules contribute their own parameters and buffers, copied. Every rank gets
 /// every tensor (the whole model in memory: call it where that fits), so rank 0 can

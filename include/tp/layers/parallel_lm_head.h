@@ -10,6 +10,7 @@
 // logits: cross_entropy() and argmax() work on the local slices (tp/layers/vocab_parallel_loss.h).
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -72,6 +73,10 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   /// only this rank's rows. Tied: an error (load the embedding).
   /// Example: head->load_weights(ckpt, "lm_head").
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+  /// Untied: {prefix + ".weight": the whole [vocab_size, hidden_size] weight} (an
+  /// all-gather: every rank calls this). Tied: nothing (the embedding writes the weight,
+  /// as a tied Hugging Face checkpoint stores it once).
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
 
   bool tied() const { return tied_; }
   const VocabPartition& partition() const { return partition_; }

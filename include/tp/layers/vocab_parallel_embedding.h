@@ -9,6 +9,7 @@
 // reduce-scattered along dim 0 (the tokens) so each rank keeps its slice of them.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,9 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
   /// reading only this rank's rows; padding rows are set to zero.
   /// Example: embed->load_weights(ckpt, "model.embed_tokens").
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
+  /// {prefix + ".weight": the whole [num_embeddings, embedding_dim] table} (every rank
+  /// gets it: an all-gather, so every rank calls this), what load_weights reads.
+  std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
 
   /// Which rows every rank owns.
   const VocabPartition& partition() const { return partition_; }

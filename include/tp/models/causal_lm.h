@@ -8,6 +8,7 @@
 // the loss work on those slices (vocab_parallel_argmax / _cross_entropy).
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,13 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// Loads every tensor of the model from `checkpoint` (Hugging Face names), this rank's
   /// shards only.
   void load_weights(const Checkpoint& checkpoint);
+
+  /// Every tensor load_weights reads, whole, under its Hugging Face name (the shards
+  /// all-gathered: every rank calls this and gets all of them), so rank 0 can write a
+  /// folder that loads at any TP size: tp::save_sharded_safetensors(dir, model->gather_weights(), ...)
+  /// next to the config.json. (tp::gather_weights on this module gathers the same
+  /// tensors under its module paths instead.)
+  std::map<std::string, at::Tensor> gather_weights() const;
 
   /// config.json, then the safetensors of `folder` (sharded or not), through
   /// ModelConfig and open_checkpoint, strictly: a tensor of the folder that nothing

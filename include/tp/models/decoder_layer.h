@@ -10,6 +10,7 @@
 // weight every rank applies to its own heads, so their gradient is summed over ranks.
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +47,9 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only
   /// (a LoadSession's checkpoint records them for its unread-tensor report).
   void load_weights(const Checkpoint& checkpoint);
+  /// Every tensor load_weights reads, whole (the shards all-gathered: every rank calls
+  /// this), under the same names.
+  std::map<std::string, at::Tensor> gather_weights() const;
 
   /// "model.layers.{index}"
   std::string prefix() const;
