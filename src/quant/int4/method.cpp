@@ -179,15 +179,7 @@ class Int4Method final : public QuantMethod {
                           awq_ ? "qweight [K, N/8]" : "qweight [K/8, N]", ", qzeros [K/g, N/8], scales [K/g, N])");
         if (empty) return;
         options.flip_tp = true;
-        const int64_t div = options.scale_span * options.elm_packing;
-        TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '",
-                              part.prefix, "' at ", part.local_offset, " is not aligned to ", div);
-        const auto shard = load_shard(source, mode, part.range, options, layer);
-        auto slot = dst.narrow(dst_dim, part.local_offset / div, part.range.size() / div);
-        TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ",
-                              shard.sizes(), " does not fit its local slot ", slot.sizes());
-        if (!integer) check_finite(shard, source, layer);
-        slot.copy_(shard);
+        load_part(source, mode, part, options, dst, dst_dim, /*scale=*/!integer, layer);
       };
       LoadOptions packed_n, packed_k, per_group;
       packed_n.elm_packing = column ? 8 : 1;   // N packed eight to a word: only COLUMN splits it
@@ -396,25 +388,31 @@ class Int4Method final : public QuantMethod {
                         "]; the layer expects ", weight);
       if (part.range.size() == 0) continue;  // nothing of this part on this rank
 
-      const auto load_one = [&](const TensorSource& source, LoadOptions options, const at::Tensor& dst) {
-        const int64_t div = options.scale_span * options.elm_packing;
-        TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '",
-                              part.prefix, "' at ", part.local_offset, " is not aligned to ", div);
-        const auto shard = load_shard(source, mode, part.range, options, layer);
-        auto slot = dst.narrow(dim, part.local_offset / div, part.range.size() / div);
-        TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ",
-                              shard.sizes(), " does not fit its local slot ", slot.sizes());
-        slot.copy_(shard);
-      };
       LoadOptions packed_k, per_group, packed_n_per_group;
       packed_k.elm_packing = column ? 1 : 8;   // K packed eight to a word: only ROW splits it
       per_group.scale_span = column ? 1 : g_;  // one column of scales per group of K
       packed_n_per_group.elm_packing = column ? 8 : 1;
       packed_n_per_group.scale_span = column ? 1 : g_;
-      load_one(packed, packed_k, qweight_);
-      load_one(scale, per_group, scales_);
-      if (zero_point) load_one(*zero_point, packed_n_per_group, qzeros_);
+      load_part(packed, mode, part, packed_k, qweight_, dim, /*scale=*/false, layer);
+      load_part(scale, mode, part, per_group, scales_, dim, /*scale=*/true, layer);
+      if (zero_point) load_part(*zero_point, mode, part, packed_n_per_group, qzeros_, dim, /*scale=*/false, layer);
     }
+  }
+
+  // Reads this rank's slice of `part` from `source` into its place in `dst` (along
+  // `dim`, where `options` packs or spans `div` elements of the split dim per stored
+  // element); a scale's values must be finite.
+  void load_part(const TensorSource& source, ShardMode mode, const WeightPart& part, const LoadOptions& options,
+                 const at::Tensor& dst, int64_t dim, bool scale, const std::string& layer) const {
+    const int64_t div = options.scale_span * options.elm_packing;
+    TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '", part.prefix,
+                          "' at ", part.local_offset, " is not aligned to ", div);
+    const auto shard = load_shard(source, mode, part.range, options, layer);
+    auto slot = dst.narrow(dim, part.local_offset / div, part.range.size() / div);
+    TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ", shard.sizes(),
+                          " does not fit its local slot ", slot.sizes());
+    if (scale) check_finite(shard, source, layer);
+    slot.copy_(shard);
   }
 
   // Act-order checkpoints permute K through g_idx; only the trivial g_idx[k] = k / g is accepted.

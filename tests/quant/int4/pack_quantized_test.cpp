@@ -19,6 +19,7 @@
 #include <torch/nn/module.h>
 
 #include <array>
+#include <limits>
 
 #include "support/quant_layer_check.h"
 #include "support/test_util.h"
@@ -219,6 +220,12 @@ TEST_CASE("int4_pack_quantized refuses tensors that do not match its configurati
   t = sym.tensors;
   t.erase("weight_shape");
   CHECK_THROWS_WITH(load(t, pack(64, true)), Contains("fc.weight_shape"));
+  // A scale that is not finite would decode to inf / NaN weights.
+  t = sym.tensors;
+  t["weight_scale"] = t["weight_scale"].clone();
+  t["weight_scale"][3][1] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH(load(t, pack(64, true)),
+                    Contains("fc.weight_scale") && Contains("non-finite value (inf) at index [3, 1]"));
   // Asymmetric layers split N in multiples of 8 only.
   CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 20).bias(false).quant(pack(64, false))),
                     Contains("multiple of the granularity 8"));
