@@ -222,6 +222,25 @@ def _stamp(names) -> str:
     return h.hexdigest()
 
 
+def folder_for_tests(tmp_path_factory, names=ALL) -> Path:
+    """The fixtures a pytest module reads: $TP_HF_FIXTURES; else the build tree's
+    (<build>/tests/hf_fixtures, made by the CTest fixture that tools/test.sh runs first)
+    when its stamp is current; else `names` made now in a pytest temporary folder."""
+    import os
+
+    env = os.environ.get("TP_HF_FIXTURES")
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parents[2]
+    built = root / os.environ.get("TP_BUILD_DIR", "build") / "tests" / "hf_fixtures"
+    stamp = built / "stamp"
+    if (built / "manifest.json").exists() and stamp.exists() and stamp.read_text() == _stamp(ALL):
+        return built
+    out = tmp_path_factory.mktemp("hf_fixtures")
+    make(out, names)
+    return out
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         sys.exit("usage: hf_fixtures.py OUT_DIR [NAME ...]")

@@ -21,17 +21,7 @@ MODELS = ("llama", "qwen2", "qwen3")
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    env = os.environ.get("TP_HF_FIXTURES")
-    if env:
-        return Path(env)
-    built = _ROOT / os.environ.get("TP_BUILD_DIR", "build") / "tests" / "hf_fixtures"
-    stamp = built / "stamp"
-    if (built / "manifest.json").exists() and stamp.exists() and stamp.read_text() == hf_fixtures._stamp(
-            hf_fixtures.ALL):
-        return built
-    out = tmp_path_factory.mktemp("hf_model_fixtures")
-    hf_fixtures.make(out, MODELS)
-    return out
+    return hf_fixtures.folder_for_tests(tmp_path_factory, MODELS)
 
 
 def _rank(rank, world, folder):

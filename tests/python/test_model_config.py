@@ -14,7 +14,6 @@ References (tests/models/hf_folders_test.cpp states the same bounds):
   activations, float32 GEMM); W8A8 within amax(x) / 254 rowsum|W| + 2^-21 (...).
 """
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,21 +23,9 @@ import hf_fixtures
 import launcher
 import tp
 
-_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _fixture_dir(tmp_path_factory) -> Path:
-    env = os.environ.get("TP_HF_FIXTURES")
-    if env:
-        return Path(env)
-    built = _ROOT / os.environ.get("TP_BUILD_DIR", "build") / "tests" / "hf_fixtures"
-    stamp = built / "stamp"
-    if (built / "manifest.json").exists() and stamp.exists() and stamp.read_text() == hf_fixtures._stamp(
-            hf_fixtures.ALL):
-        return built
-    out = tmp_path_factory.mktemp("hf_fixtures")
-    hf_fixtures.make(out)
-    return out
+    return hf_fixtures.folder_for_tests(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
