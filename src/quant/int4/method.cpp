@@ -129,14 +129,14 @@ class Int4Method final : public QuantMethod {
       const auto w = random_linear_weight(rows, k_, global_in_features);
       if (pack_) {
         const auto q = quantize_int4_pack_quantized(w, config_);
-        copy_rows(qweight_, q.at("weight_packed"), first, rows);
-        copy_rows(scales_, q.at("weight_scale"), first, rows);
-        if (qzeros_.defined()) copy_rows(qzeros_, q.at("weight_zero_point"), first, rows);
+        rows_of(qweight_, false, first, rows).copy_(q.at("weight_packed"));
+        rows_of(scales_, false, first, rows).copy_(q.at("weight_scale"));
+        if (qzeros_.defined()) rows_of(qzeros_, true, first, rows).copy_(q.at("weight_zero_point"));
       } else {
         const auto q = quantize_int4(w, config_);
-        copy_rows(qweight_, q.at("qweight"), first, rows);
-        copy_rows(qzeros_, q.at("qzeros"), first, rows);
-        copy_rows(scales_, q.at("scales"), first, rows);
+        rows_of(qweight_, awq_, first, rows).copy_(q.at("qweight"));
+        rows_of(qzeros_, true, first, rows).copy_(q.at("qzeros"));
+        rows_of(scales_, false, first, rows).copy_(q.at("scales"));
       }
     });
     finalize();
@@ -244,18 +244,13 @@ class Int4Method final : public QuantMethod {
   // Whether the checkpoint packs N eight to a word (then N-shards are multiples of 8).
   bool packs_n() const { return !pack_ || !config_.symmetric; }
 
-  // Writes `src`, the stored tensor of weight rows [first, first + rows), into its place
-  // in `dst` (the whole layer's): along the one dim that holds N (N itself, or N / 8
-  // where N is packed), which is the dim where the two sizes differ.
-  void copy_rows(const at::Tensor& dst, const at::Tensor& src, int64_t first, int64_t rows) const {
-    if (rows == n_) return void(dst.copy_(src));
-    for (int64_t d = 0; d < dst.dim(); ++d) {
-      if (src.size(d) == dst.size(d)) continue;
-      const int64_t per_row_8 = src.size(d) * 8 / rows;  // 8: N itself; 1: N packed eight to a word
-      dst.narrow(d, first * per_row_8 / 8, src.size(d)).copy_(src);
-      return;
-    }
-    TORCH_INTERNAL_ASSERT(false, name(), ": no dim of ", dst.sizes(), " holds the rows of ", src.sizes());
+  // The part of a registered tensor that holds weight rows [first, first + rows): along
+  // the dim that holds N (dim 0 in pack-quantized, 1 in GPTQ / AWQ), N itself or, where
+  // `packed_n`, N / 8 (rows then a multiple of 8). The stored names: qweight packs N in
+  // AWQ only; the zero points always do; the scales never.
+  at::Tensor rows_of(const at::Tensor& t, bool packed_n, int64_t first, int64_t rows) const {
+    const int64_t per = packed_n ? 8 : 1;
+    return t.narrow(pack_ ? 0 : 1, first / per, rows / per);
   }
 
   // What the kernels need, derived from the registered tensors: the CPU panels, or the
@@ -311,15 +306,11 @@ class Int4Method final : public QuantMethod {
 
   Int4Unpacked unpack() const { return unpack(0, n_); }
 
-  // The weight rows [first, first + rows) unpacked, from the stored tensors' slices
-  // along the dim that holds N (N / 8 where N is packed: rows then a multiple of 8).
+  // The weight rows [first, first + rows) unpacked, from the stored tensors' slices.
   Int4Unpacked unpack(int64_t first, int64_t rows) const {
-    const bool nk = pack_;  // pack-quantized: N is dim 0; GPTQ / AWQ: dim 1
     const auto slice = [&](const at::Tensor& t, bool packed_n) -> at::Tensor {
       if (!t.defined()) return t;
-      if (rows == n_) return t.cpu();
-      const int64_t per = packed_n ? 8 : 1;
-      return t.narrow(nk ? 0 : 1, first / per, rows / per).cpu().contiguous();
+      return rows == n_ ? t.cpu() : rows_of(t, packed_n, first, rows).cpu().contiguous();
     };
     const auto qw = slice(qweight_, awq_), qz = slice(qzeros_, true), sc = slice(scales_, false);
     switch (packing_) {
