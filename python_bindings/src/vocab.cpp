@@ -60,31 +60,19 @@ void bind_partition(py::module_& m) {
         "The vocabulary's split: padded to a multiple of pad_to_multiple_of, split in whole units of it.");
 }
 
-void bind_embedding(py::module_& m) {
-  using Options = VocabParallelEmbeddingOptions;
-  using Impl = VocabParallelEmbeddingImpl;
-  py::class_<Options> opts(m, "VocabParallelEmbeddingOptions", "Options of VocabParallelEmbedding; sizes are GLOBAL.");
-  opts.def(py::init<int64_t, int64_t>(), py::arg("num_embeddings"), py::arg("embedding_dim"));
-  TP_OPTION(opts, Options, num_embeddings);
-  TP_OPTION(opts, Options, embedding_dim);
-  TP_OPTION(opts, Options, pad_to_multiple_of);
-  TP_OPTION(opts, Options, sequence_parallel);
-  TP_OPTION(opts, Options, dtype);
-  TP_OPTION(opts, Options, device);
-
-  py::class_<Impl, std::shared_ptr<Impl>>(m, "VocabParallelEmbedding",
-                                          "An embedding table with its rows (the vocabulary) split over ranks.")
-      .def(py::init([](Options options, const Communicator& comm) {
-             Impl* impl = nullptr;
-             {
-               py::gil_scoped_release no_gil;
-               impl = new Impl(std::move(options), comm);
-             }
-             return release_gil_on_delete(impl);
-           }),
-           py::arg("options"), py::arg("communicator"))
-      .def(
-          "forward", [](Impl& layer, const at::Tensor& ids) { return layer.forward(ids); }, py::arg("ids"), Release())
+// What the two vocabulary layers bind alike: construction from Options and a
+// Communicator (without the GIL), loading and gathering, their tensors and partition.
+template <typename Options, typename Impl>
+void bind_vocab_common(py::class_<Impl, std::shared_ptr<Impl>>& cls) {
+  cls.def(py::init([](Options options, const Communicator& comm) {
+            Impl* impl = nullptr;
+            {
+              py::gil_scoped_release no_gil;
+              impl = new Impl(std::move(options), comm);
+            }
+            return release_gil_on_delete(impl);
+          }),
+          py::arg("options"), py::arg("communicator"))
       .def(
           "load_weights",
           [](Impl& layer, const Checkpoint& checkpoint, const std::string& prefix) {
@@ -104,6 +92,25 @@ void bind_embedding(py::module_& m) {
       .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
 }
 
+void bind_embedding(py::module_& m) {
+  using Options = VocabParallelEmbeddingOptions;
+  using Impl = VocabParallelEmbeddingImpl;
+  py::class_<Options> opts(m, "VocabParallelEmbeddingOptions", "Options of VocabParallelEmbedding; sizes are GLOBAL.");
+  opts.def(py::init<int64_t, int64_t>(), py::arg("num_embeddings"), py::arg("embedding_dim"));
+  TP_OPTION(opts, Options, num_embeddings);
+  TP_OPTION(opts, Options, embedding_dim);
+  TP_OPTION(opts, Options, pad_to_multiple_of);
+  TP_OPTION(opts, Options, sequence_parallel);
+  TP_OPTION(opts, Options, dtype);
+  TP_OPTION(opts, Options, device);
+
+  py::class_<Impl, std::shared_ptr<Impl>> cls(m, "VocabParallelEmbedding",
+                                              "An embedding table with its rows (the vocabulary) split over ranks.");
+  cls.def(
+      "forward", [](Impl& layer, const at::Tensor& ids) { return layer.forward(ids); }, py::arg("ids"), Release());
+  bind_vocab_common<Options>(cls);
+}
+
 void bind_head(py::module_& m) {
   using Options = ParallelLMHeadOptions;
   using Impl = ParallelLMHeadImpl;
@@ -116,45 +123,20 @@ void bind_head(py::module_& m) {
   TP_OPTION(opts, Options, dtype);
   TP_OPTION(opts, Options, device);
 
-  py::class_<Impl, std::shared_ptr<Impl>>(m, "ParallelLMHead",
-                                          "Logits over a vocabulary split over ranks (column-parallel), maybe tied.")
-      .def(py::init([](Options options, const Communicator& comm) {
-             Impl* impl = nullptr;
-             {
-               py::gil_scoped_release no_gil;
-               impl = new Impl(std::move(options), comm);
-             }
-             return release_gil_on_delete(impl);
-           }),
-           py::arg("options"), py::arg("communicator"))
-      .def(py::init([](const std::shared_ptr<VocabParallelEmbeddingImpl>& embedding, bool gather_output) {
-             TORCH_CHECK_VALUE(embedding != nullptr, "ParallelLMHead: expected a tp.VocabParallelEmbedding");
-             return release_gil_on_delete(new Impl(VocabParallelEmbedding(embedding), gather_output));
-           }),
-           py::arg("embedding"), py::arg("gather_output") = false)
+  py::class_<Impl, std::shared_ptr<Impl>> cls(
+      m, "ParallelLMHead", "Logits over a vocabulary split over ranks (column-parallel), maybe tied.");
+  bind_vocab_common<Options>(cls);
+  cls.def(py::init([](const std::shared_ptr<VocabParallelEmbeddingImpl>& embedding, bool gather_output) {
+            TORCH_CHECK_VALUE(embedding != nullptr, "ParallelLMHead: expected a tp.VocabParallelEmbedding");
+            return release_gil_on_delete(new Impl(VocabParallelEmbedding(embedding), gather_output));
+          }),
+          py::arg("embedding"), py::arg("gather_output") = false)
       .def(
           "forward", [](Impl& layer, const at::Tensor& x) { return layer.forward(x); }, py::arg("input"), Release())
       .def("cross_entropy", &Impl::cross_entropy, py::arg("local_logits"), py::arg("target"),
            py::arg("ignore_index") = -100, Release())
       .def("argmax", &Impl::argmax, py::arg("local_logits"), Release())
-      .def(
-          "load_weights",
-          [](Impl& layer, const Checkpoint& checkpoint, const std::string& prefix) {
-            layer.load_weights(checkpoint, prefix);
-          },
-          py::arg("checkpoint"), py::arg("prefix"), Release())
-      .def("gather_weights", &Impl::gather_weights, py::arg("prefix"), Release())
-      .def("reset_parameters", &Impl::reset_parameters)
-      .def_readonly("options", &Impl::options)
-      .def_property_readonly("communicator",
-                             [](const Impl& layer) { return release_gil_on_delete(new Communicator(layer.comm)); })
-      .def_property_readonly("weight", [](const Impl& layer) { return layer.weight; })
-      .def_property_readonly("tied", &Impl::tied)
-      .def_property_readonly("partition", &Impl::partition)
-      .def("local_range", &Impl::local_range)
-      .def("vocab_range", &Impl::vocab_range)
-      .def("named_parameters", &own_parameters<Impl>)
-      .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
+      .def_property_readonly("tied", &Impl::tied);
 
   m.def("vocab_parallel_cross_entropy", &vocab_parallel_cross_entropy, py::arg("local_logits"), py::arg("target"),
         py::arg("partition"), py::arg("communicator"), py::arg("ignore_index") = -100, Release(),
