@@ -28,7 +28,7 @@ __m256 load_zero(const Int4CpuView& w, int64_t meta) {
 // sets alternate over the 8 k of a code line, to hide FMA latency when M is small.
 template <int M, int NP, int SPLIT>
 void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, const Int4CpuView& w, float* y,
-          int64_t ld_y, int64_t p, int64_t ncols) {
+          int64_t ld_y, int64_t p, int64_t ncols, bool prefetch) {
   constexpr int V = 2 * NP;
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
@@ -52,6 +52,11 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v)
         raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v / 2] + b * kPanelWidth + 8 * (v % 2)));
+      if (prefetch) {
+#pragma GCC unroll 16
+        for (int j = 0; j < NP; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (NP * lines + b) * kPanelWidth), _MM_HINT_T0);
+      }
       const float* xk = xs + 8 * b;
 #pragma GCC unroll 7
       for (int i = 0; i < 7; ++i) {
@@ -109,7 +114,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
 }
 
 using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, const Int4CpuView&, float*, int64_t, int64_t,
-                        int64_t);
+                        int64_t, bool);
 
 // [M][wide]: the kernel for M rows over 2 panels (wide) or 1.
 constexpr RowsFn kRows[kInt4SmallM + 1][2] = {
@@ -130,7 +135,7 @@ void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_
     const int np = p1 - p >= wide ? wide : 1;
     const int64_t first = kPanelWidth * p, left = w.n - first;
     const int64_t ncols = left < kPanelWidth * np ? left : kPanelWidth * np;
-    kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols);
+    kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols, p + 2 * np <= p1);
     p += np;
   }
 }

@@ -29,7 +29,7 @@ __m512 load_zero(const Int4CpuView& w, int64_t meta) {
 // over the 8 k of a code line, to hide FMA latency when M * NP is small.
 template <int M, int NP, int SPLIT>
 void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, const Int4CpuView& w, float* y,
-          int64_t ld_y, int64_t p, int64_t ncols) {
+          int64_t ld_y, int64_t p, int64_t ncols, bool prefetch) {
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
 #pragma GCC unroll 16
@@ -51,6 +51,11 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
       __m512i raw[NP];
 #pragma GCC unroll 16
       for (int v = 0; v < NP; ++v) raw[v] = _mm512_loadu_si512(panel[v] + b * kPanelWidth);
+      if (prefetch) {
+#pragma GCC unroll 16
+        for (int v = 0; v < NP; ++v)
+          _mm_prefetch(reinterpret_cast<const char*>(panel[v] + (NP * lines + b) * kPanelWidth), _MM_HINT_T0);
+      }
       const float* xk = xs + 8 * b;
 #pragma GCC unroll 7
       for (int i = 0; i < 7; ++i) {
@@ -108,7 +113,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
 }
 
 using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, const Int4CpuView&, float*, int64_t, int64_t,
-                        int64_t);
+                        int64_t, bool);
 
 // [M][np - 1]: the kernel for M rows over np panels (np up to kWidePanels[M]).
 constexpr int kMaxWide = 4;
@@ -130,7 +135,7 @@ void int4_rows_avx512(const float* xs, int64_t m, int64_t ld_xs, const float* su
     const int np = p1 - p >= wide ? wide : static_cast<int>(p1 - p);
     const int64_t first = kPanelWidth * p, left = w.n - first;
     const int64_t ncols = left < kPanelWidth * np ? left : kPanelWidth * np;
-    kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols);
+    kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols, p + 2 * np <= p1);
     p += np;
   }
 }
