@@ -148,8 +148,9 @@ int main(int argc, char** argv) {
       "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
       "the original float weight; err model: the same against the format's own float64 model; limit: the\n"
       "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
-      "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak); kernel: what the layer's forward ran ('-': the\n"
-      "format does not report it).\n\n",
+      "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak; int8_w8a8 multiplies in int8, so its compute\n"
+      "fraction is against the fp32 peak and can pass 100%%); kernel: the CPU kernel the layer's forward ran\n"
+      "(family/ISA: rows or gemv for small M, panel or gemm above; '-': none reported).\n\n",
       args.seconds);
 
   const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));

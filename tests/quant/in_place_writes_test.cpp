@@ -11,7 +11,11 @@
 #include <torch/nn/module.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
 
+#include "common/cpu_features.h"
+#include "common/kernel_counts.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 
@@ -59,6 +63,34 @@ TEST_CASE("quantized tensors written in place after finalize() are what the next
         CHECK(at::equal(after, want));
         CHECK(at::equal(target.method->dequantized_weight(), source.method->dequantized_weight()));
       }
+    }
+  }
+}
+
+TEST_CASE("each quantized CPU forward names the kernel it ran (the benchmarks' kernel column)",
+          "[quant][cpu_kernels]") {
+  const int64_t n = 64, k = 256;
+  const bool simd = tp::detail::cpu_isa() != tp::detail::CpuIsa::kScalar;
+  const std::string isa = tp::detail::to_string(tp::detail::cpu_isa());
+  // (format, kernel at M = 1, kernel at M = 40); the rows kernels need SIMD.
+  const std::tuple<std::string, std::string, std::string> cases[] = {
+      {"int4_gptq:g64", simd ? "int4 rows/" : "int4 panel/", "int4 panel/"},
+      {"int4_pack_quantized:g32", simd ? "int4 rows/" : "int4 panel/", "int4 panel/"},
+      {"int8_weight_only", simd ? "int8wo rows/" : "int8wo panel/", "int8wo panel/"},
+      {"int8_w8a8", "w8a8/", "w8a8/"},
+      {"fp8_channel", "fp8 gemv/", "fp8 gemm/"},
+      {"fp8_block", "fp8 gemv/", "fp8 gemm/"},
+  };
+  for (const auto& [name, small, large] : cases) {
+    Layer layer;
+    make(layer, parse_quant_config(name), n, k, at::kFloat);
+    for (const auto& [m, want] : {std::pair<int64_t, std::string>{1, small}, {40, large}}) {
+      INFO(name << " M " << m);
+      const auto before = tp::detail::kernel_counts();
+      (void)layer.method->apply(test::randn({m, k}, 800 + m).to(at::kFloat), std::nullopt);
+      const std::string ran = tp::detail::kernels_between(before, tp::detail::kernel_counts());
+      CHECK_THAT(ran, Catch::Contains(want));
+      if (want != "w8a8/") CHECK_THAT(ran, Catch::Contains(want + isa));
     }
   }
 }

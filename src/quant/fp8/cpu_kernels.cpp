@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/kernel_counts.h"
 
 namespace tp::detail {
 
@@ -247,6 +248,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   // The SIMD kernels keep a scale group within whole chunks; a group size that is not
   // a multiple of the chunk (no format has one) takes the scalar kernel.
   if (isa != CpuIsa::kScalar && view.group < k && view.group % chunk != 0) isa = CpuIsa::kScalar;
+  count_kernel(std::string(m == 1 ? "fp8 gemv/" : "fp8 gemm/") + to_string(isa));  // the benchmarks' kernel column
   float* out = y.data_ptr<float>();
   const int64_t units = (n + kUnitRows - 1) / kUnitRows;
   const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/cpu_panel_gemm.h"
+#include "common/kernel_counts.h"
 
 namespace tp::detail {
 
@@ -183,7 +184,9 @@ void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeigh
     return;
   }
   const Int4CpuView v = int4_cpu_view(w);
-  if (isa != CpuIsa::kScalar && m <= kInt4SmallM) {
+  const bool small = isa != CpuIsa::kScalar && m <= kInt4SmallM;
+  count_kernel(std::string(small ? "int4 rows/" : "int4 panel/") + to_string(isa));  // the benchmarks' kernel column
+  if (small) {
     std::vector<float> xs(m * w.k), sum_x(m * (w.k / w.group));
     int4_prescale_x(x, m, ld_x, w.k, w.group, xs.data(), sum_x.data());
     const auto rows = isa == CpuIsa::kAvx512 ? int4_rows_avx512 : int4_rows_avx2;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/kernel_counts.h"
 
 namespace tp::detail {
 
@@ -224,6 +225,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   view.ld = k;
   view.scale = ws.data_ptr<float>();
   view.row_sum = sums.defined() ? sums.data_ptr<int32_t>() : nullptr;
+  count_kernel(std::string("w8a8/") + to_string(kernel));  // the benchmarks' kernel column
   const float* xsp = xs.data_ptr<float>();
   float* out = y.data_ptr<float>();
   const int64_t units = (n + kUnitRows - 1) / kUnitRows;

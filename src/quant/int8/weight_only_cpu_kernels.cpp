@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/cpu_panel_gemm.h"
+#include "common/kernel_counts.h"
 
 namespace tp::detail {
 
@@ -73,7 +74,10 @@ void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpu
     return;
   }
   const Int8WoCpuView v = int8_wo_cpu_view(w);
-  if (isa != CpuIsa::kScalar && m <= kInt8WoSmallM) {
+  const bool small = isa != CpuIsa::kScalar && m <= kInt8WoSmallM;
+  count_kernel(std::string(small ? "int8wo rows/" : "int8wo panel/") +
+               to_string(isa));  // the benchmarks' kernel column
+  if (small) {
     const auto rows = isa == CpuIsa::kAvx512 ? int8_wo_rows_avx512 : int8_wo_rows_avx2;
     // Chunks in whole steps of the rows kernel's widest panel group.
     parallel_over_panels(w.panels, m, w.k, isa == CpuIsa::kAvx512 ? 4 : 2,
