@@ -89,7 +89,7 @@ struct Shape {
 // N and K off every tile (4 rows; 8 / 16 lanes; the 16-row bf16 tile), a single
 // element, K one vector, and a Llama-sized K.
 const std::vector<Shape> kEdgeShapes{{1, 1}, {5, 7}, {3, 8}, {17, 16}, {33, 17}, {67, 129}, {130, 1000}, {19, 4096}};
-const std::vector<int64_t> kMs{1, 3, 17};
+const std::vector<int64_t> kMs{1, 3, 16, 17};
 
 const std::vector<CpuGemmBackend> kBackends{CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn,
                                             CpuGemmBackend::kMklPacked, CpuGemmBackend::kGemv,
