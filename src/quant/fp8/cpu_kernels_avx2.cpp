@@ -102,12 +102,14 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
 
 // ---- M = 1 ------------------------------------------------------------------------
 
-// y[r] for the NR rows r0..r0+NR-1, one chunk of every row at a time: the codes
-// become float16 patterns in registers (integer ops), are widened (vcvtph2ps) and
-// multiplied with x; per scale group, each row's partial sum (of the values / 256) is
-// multiplied by 256 and the scale into the row's total. (Decoding a block of chunks
-// into an L1 buffer first and converting from memory ran at ~60 % of this speed: the
-// reloads wait on the stores.)
+// y[r] for the NR rows r0..r0+NR-1, one chunk of every row at a time, software-
+// pipelined: while chunk c is widened from an L1 ring (vcvtph2ps from memory) and
+// multiplied with x, chunk c + 1 is turned into float16 patterns (integer ops) and
+// stored into the ring's other slot, so no reload waits on its store. Per scale group,
+// each row's partial sum (of the values / 256) is multiplied by 256 and the scale
+// into the row's total. (Widening from registers needs a lane extraction per vector:
+// 19 instead of 17 vector ops per 64 codes, ~1.5x slower with the weight in L2; a
+// whole block decoded ahead made the reloads wait on the stores.)
 // The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
 // each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
 // boundaries, so without this every row would start with cold misses.
@@ -129,6 +131,9 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, f
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) total[r] = acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   int64_t g = 0, in_group = 0;  // the scale group of chunk c, and its chunks so far
+  alignas(32) uint16_t ring[2][NR][kChunk];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) store_half<kNan>(full > 0 ? load_codes(rows[r]) : load_tail(rows[r], k), ring[0][r]);
   for (int64_t c = 0; c < chunks; ++c) {
     if (c % kBlockChunks == 0) {
       const int64_t end = imin((c + kBlockChunks) * kChunk, k);
@@ -140,16 +145,22 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, f
     const float* xc = xp + c * kChunk;
     const __m256 x0 = _mm256_loadu_ps(xc), x1 = _mm256_loadu_ps(xc + 8);
     const __m256 x2 = _mm256_loadu_ps(xc + 16), x3 = _mm256_loadu_ps(xc + 24);
+    if (c + 1 < chunks) {
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const int64_t cn = c + 1;
+        store_half<kNan>(
+            cn < full ? load_codes(rows[r] + cn * kChunk) : load_tail(rows[r] + cn * kChunk, k - cn * kChunk),
+            ring[cn & 1][r]);
+      }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
-      const __m256i codes =
-          c < full ? load_codes(rows[r] + c * kChunk) : load_tail(rows[r] + c * kChunk, k - c * kChunk);
-      __m256i even, odd;
-      to_half<kNan>(codes, even, odd);
-      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(even)), x0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(odd)), x1, acc[r][1]);
-      acc[r][0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(even, 1)), x2, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(odd, 1)), x3, acc[r][1]);
+      const uint16_t* h = ring[c & 1][r];
+      acc[r][0] = _mm256_fmadd_ps(half_vector(h, 0), x0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(half_vector(h, 1), x1, acc[r][1]);
+      acc[r][0] = _mm256_fmadd_ps(half_vector(h, 2), x2, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(half_vector(h, 3), x3, acc[r][1]);
     }
     if (++in_group == per_group || c + 1 == chunks) {  // the end of scale group g (no division per chunk)
 #pragma GCC unroll 8

@@ -91,12 +91,14 @@ inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 // ---- M = 1 ------------------------------------------------------------------------
 
-// y[r] for the NR rows r0..r0+NR-1, one chunk of every row at a time: the codes
-// become float16 patterns in registers (integer ops), are widened (vcvtph2ps) and
-// multiplied with x; per scale group, each row's partial sum (of the values / 256) is
-// multiplied by 256 and the scale into the row's total. (Decoding a block of chunks
-// into an L1 buffer first and converting from memory ran at ~60 % of this speed: the
-// reloads wait on the stores.)
+// y[r] for the NR rows r0..r0+NR-1, one chunk of every row at a time, software-
+// pipelined: while chunk c is widened from an L1 ring (vcvtph2ps from memory) and
+// multiplied with x, chunk c + 1 is turned into float16 patterns (integer ops) and
+// stored into the ring's other slot, so no reload waits on its store. Per scale group,
+// each row's partial sum (of the values / 256) is multiplied by 256 and the scale
+// into the row's total. (Widening from registers needs a lane extraction per vector:
+// 19 instead of 17 vector ops per 64 codes, ~1.5x slower with the weight in L2; a
+// whole block decoded ahead made the reloads wait on the stores.)
 // The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
 // each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
 // boundaries, so without this every row would start with cold misses.
@@ -118,6 +120,9 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, f
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) total[r] = acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   int64_t g = 0, in_group = 0;  // the scale group of chunk c, and its chunks so far
+  alignas(64) uint16_t ring[2][NR][kChunk];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) store_half<kNan>(full > 0 ? load_codes(rows[r]) : load_tail(rows[r], k), ring[0][r]);
   for (int64_t c = 0; c < chunks; ++c) {
     if (c % kBlockChunks == 0) {
       const int64_t end = imin((c + kBlockChunks) * kChunk, k);
@@ -129,16 +134,22 @@ void gemv_rows(const float* xp, const Fp8WeightView& w, int64_t r0, int ahead, f
     const float* xc = xp + c * kChunk;
     const __m512 x0 = _mm512_loadu_ps(xc), x1 = _mm512_loadu_ps(xc + 16);
     const __m512 x2 = _mm512_loadu_ps(xc + 32), x3 = _mm512_loadu_ps(xc + 48);
+    if (c + 1 < chunks) {
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const int64_t cn = c + 1;
+        store_half<kNan>(
+            cn < full ? load_codes(rows[r] + cn * kChunk) : load_tail(rows[r] + cn * kChunk, k - cn * kChunk),
+            ring[cn & 1][r]);
+      }
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
-      const __m512i codes =
-          c < full ? load_codes(rows[r] + c * kChunk) : load_tail(rows[r] + c * kChunk, k - c * kChunk);
-      __m512i even, odd;
-      to_half<kNan>(codes, even, odd);
-      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(even)), x0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(odd)), x1, acc[r][1]);
-      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(even, 1)), x2, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(odd, 1)), x3, acc[r][1]);
+      const uint16_t* h = ring[c & 1][r];
+      acc[r][0] = _mm512_fmadd_ps(half_vector(h, 0), x0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(half_vector(h, 1), x1, acc[r][1]);
+      acc[r][0] = _mm512_fmadd_ps(half_vector(h, 2), x2, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(half_vector(h, 3), x3, acc[r][1]);
     }
     if (++in_group == per_group || c + 1 == chunks) {  // the end of scale group g (no division per chunk)
 #pragma GCC unroll 8
