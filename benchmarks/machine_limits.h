@@ -1,8 +1,9 @@
 #pragma once
 // The machine's limits for the CPU benchmarks, measured at start-up in about 1-2 s:
 // the read bandwidth with all threads (a streaming sum over a buffer several times the
-// last-level cache) and the peak float32 and bfloat16 GEMM rates (the best of at::mm
-// and oneDNN on a large square GEMM). Each benchmark row then reports the fraction of
+// last-level cache) and the peak float32 and bfloat16 rates (the best of at::mm and
+// oneDNN on a large square GEMM; for float32 also the FMA ceiling of cpu_isa()'s
+// vectors, when higher). Each benchmark row then reports the fraction of
 // the limit that binds it, roofline style:
 //
 //   t_min = max(bytes / bandwidth, flops / peak)        fraction = t_min / t
@@ -30,14 +31,16 @@ enum class LimitClock { kWall, kThreadCpu };
 
 /// What this machine can do at most, measured once.
 struct MachineLimits {
-  int threads = 1;                ///< at::get_num_threads() during the measurement
-  double read_gb_s = 0.0;         ///< streaming read, all threads, best pass (1e9 bytes / s)
-  int64_t read_buffer_bytes = 0;  ///< the buffer it streamed (>= 4x the LLC)
-  int64_t llc_bytes = 0;          ///< last-level cache size from sysfs (0: unknown)
-  double fp32_gflop_s = 0.0;      ///< peak float32 GEMM, best of at::mm and oneDNN
-  std::string fp32_kernel;        ///< which one reached it: "at::mm" or "onednn"
-  int64_t fp32_size = 0;          ///< n of the n x n x n GEMM
-  double bf16_gflop_s = 0.0;      ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
+  int threads = 1;                 ///< at::get_num_threads() during the measurement
+  double read_gb_s = 0.0;          ///< streaming read, all threads, best pass (1e9 bytes / s)
+  int64_t read_buffer_bytes = 0;   ///< the buffer it streamed (>= 4x the LLC)
+  int64_t llc_bytes = 0;           ///< last-level cache size from sysfs (0: unknown)
+  double fp32_gflop_s = 0.0;       ///< the float32 peak: the higher of the two below
+  std::string fp32_kernel;         ///< which one set it: "at::mm", "onednn" or "FMA ceiling"
+  int64_t fp32_size = 0;           ///< n of the n x n x n GEMM (0: the FMA ceiling)
+  double fp32_gemm_gflop_s = 0.0;  ///< best float32 square GEMM, of at::mm and oneDNN
+  double fma_gflop_s = 0.0;        ///< vector FMAs per second x 2 x lanes, all threads (cpu_isa())
+  double bf16_gflop_s = 0.0;       ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
   std::string bf16_kernel;
   int64_t bf16_size = 0;
   double seconds = 0.0;                  ///< how long measuring took (wall)
