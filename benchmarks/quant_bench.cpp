@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
   const auto limits = bench::measure_machine_limits();
   std::printf("%s\n", limits.describe().c_str());
   std::printf(
-      "time: median ms per forward over alternating rounds (~%.2f s per side); x fp32 / x bf16: how many\n"
+      "time: median ms per forward over alternating rounds (~%.2f s per side); fp32 ms: at::linear in\n"
+      "float32 in the same rounds as the row (each row has its own); x fp32 / x bf16: how many\n"
       "times faster than at::linear in float32 / bfloat16; err float: max |y - x W^T| / max |x W^T| with\n"
       "the original float weight; err model: the same against the format's own float64 model; limit: the\n"
       "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
@@ -159,8 +160,8 @@ int main(int argc, char** argv) {
   // a kernel off by more than this against its own model is broken, and the run fails.
   constexpr double kModelErrorBound = 0.1;
   int wrong = 0;
-  bench::Table table({"format", "dtype", "M", "ms", "x fp32", "x bf16", "weight MB", "GB/s", "limit", "kernel",
-                      "err float", "err model"});
+  bench::Table table({"format", "dtype", "M", "ms", "fp32 ms", "x fp32", "x bf16", "weight MB", "GB/s", "limit",
+                      "kernel", "err float", "err model"});
   // The limit a row is held to: its bytes (weights as stored, x in, y out) and flops.
   auto limit = [&](double weight_bytes, int64_t m, at::ScalarType dtype, double ms) {
     const double bytes = weight_bytes + static_cast<double>(m) * (args.k + args.n) * c10::elementSize(dtype);
@@ -200,18 +201,19 @@ int main(int argc, char** argv) {
                        fmt.c_str(), dtype_name.c_str(), static_cast<long long>(m), err_model, kModelErrorBound);
           ++wrong;
         }
-        table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]),
+        table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]), format("%.3f", ms[0]),
                    format("%.2f", ms[0] / ms[2]), format("%.2f", ms[1] / ms[2]), format("%.1f", mb),
                    format("%.1f", mb / ms[2]), limit(mb * 1e6, m, dtype, ms[2]), kernel,
                    format("%.1e", rel_error(y, ref_float)), format("%.1e", err_model)});
         if (fmt == args.formats.front() && dtype_name == args.dtypes.front()) {
-          // The baselines once per M, for reference.
-          table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "1.00",
+          // The baselines once per M, for reference (each row's own are its fp32 ms and ratios).
+          table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "", "1.00",
                      format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
                      format("%.1f", 4e-6 * args.n * args.k / ms[0]), limit(4.0 * args.n * args.k, m, at::kFloat, ms[0]),
                      "at::linear", "", ""});
-          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), format("%.2f", ms[0] / ms[1]),
-                     "1.00", format("%.1f", 2e-6 * args.n * args.k), format("%.1f", 2e-6 * args.n * args.k / ms[1]),
+          table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), "",
+                     format("%.2f", ms[0] / ms[1]), "1.00", format("%.1f", 2e-6 * args.n * args.k),
+                     format("%.1f", 2e-6 * args.n * args.k / ms[1]),
                      limit(2.0 * args.n * args.k, m, at::kBFloat16, ms[1]), "at::linear", "", ""});
         }
       }

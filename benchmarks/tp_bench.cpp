@@ -439,7 +439,8 @@ int main(int argc, char** argv) {
         << "    over each rank's part, worst rank; '!' marks an error above the dtype's bound\n"
         << "    limit = the row's fraction of the machine limit that binds it (CPU; measured below): bytes / TP ms\n"
         << "    over the read bandwidth where the row's flop per byte is below the machine's balance (mem), else\n"
-        << "    GFLOP/s over the peak (fp32: FMA ceiling or best GEMM; bf16); kernel = the GEMM kernels the TP forward ran\n"
+        << "    GFLOP/s over the peak (fp32: FMA ceiling or best GEMM; bf16); kernel = the GEMM kernels the TP forward "
+           "ran\n"
         << std::flush;
     std::optional<MachineLimits> limits;
     if (!config.device.is_cuda()) {
