@@ -61,6 +61,8 @@ std::vector<std::string> split_list(const std::string& s) {
   std::exit(2);
 }
 
+at::ScalarType dtype_of(const std::string& name);
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -89,6 +91,15 @@ Args parse(int argc, char** argv) {
     }
   }
   if (a.k <= 0 || a.n <= 0 || a.m.empty() || a.seconds <= 0) usage("sizes, M and seconds must be positive");
+  // Formats and dtypes checked before any measuring, with the library's own message.
+  for (const auto& f : a.formats) {
+    try {
+      (void)parse_quant_config(f);
+    } catch (const c10::Error& e) {
+      usage(e.what_without_backtrace());
+    }
+  }
+  for (const auto& d : a.dtypes) (void)dtype_of(d);
   return a;
 }
 
