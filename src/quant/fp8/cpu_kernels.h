@@ -23,10 +23,12 @@
 // about the order of its terms.
 //
 // Kernels (per ISA, in cpu_kernels_avx2.cpp / cpu_kernels_avx512.cpp):
-// - M = 1: GEMV over 4 weight rows at a time, decoded in registers; the row (or 128-
-//   column block) scale multiplies each row's partial sum, so per weight byte the
-//   kernel spends a fraction of an integer op, a conversion and an FMA, and runs at
-//   the memory's read bandwidth.
+// - M = 1: GEMV over 4 weight rows at a time, software-pipelined: each chunk's float16
+//   patterns go to a two-slot L1 ring while the previous chunk is widened from it and
+//   multiplied with x; the row (or 128-column block) scale multiplies each row's
+//   partial sum. Per 64 codes: 5 integer ops, 4 conversions, 4 FMAs (17 vector ops),
+//   so with 2 cores it is compute- and memory-bound at once (~60 % of the read
+//   bandwidth at K = 4096).
 // - M >= 2: a panel of 24 weight rows x 512 (AVX2) / 1024 (AVX-512) columns is decoded
 //   once into an L2-resident float32 buffer with its scales folded in (w_deq exactly as
 //   dequantize_weight computes it: float(code) * scale), then a register-blocked
