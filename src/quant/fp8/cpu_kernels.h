@@ -79,6 +79,13 @@ void fp8_gemm_avx2(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightVie
 void fp8_gemm_avx512(const float* xp, int64_t m, int64_t ld_xp, const Fp8WeightView& w, float* y, int64_t ld_y,
                      int64_t n0, int64_t n1);
 
+/// The large-M AVX-512 GEMM's register tile (outer_tile_avx512.cpp): t[i][j] (t: mr rows
+/// of kFp8TileCols floats) = sum over p < kl of x[i * ldx + p] * b[p * kFp8TileCols + j],
+/// for i < mr, 1 <= mr <= kFp8TileRows.
+constexpr int kFp8TileRows = 12;
+constexpr int kFp8TileCols = 32;
+void fp8_outer_tile_avx512(const float* x, int64_t ldx, const float* b, int64_t kl, int mr, float* t);
+
 // out[i] = float(e4m3(codes[i])) * scale for i < count, in order: the decode and scale
 // fold the kernels use (the GEMM panels' exactly), bit for bit c10's conversion times
 // scale with one float32 rounding. Without nan_codes, the NaN codes (0x7f, 0xff)
