@@ -51,7 +51,7 @@ struct Args {
       {"qkv/2", 3072, 4096}, {"o/2", 4096, 2048}, {"gate_up/2", 14336, 4096}, {"down/2", 4096, 7168}};
   std::vector<int64_t> m = {1, 4, 16, 64, 256};
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
-  std::vector<std::string> backends = {"at_linear", "onednn", "mkl_packed", "gemv", "bf16_tiles"};
+  std::vector<std::string> backends = {"at_linear", "onednn", "mkl_packed", "panels", "gemv", "bf16_tiles"};
   double seconds = 0.25;  // measuring per side and case
   bool cold = true;
   double limits_seconds = 1.5;
@@ -68,15 +68,15 @@ std::vector<std::string> split_list(const std::string& s) {
 }
 
 [[noreturn]] void usage(const std::string& error) {
-  std::fprintf(
-      stderr,
-      "tp-cpu-gemm-bench: %s\n"
-      "usage: tp-cpu-gemm-bench [--shapes NxK,...] [--m 1,4,16,64,256] [--dtypes float32,bfloat16]\n"
-      "                         [--backends at_linear,onednn,mkl_packed,gemv,bf16_tiles] [--seconds S] [--cold 0|1]\n"
-      "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
-      "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
-      "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
-      error.c_str());
+  std::fprintf(stderr,
+               "tp-cpu-gemm-bench: %s\n"
+               "usage: tp-cpu-gemm-bench [--shapes NxK,...] [--m 1,4,16,64,256] [--dtypes float32,bfloat16]\n"
+               "                         [--backends at_linear,onednn,mkl_packed,panels,gemv,bf16_tiles] [--seconds S] "
+               "[--cold 0|1]\n"
+               "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
+               "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
+               "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
+               error.c_str());
   std::exit(2);
 }
 

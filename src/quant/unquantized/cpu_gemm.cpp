@@ -22,8 +22,8 @@ namespace tp::detail {
 namespace {
 
 constexpr std::array<CpuGemmBackend, kCpuGemmBackendCount> kAllBackends{
-    CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles,
-    CpuGemmBackend::kMklPacked};
+    CpuGemmBackend::kAtLinear,  CpuGemmBackend::kOneDnn,    CpuGemmBackend::kGemv,
+    CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels};
 
 std::array<std::atomic<int64_t>, kCpuGemmBackendCount>& global_counts() {
   static std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts{};
@@ -55,11 +55,14 @@ std::string lower(std::string s) {
 // The name benchmarks print: the backend, with the ISA for the own kernels.
 std::string kernel_name(CpuGemmBackend b) {
   std::string name = to_string(b);
-  if (b == CpuGemmBackend::kGemv || b == CpuGemmBackend::kBf16Tiles) name += std::string("/") + to_string(cpu_isa());
+  if (b == CpuGemmBackend::kGemv || b == CpuGemmBackend::kBf16Tiles || b == CpuGemmBackend::kPanels)
+    name += std::string("/") + to_string(cpu_isa());
   return name;
 }
 
-bool packed_backend(CpuGemmBackend b) { return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked; }
+bool packed_backend(CpuGemmBackend b) {
+  return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked || b == CpuGemmBackend::kPanels;
+}
 
 }  // namespace
 
@@ -72,6 +75,7 @@ const char* to_string(CpuGemmBackend backend) {
     case CpuGemmBackend::kGemv: return "gemv";
     case CpuGemmBackend::kBf16Tiles: return "bf16_tiles";
     case CpuGemmBackend::kMklPacked: return "mkl_packed";
+    case CpuGemmBackend::kPanels: return "panels";
   }
   return "unknown";
 }
@@ -81,7 +85,7 @@ CpuGemmBackend parse_cpu_gemm_backend(const std::string& name) {
   for (const auto b : kAllBackends)
     if (l == to_string(b)) return b;
   TORCH_CHECK_VALUE(false, "unknown CPU GEMM backend '", name,
-                    "'; expected auto, at_linear, onednn, mkl_packed, gemv or bf16_tiles");
+                    "'; expected auto, at_linear, onednn, mkl_packed, panels, gemv or bf16_tiles");
 }
 
 CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
@@ -111,6 +115,7 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
     case CpuGemmBackend::kGemv: return floating;
     case CpuGemmBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
     case CpuGemmBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
+    case CpuGemmBackend::kPanels: return p.dtype == at::kFloat && p.isa != CpuIsa::kScalar;
   }
   return false;
 }
@@ -121,16 +126,20 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 // Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
 // (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 // MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
-//   float32, M <= 16: gemv. M = 1: at at::linear's memory rate (0.9-1.04x on one
-//     thread; it also threads where MKL's GEMV does not); M = 4: 1.4-1.9x; M = 8-16:
-//     1.1-2.5x, at or above oneDNN's on both ISAs (2 threads, 4096 x 11008, since the
-//     4 x 6 / 4 x 3 blocking: M = 16 1.45x natively, 1.27x capped to AVX2).
-//   float32, M > 16, AVX-512: oneDNN, 1.2-1.3x at M = 32-64, 1.0-1.15x at M = 256.
-//   float32, 16 < M <= 64, AVX2 (Intel): MKL's packed SGEMM, 1.03-1.3x; oneDNN capped to
-//     AVX2 is 0.7-1.0x there, and at M = 256 the packed SGEMM varies 0.74-1.06x, so
-//     at::linear. On AMD, oneDNN for M > 16: issue 17's Zen 3 figures (oneDNN 1.9x
+//   float32, M <= 4: gemv, at at::linear's memory rate at M = 1 (0.9-1.04x on one
+//     thread; it also threads where MKL's GEMV does not), 1.4-1.9x at M = 4.
+//   float32, 4 < M <= 64, Intel: panels (2 threads, 11008 x 4096, same run as
+//     at::linear, oneDNN and gemv): AVX-512 M = 8 3.0x, 16 2.35-2.65x, 32 1.6-1.8x,
+//     64 1.3-1.45x (oneDNN 1.7x, 1.4x, 1.2x, 1.2x; gemv 2.2x, 1.4-1.7x, 1.15x, 1.0x);
+//     capped to AVX2 M = 5 2.7x, 8 1.9x, 16 1.65x, 32 1.2x, 64 1.1x (gemv 1.6x, 1.5x,
+//     1.3x, 1.1x, 1.05x; MKL's packed SGEMM and oneDNN 0.9-1.08x).
+//   float32, M > 64, Intel: at::linear. oneDNN is 1.07-1.17x at M = 96-256 with AVX-512,
+//     but its copy of W would be a second one next to the panels (a layer keeps one:
+//     cpu_gemm.h), and the panels kernel is 0.9-1.05x there. Capped to AVX2, at::linear
+//     is at 97 % of the FMA ceiling at M = 256 (MKL's packed SGEMM 1.02x, oneDNN 0.86x).
+//   float32 on AMD: gemv to M = 16, oneDNN above: issue 17's Zen 3 figures (oneDNN 1.9x
 //     at::linear at M = 16, vLLM's oneDNN layers 1.1-1.2x at M = 256; MKL's kernels for
-//     AMD trail), not measured here.
+//     AMD trail), not measured here; the panels kernel has not met an AMD CPU.
 //   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
@@ -150,10 +159,12 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
     }
     return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
   }
-  if (p.m <= kCpuGemvMaxMBlocked) return CpuGemmBackend::kGemv;
-  if (p.isa == CpuIsa::kAvx512 || p.amd) return onednn ? CpuGemmBackend::kOneDnn : CpuGemmBackend::kAtLinear;
-  const bool mkl = p.mkl_packed && p.allow_packs && p.n * p.k * 4 >= kCpuMklPackedMinBytes;
-  return mkl && p.m <= kCpuMklPackedMaxM ? CpuGemmBackend::kMklPacked : CpuGemmBackend::kAtLinear;
+  if (p.amd) {
+    if (p.m <= kCpuGemvMaxMBlocked) return CpuGemmBackend::kGemv;
+    return onednn ? CpuGemmBackend::kOneDnn : CpuGemmBackend::kAtLinear;
+  }
+  if (p.allow_packs) return p.m <= kCpuPanelsMaxM ? CpuGemmBackend::kPanels : CpuGemmBackend::kAtLinear;
+  return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kAtLinear;
 }
 
 std::optional<CpuGemmBackend> forced_cpu_gemm() {
@@ -207,7 +218,12 @@ void CpuGemm::prepare(const at::Tensor& weight) {
 
 at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
   at::NoGradGuard no_grad;
-  return backend == CpuGemmBackend::kOneDnn ? onednn_pack(weight_) : mkl_pack(weight_);
+  switch (backend) {
+    case CpuGemmBackend::kOneDnn: return onednn_pack(weight_);
+    case CpuGemmBackend::kMklPacked: return mkl_pack(weight_);
+    case CpuGemmBackend::kPanels: return panels_pack(weight_);
+    default: TORCH_INTERNAL_ASSERT(false, "CpuGemm: ", to_string(backend), " keeps no packed weight");
+  }
 }
 
 at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
@@ -227,9 +243,11 @@ int64_t CpuGemm::packed_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t bytes = 0;
   const auto& onednn = packs_by_backend_[static_cast<int>(CpuGemmBackend::kOneDnn)].data;
-  const auto& mkl = packs_by_backend_[static_cast<int>(CpuGemmBackend::kMklPacked)].data;
   if (onednn.defined()) bytes += onednn_packed_bytes(onednn);
-  if (mkl.defined()) bytes += mkl.numel() * static_cast<int64_t>(mkl.element_size());
+  for (const auto b : {CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels}) {
+    const auto& data = packs_by_backend_[static_cast<int>(b)].data;
+    if (data.defined()) bytes += data.numel() * static_cast<int64_t>(data.element_size());
+  }
   return bytes;
 }
 
@@ -289,6 +307,7 @@ at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std
       return onednn_linear(x2d, packed(backend),
                            has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
     case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
+    case CpuGemmBackend::kPanels: y = panels_linear(x2d, packed(backend), weight_.size(0), cpu_isa()); break;
     case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
     case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;
     case CpuGemmBackend::kAtLinear: return at::linear(x2d, weight_, bias);

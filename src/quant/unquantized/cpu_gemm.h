@@ -12,6 +12,8 @@
 //                exported by LibTorch's MKL, found at run time)      panels (1.15-1.3x W)
 //   gemv         own AVX2 / AVX-512 kernel for small M, threaded      -
 //                over N (cpu_gemm_kernels.h): reads W once
+//   panels       own AVX2 / AVX-512 outer-product kernel, threaded     a copy of W in 16-column
+//                over N (cpu_gemm_kernels.h): W read once per call   k-major panels (1.0x W)
 //   bf16_tiles   bfloat16 W widened to float32 one tile of rows at    -
 //                a time, float32 GEMM (at::mm) on the tile (machines
 //                without bf16 arithmetic)
@@ -52,10 +54,11 @@ enum class CpuGemmBackend {
   kGemv,       ///< own small-M kernel, AVX2 / AVX-512 / portable ("gemv")
   kBf16Tiles,  ///< bfloat16 weight converted per tile, float32 GEMM ("bf16_tiles")
   kMklPacked,  ///< MKL's packed SGEMM with the weight packed once ("mkl_packed")
+  kPanels,     ///< own AVX2 / AVX-512 kernel on W packed once into 16-column panels ("panels")
 };
-constexpr int kCpuGemmBackendCount = 5;
+constexpr int kCpuGemmBackendCount = 6;
 
-/// "at_linear", "onednn", "gemv", "bf16_tiles", "mkl_packed".
+/// "at_linear", "onednn", "gemv", "bf16_tiles", "mkl_packed", "panels".
 const char* to_string(CpuGemmBackend backend);
 
 /// Parses the names above (case-insensitive); c10::ValueError naming the valid ones otherwise.
@@ -96,13 +99,15 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
 /// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
-/// (one streaming pass over W), up to kCpuGemvMaxMBlocked where no bf16 arithmetic
-/// competes (W blocks reused from L2); MKL's packed SGEMM up to kCpuMklPackedMaxM rows,
-/// for weights of at least kCpuMklPackedMinBytes (its ~8 MB of fixed overhead).
+/// (one streaming pass over W); on Intel CPUs the panels kernel for float32 up to
+/// kCpuPanelsMaxM rows; gemv up to kCpuGemvMaxMBlocked where no packed copy may be kept
+/// (or on AMD) and for bfloat16 without bf16 arithmetic (W blocks reused from L2).
+/// MKL's packed SGEMM (kept for forcing and comparison) is worth its ~8 MB of fixed
+/// overhead only on weights of at least kCpuMklPackedMinBytes.
 constexpr int64_t kCpuGemvMaxM = 4;
+constexpr int64_t kCpuPanelsMaxM = 64;
 constexpr int64_t kCpuGemvMaxMBlocked = 16;
 constexpr int64_t kCpuBf16LinearMaxM = 16;
-constexpr int64_t kCpuMklPackedMaxM = 64;
 constexpr int64_t kCpuMklPackedMinBytes = int64_t{16} << 20;
 
 /// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may

@@ -67,6 +67,43 @@ void bf16_to_f32_scalar(const uint16_t* src, int64_t rows, int64_t cols, int64_t
     for (int64_t c = 0; c < cols; ++c) dst[r * ld_dst + c] = bf16_to_float(src[r * ld_src + c]);
 }
 
+namespace {
+
+// The panel kernels' chunks of x (cpu_gemm_kernels.h): ceil(m / max_rows) of them, sizes
+// differing by at most one; where chunk c begins.
+int64_t panel_chunks(int64_t m, int64_t max_rows) { return (m + max_rows - 1) / max_rows; }
+int64_t panel_chunk_begin(int64_t m, int64_t chunks, int64_t c) {
+  const int64_t base = m / chunks, extra = m % chunks;
+  return c * base + std::min(c, extra);
+}
+
+}  // namespace
+
+void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* panels, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; ++p) {
+    float* out = panels + p * k * kPanelCols;
+    const int64_t c0 = p * kPanelCols, cols = std::min(kPanelCols, n - c0);
+    // 16 rows of W read side by side, each sequentially: one pass over the panel's rows.
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float* row = out + kk * kPanelCols;
+      for (int64_t j = 0; j < cols; ++j) row[j] = w[(c0 + j) * ld_w + kk];
+      for (int64_t j = cols; j < kPanelCols; ++j) row[j] = 0.0f;
+    }
+  }
+}
+
+void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out) {
+  const int64_t chunks = panel_chunks(m, max_rows);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = panel_chunk_begin(m, chunks, c), rows = panel_chunk_begin(m, chunks, c + 1) - r0;
+    float* chunk = out + r0 * k;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + (r0 + r) * ld_x;
+      for (int64_t kk = 0; kk < k; ++kk) chunk[kk * rows + r] = xr[kk];
+    }
+  }
+}
+
 // ---- oneDNN ----------------------------------------------------------------------------
 
 namespace {
@@ -290,6 +327,63 @@ at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) 
     const GemvF32 kernel = gemv_f32_for(isa);
     at::parallel_for(0, n, grain, [&](int64_t n0, int64_t n1) { kernel(xp, m, k, k, wp, ld_w, yp, n, n0, n1); });
   }
+  return y;
+}
+
+at::Tensor panels_pack(const at::Tensor& w) {
+  TORCH_INTERNAL_ASSERT(w.scalar_type() == at::kFloat && w.stride(1) == 1, "panels_pack: float32 rows");
+  const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanelCols - 1) / kPanelCols;
+  auto out = at::empty({panels, k, kPanelCols}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  const float* wp = w.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const int64_t ld_w = w.stride(0);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) { pack_panels_f32(wp, n, k, ld_w, op, p0, p1); });
+  return out;
+}
+
+at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n, CpuIsa isa) {
+  TORCH_INTERNAL_ASSERT(isa != CpuIsa::kScalar && x.scalar_type() == at::kFloat, "panels_linear: AVX2+, float32");
+  const int64_t m = x.size(0), k = x.size(1), count = panels.size(0);
+  const bool avx512 = isa == CpuIsa::kAvx512;
+  // AVX-512 past one chunk of 16 rows: 12-row chunks against two panels at a time.
+  const bool pairs = avx512 && m > kPanelRowsAvx512;
+  const int64_t max_rows = pairs ? kPanelPairRowsAvx512 : avx512 ? kPanelRowsAvx512 : kPanelRowsAvx2;
+  const auto chunk = avx512 ? panel_chunk_f32_avx512 : panel_chunk_f32_avx2;
+  auto x_packed = at::empty({m * k}, x.options());
+  pack_panel_x(x.const_data_ptr<float>(), m, k, x.stride(0), max_rows, x_packed.mutable_data_ptr<float>());
+  auto y = at::empty({m, n}, x.options());
+  const float* xp = x_packed.const_data_ptr<float>();
+  const float* pp = panels.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  // K blocks whose slice of x (M x kc floats) stays in L2 next to the panel while every
+  // panel of the task passes over it; a multiple of 64, so the blocks keep the kernel's
+  // 4 K streams whole. Small M: one block.
+  constexpr int64_t kXBlockBytes = int64_t{512} << 10;
+  const int64_t kc = m * k * 4 <= kXBlockBytes ? k : std::max<int64_t>(256, kXBlockBytes / (m * 4) / 64 * 64);
+  const int64_t chunks = panel_chunks(m, max_rows);
+  // Tasks of at least ~64 KiB of panels, as gemv_linear's.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * kPanelCols * 4));
+  at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
+    for (int64_t k0 = 0; k0 < k; k0 += kc) {
+      const int64_t kb = std::min(kc, k - k0);
+      for (int64_t p = p0; p < p1;) {
+        const int64_t width = pairs && p + 1 < p1 ? 2 : 1;  // panels at once
+        const float* panel = pp + (p * k + k0) * kPanelCols;
+        const int64_t cols = std::min(width * kPanelCols, n - p * kPanelCols);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const int64_t r0 = panel_chunk_begin(m, chunks, c), rows = panel_chunk_begin(m, chunks, c + 1) - r0;
+          const float* xc = xp + r0 * k + k0 * rows;
+          float* yc = yp + r0 * n + p * kPanelCols;
+          if (width == 2) {
+            panel_pair_f32_avx512(rows, xc, panel, k * kPanelCols, kb, yc, n, cols, c == 0, k0 > 0);
+          } else {
+            chunk(rows, xc, panel, kb, yc, n, cols, c == 0, k0 > 0);
+          }
+        }
+        p += width;
+      }
+    }
+  });
   return y;
 }
 

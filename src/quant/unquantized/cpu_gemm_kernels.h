@@ -10,9 +10,9 @@
 // in float32 arithmetic: fused multiply-adds along K (dot-product form, so W is read
 // in its stored row-major layout and bfloat16 is widened in registers: no converted
 // copy), a horizontal sum per output and K block. For m <= 4 one pass streams W once
-// (decode: memory-bound); for more rows W is walked in blocks of 32 rows x 512 columns
-// that stay in L2 while every group of 4 rows of x passes over them, so W still comes
-// from memory once per call.
+// (decode: memory-bound); for more rows W is walked in blocks of 48 rows x 1024
+// columns that stay in L2 while every group of 4 rows of x passes over them, so W
+// still comes from memory once per call.
 
 #include <cstdint>
 
@@ -32,6 +32,49 @@ void gemv_f32_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const f
                      int64_t ld_y, int64_t n0, int64_t n1);
 void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const uint16_t* w, int64_t ld_w, float* y,
                       int64_t ld_y, int64_t n0, int64_t n1);
+
+// ---- the panels backend: W packed once into 16-column panels -----------------------------
+//
+// For M past a few rows the dot-product form above is bound by loads (every x
+// vector meets only R rows of W) and by the horizontal sums. The panels kernels work
+// in outer-product form instead, on copies laid out for it:
+//   panels: W[N, K] as ceil(N / 16) panels of 16 columns; panel p is K x 16 floats,
+//           k-major (its row kk holds W[16p .. 16p + 15, kk]), columns past N zero.
+//   x:      the M rows split into ceil(M / max_rows) chunks whose sizes differ by at
+//           most one (17 rows: 9 + 8, not 16 + 1), chunk c k-major: x[r, kk] of its
+//           rows at begin(c) * k + kk * rows(c) + (r - begin(c)).
+// A chunk of up to 16 (AVX-512) or 6 (AVX2) rows keeps its 16 x rows outputs of a
+// panel in registers for the whole K; one weight vector and one broadcast per row
+// feed rows FMAs, so the weight is loaded once per chunk and never summed across
+// lanes. K is walked as 4 interleaved quarters, so each thread reads 4 sequential
+// streams of W (one stream left the DRAM reads at ~20 GB/s of ~37). The first chunk
+// streams the panel from memory (prefetched ahead); later chunks find it in L2. When
+// all of x would not stay in L2 (large M), K is cut into blocks that do (panels_linear,
+// cpu_gemm_backends.cpp), and each block's partial sums are added into y.
+constexpr int64_t kPanelCols = 16;
+constexpr int64_t kPanelRowsAvx2 = 6;         // 6 x 2 accumulators + 2 W + 1 broadcast of 16 ymm
+constexpr int64_t kPanelRowsAvx512 = 16;      // 16 accumulators + 1 W + 1 broadcast of 32 zmm
+constexpr int64_t kPanelPairRowsAvx512 = 12;  // two panels at once: 24 accumulators + 2 W + 1 broadcast
+
+/// panels[p] for p in [p0, p1) from W[N, K] (row stride ld_w), in the layout above.
+void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* panels, int64_t p0, int64_t p1);
+/// x[m, k] (row stride ld_x) into the chunked layout above, max_rows rows per chunk.
+void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out);
+
+/// One chunk of `rows` x rows (1..kPanelRows* of the ISA) against kc rows of one panel:
+/// y[r, j] = (y[r, j] if accumulate, else 0) + sum_kk x[kk * rows + r] * panel[kk * 16 + j]
+/// for j < cols (the panel's columns within N); x and panel point at the K block's
+/// first row of the chunk and of the panel. stream: the panel is read from memory
+/// (this is the panel's first chunk), so the kernel prefetches ahead along it.
+void panel_chunk_f32_avx2(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
+                          int64_t cols, bool stream, bool accumulate);
+void panel_chunk_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
+                            int64_t cols, bool stream, bool accumulate);
+/// The same for up to kPanelPairRowsAvx512 rows against two neighbouring panels
+/// (panel, panel + panel_stride; cols <= 32 of them within N) into 32 columns of y:
+/// for large M, where one panel's 16 x 16 block is bound by loads.
+void panel_pair_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t panel_stride, int64_t kc, float* y,
+                           int64_t ld_y, int64_t cols, bool stream, bool accumulate);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

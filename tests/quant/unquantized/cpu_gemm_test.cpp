@@ -91,9 +91,9 @@ struct Shape {
 const std::vector<Shape> kEdgeShapes{{1, 1}, {5, 7}, {3, 8}, {17, 16}, {33, 17}, {67, 129}, {130, 1000}, {19, 4096}};
 const std::vector<int64_t> kMs{1, 3, 16, 17};
 
-const std::vector<CpuGemmBackend> kBackends{CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn,
-                                            CpuGemmBackend::kMklPacked, CpuGemmBackend::kGemv,
-                                            CpuGemmBackend::kBf16Tiles};
+const std::vector<CpuGemmBackend> kBackends{CpuGemmBackend::kAtLinear,  CpuGemmBackend::kOneDnn,
+                                            CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels,
+                                            CpuGemmBackend::kGemv,      CpuGemmBackend::kBf16Tiles};
 
 }  // namespace
 
@@ -125,6 +125,30 @@ TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and
           const auto outside = at::cat({y.narrow(1, 0, n0), y.narrow(1, n1, s.n + 2 - n1)}, 1);
           REQUIRE(outside.isnan().all().item<bool>());
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunking, pairing and K blocking",
+          "[quant][cpu_kernels]") {
+  // M: one row, a 3-row chunk, one full AVX-512 chunk (16) and AVX2's 6 + 5 + 5,
+  // 17 = 9 + 8, and 40 rows (AVX-512: 12-row chunks on panel pairs; 40 x 4096 floats of
+  // x is past the 512 KiB K block, so K comes in blocks whose sums add into y). N off
+  // the 16 columns of a panel and odd panel counts (a pair and a single one); K off
+  // the 4 interleaved streams.
+  uint64_t seed = 300;
+  for (const CpuIsa isa : isas_here()) {
+    if (isa == CpuIsa::kScalar) continue;
+    for (const auto& s : std::vector<Shape>{{1, 1}, {5, 7}, {17, 16}, {33, 17}, {67, 129}, {19, 4096}, {48, 3000}}) {
+      const auto w_pad = tp::test::randn({s.n, s.k + 5}, seed++).to(at::kFloat);
+      const auto w = w_pad.narrow(1, 0, s.k);  // strided rows, as a sliced parameter
+      const auto panels = tp::detail::panels_pack(w);
+      REQUIRE(panels.sizes() == c10::IntArrayRef({(s.n + 15) / 16, s.k, 16}));
+      for (const int64_t m : {1, 3, 16, 17, 40}) {
+        INFO("isa " << tp::detail::to_string(isa) << " M=" << m << " N=" << s.n << " K=" << s.k);
+        const auto x = tp::test::randn({m, s.k}, seed++).to(at::kFloat);
+        require_within_bound(tp::detail::panels_linear(x, panels, s.n, isa), x, w);
       }
     }
   }
@@ -213,8 +237,8 @@ TEST_CASE("cpu_gemm: backends threaded over N agree with float64, in InferenceMo
       gemm.prepare(w);
       for (const int64_t m : {1, 5, 40}) {
         const auto x = tp::test::randn({m, 1000}, 72 + m).to(dtype);
-        for (const auto backend :
-             {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked, CpuGemmBackend::kOneDnn}) {
+        for (const auto backend : {CpuGemmBackend::kGemv, CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked,
+                                   CpuGemmBackend::kOneDnn, CpuGemmBackend::kPanels}) {
           INFO(tp::detail::to_string(backend)
                << " " << c10::toString(dtype) << " M=" << m << (inference ? " inference" : ""));
           const auto y = gemm.linear(x, std::nullopt, backend);
@@ -237,7 +261,8 @@ TEST_CASE("cpu_gemm: batched inputs keep their leading dimensions", "[quant][cpu
   const auto x = tp::test::randn({2, 3, 40}, 8).to(at::kFloat);
   CpuGemm gemm;
   gemm.prepare(w);
-  for (const auto backend : {CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv}) {
+  for (const auto backend :
+       {CpuGemmBackend::kAtLinear, CpuGemmBackend::kOneDnn, CpuGemmBackend::kGemv, CpuGemmBackend::kPanels}) {
     INFO(tp::detail::to_string(backend));
     const auto y = gemm.linear(x, std::nullopt, backend);
     REQUIRE(y.sizes() == c10::IntArrayRef({2, 3, 37}));
@@ -251,7 +276,7 @@ TEST_CASE("cpu_gemm: batched inputs keep their leading dimensions", "[quant][cpu
 
 TEST_CASE("cpu_gemm: a packed weight is re-packed when the weight changes", "[quant][cpu_kernels]") {
   at::NoGradGuard no_grad;
-  for (const auto backend : {CpuGemmBackend::kOneDnn, CpuGemmBackend::kMklPacked}) {
+  for (const auto backend : {CpuGemmBackend::kOneDnn, CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels}) {
     if (!tp::detail::cpu_gemm_supports(backend, tp::detail::cpu_gemm_problem(5, 24, 48, at::kFloat))) continue;
     INFO(tp::detail::to_string(backend));
     auto w = tp::test::randn({24, 48}, 11).to(at::kFloat);
@@ -283,13 +308,10 @@ TEST_CASE("cpu_gemm: prepare() packs at most the one copy the table uses", "[qua
       gemm.prepare(w);
       INFO(c10::toString(dtype) << " " << s.n << "x" << s.k << ": " << gemm.packed_bytes() << " packed bytes");
       REQUIRE(gemm.packs() <= 1);
-      // One copy: oneDNN's blocked W is W's size; MKL's panels are at most ~1.25x W plus
-      // a fixed ~8 MB (measured 1.05-1.42x at the Llama shapes, 1.50x at 2048 x 2048),
-      // which the table spends only on weights of kCpuMklPackedMinBytes or more.
+      // One copy: oneDNN's blocked W and the 16-column panels (N rounded up to 16) are
+      // W's size.
       const int64_t w_bytes = w.numel() * w.element_size();
-      const int64_t limit =
-          w_bytes >= tp::detail::kCpuMklPackedMinBytes ? 5 * w_bytes / 4 + (int64_t{9} << 20) : 3 * w_bytes / 2;
-      REQUIRE(gemm.packed_bytes() <= limit);
+      REQUIRE(gemm.packed_bytes() <= w_bytes + 16 * s.k * 4);
     }
   }
 }
@@ -366,21 +388,27 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
       for (const int64_t m : {1, 4}) REQUIRE(pick(m, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
-  // float32: gemv to M = 16, then oneDNN (AVX-512, AMD) or MKL's packed SGEMM (Intel AVX2) to M = 64.
-  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kGemv);
-  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
-  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
-  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kMklPacked);
-  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  // float32 on Intel: the panels kernel for 4 < M <= 64, then at::linear (one packed
+  // copy per layer: not oneDNN's too); on AMD gemv to M = 16, then oneDNN.
+  for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    for (const int64_t m : {5, 16, 17, 64})
+      REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
+    for (const int64_t m : {65, 256})
+      REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kAtLinear);
+  }
+  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(64, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kOneDnn);
-  // Small weights keep MKL's pack (~8 MB of overhead) away.
-  p.n = 512;
-  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
-  p.n = 4096;
+  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kOneDnn);
+  // Small weights too: the panels are W's size, with no fixed overhead.
+  p.n = 40, p.k = 24;
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kPanels);
+  p.n = 4096, p.k = 4096;
   // No packed copies allowed (TP_CPU_GEMM_PACK=0): the unpacked backends only.
   p.allow_packs = false;
+  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   p.allow_packs = true;
   // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above.
@@ -410,5 +438,5 @@ TEST_CASE("cpu_gemm: backend names parse and an unknown one is an error naming t
   REQUIRE(tp::detail::parse_cpu_gemm_backend("OneDNN") == CpuGemmBackend::kOneDnn);
   REQUIRE_THROWS_WITH(tp::detail::parse_cpu_gemm_backend("mkl"),
                       Catch::Contains("unknown CPU GEMM backend 'mkl'") &&
-                          Catch::Contains("at_linear, onednn, mkl_packed, gemv or bf16_tiles"));
+                          Catch::Contains("at_linear, onednn, mkl_packed, panels, gemv or bf16_tiles"));
 }
