@@ -368,17 +368,20 @@ at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t 
       const int64_t kb = std::min(kc, k - k0);
       for (int64_t p = p0; p < p1;) {
         const int64_t width = pairs && p + 1 < p1 ? 2 : 1;  // panels at once
-        const float* panel = pp + (p * k + k0) * kPanelCols;
-        const int64_t cols = std::min(width * kPanelCols, n - p * kPanelCols);
+        PanelTask t;
+        t.panel = pp + (p * k + k0) * kPanelCols;
+        t.panel_stride = k * kPanelCols;
+        t.kc = kb;
+        t.ld_y = n;
+        t.cols = std::min(width * kPanelCols, n - p * kPanelCols);
+        t.accumulate = k0 > 0;
         for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t r0 = panel_chunk_begin(m, chunks, c), rows = panel_chunk_begin(m, chunks, c + 1) - r0;
-          const float* xc = xp + r0 * k + k0 * rows;
-          float* yc = yp + r0 * n + p * kPanelCols;
-          if (width == 2) {
-            panel_pair_f32_avx512(rows, xc, panel, k * kPanelCols, kb, yc, n, cols, c == 0, k0 > 0);
-          } else {
-            chunk(rows, xc, panel, kb, yc, n, cols, c == 0, k0 > 0);
-          }
+          const int64_t r0 = panel_chunk_begin(m, chunks, c);
+          t.rows = panel_chunk_begin(m, chunks, c + 1) - r0;
+          t.x = xp + r0 * k + k0 * t.rows;
+          t.y = yp + r0 * n + p * kPanelCols;
+          t.stream = c == 0;
+          (width == 2 ? panel_pair_f32_avx512 : chunk)(t);
         }
         p += width;
       }

@@ -61,20 +61,33 @@ void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* 
 /// x[m, k] (row stride ld_x) into the chunked layout above, max_rows rows per chunk.
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out);
 
-/// One chunk of `rows` x rows (1..kPanelRows* of the ISA) against kc rows of one panel:
-/// y[r, j] = (y[r, j] if accumulate, else 0) + sum_kk x[kk * rows + r] * panel[kk * 16 + j]
-/// for j < cols (the panel's columns within N); x and panel point at the K block's
-/// first row of the chunk and of the panel. stream: the panel is read from memory
-/// (this is the panel's first chunk), so the kernel prefetches ahead along it.
-void panel_chunk_f32_avx2(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
-                          int64_t cols, bool stream, bool accumulate);
-void panel_chunk_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
-                            int64_t cols, bool stream, bool accumulate);
-/// The same for up to kPanelPairRowsAvx512 rows against two neighbouring panels
-/// (panel, panel + panel_stride; cols <= 32 of them within N) into 32 columns of y:
-/// for large M, where one panel's 16 x 16 block is bound by loads.
-void panel_pair_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t panel_stride, int64_t kc, float* y,
-                           int64_t ld_y, int64_t cols, bool stream, bool accumulate);
+/// One call of a panel kernel: a chunk of `rows` x rows (1..kPanelRows* of the ISA)
+/// against kc rows of one panel (or of two neighbouring ones, the pair kernel):
+///   y[r, j] = (y[r, j] if accumulate, else 0) + sum_kk x[kk * rows + r] * panel[kk * 16 + j]
+/// for j < cols (the columns within N; up to 32 for a pair, whose second panel is at
+/// panel + panel_stride); x and panel point at the K block's first row.
+struct PanelTask {
+  int64_t rows = 0;
+  const float* x = nullptr;
+  const float* panel = nullptr;
+  int64_t panel_stride = 0;  ///< floats from a panel to the next (pair kernel)
+  int64_t kc = 0;
+  float* y = nullptr;
+  int64_t ld_y = 0;
+  int64_t cols = 0;
+  bool accumulate = false;
+  /// The panel comes from memory (its first chunk): prefetch ahead along it. (Later
+  /// chunks find it in L2. Pulling the next panel into L2 from them instead, spread
+  /// over their steps, was 15-20 % slower at M = 16 on AVX2, one thread: the
+  /// prefetches take the fill buffers the L2 -> L1 loads need.)
+  bool stream = false;
+};
+
+void panel_chunk_f32_avx2(const PanelTask& t);
+void panel_chunk_f32_avx512(const PanelTask& t);
+/// Up to kPanelPairRowsAvx512 rows against two neighbouring panels (for large M, where
+/// one panel's 16 x 16 block is bound by loads).
+void panel_pair_f32_avx512(const PanelTask& t);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

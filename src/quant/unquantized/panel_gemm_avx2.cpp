@@ -41,8 +41,12 @@ inline void add_to(float* tile, __m256 (&acc)[MR][2]) {
 }
 
 template <int MR>
-void chunk_panel(const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y, int64_t cols, bool stream,
-                 bool accumulate) {
+void chunk_panel(const PanelTask& t) {
+  const float* x = t.x;
+  const float* panel = t.panel;
+  const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
+  float* y = t.y;
+  const bool stream = t.stream, accumulate = t.accumulate;
   // The running sums, block by block: one long chain of FMAs per output over all of
   // K would lose ~sqrt(K / 512) times more to rounding.
   alignas(64) float tile[MR * kPanelCols];
@@ -72,15 +76,12 @@ void chunk_panel(const float* x, const float* panel, int64_t kc, float* y, int64
 
 // By rows - 1. (A plain array: std::array's inline members instantiated here with
 // AVX2 flags could be the copy the linker keeps for other files.)
-using ChunkFn = void (*)(const float*, const float*, int64_t, float*, int64_t, int64_t, bool, bool);
+using ChunkFn = void (*)(const PanelTask&);
 constexpr ChunkFn kChunk[kPanelRowsAvx2] = {&chunk_panel<1>, &chunk_panel<2>, &chunk_panel<3>,
                                             &chunk_panel<4>, &chunk_panel<5>, &chunk_panel<6>};
 
 }  // namespace
 
-void panel_chunk_f32_avx2(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
-                          int64_t cols, bool stream, bool accumulate) {
-  kChunk[rows - 1](x, panel, kc, y, ld_y, cols, stream, accumulate);
-}
+void panel_chunk_f32_avx2(const PanelTask& t) { kChunk[t.rows - 1](t); }
 
 }  // namespace tp::detail

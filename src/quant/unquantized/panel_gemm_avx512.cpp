@@ -35,8 +35,12 @@ inline void add_to(float* tile, __m512 (&acc)[MR]) {
 }
 
 template <int MR>
-void chunk_panel(const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y, int64_t cols, bool stream,
-                 bool accumulate) {
+void chunk_panel(const PanelTask& t) {
+  const float* x = t.x;
+  const float* panel = t.panel;
+  const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
+  float* y = t.y;
+  const bool stream = t.stream, accumulate = t.accumulate;
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
   // The running sums, block by block: one long chain of FMAs per output over all of
   // K would lose ~sqrt(K / 512) times more to rounding.
@@ -70,11 +74,15 @@ void chunk_panel(const float* x, const float* panel, int64_t kc, float* y, int64
 // where one panel's 16 rows make 16 FMAs per 17 loads and are bound by loads once
 // the weight is in cache (large M).
 template <int MR>
-void chunk_pair(const float* x, const float* panel, int64_t panel_stride, int64_t kc, float* y, int64_t ld_y,
-                int64_t cols, bool stream, bool accumulate) {
+void chunk_pair(const PanelTask& t) {
+  const float* x = t.x;
+  const float* panel = t.panel;
+  const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
+  float* y = t.y;
+  const bool stream = t.stream, accumulate = t.accumulate;
   const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
   const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
-  const float* other = panel + panel_stride;
+  const float* other = panel + t.panel_stride;
   alignas(64) float tile[MR * 2 * kPanelCols];
   for (int r = 0; r < MR; ++r) {
     float* t = tile + r * 2 * kPanelCols;
@@ -128,27 +136,20 @@ void chunk_pair(const float* x, const float* panel, int64_t panel_stride, int64_
 
 // By rows - 1. (A plain array: std::array's inline members instantiated here with
 // AVX-512 flags could be the copy the linker keeps for other files.)
-using ChunkFn = void (*)(const float*, const float*, int64_t, float*, int64_t, int64_t, bool, bool);
+using ChunkFn = void (*)(const PanelTask&);
 constexpr ChunkFn kChunk[kPanelRowsAvx512] = {&chunk_panel<1>,  &chunk_panel<2>,  &chunk_panel<3>,  &chunk_panel<4>,
                                               &chunk_panel<5>,  &chunk_panel<6>,  &chunk_panel<7>,  &chunk_panel<8>,
                                               &chunk_panel<9>,  &chunk_panel<10>, &chunk_panel<11>, &chunk_panel<12>,
                                               &chunk_panel<13>, &chunk_panel<14>, &chunk_panel<15>, &chunk_panel<16>};
 
-using PairFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t, bool, bool);
-constexpr PairFn kPair[kPanelPairRowsAvx512] = {&chunk_pair<1>, &chunk_pair<2>,  &chunk_pair<3>,  &chunk_pair<4>,
-                                                &chunk_pair<5>, &chunk_pair<6>,  &chunk_pair<7>,  &chunk_pair<8>,
-                                                &chunk_pair<9>, &chunk_pair<10>, &chunk_pair<11>, &chunk_pair<12>};
+constexpr ChunkFn kPair[kPanelPairRowsAvx512] = {&chunk_pair<1>, &chunk_pair<2>,  &chunk_pair<3>,  &chunk_pair<4>,
+                                                 &chunk_pair<5>, &chunk_pair<6>,  &chunk_pair<7>,  &chunk_pair<8>,
+                                                 &chunk_pair<9>, &chunk_pair<10>, &chunk_pair<11>, &chunk_pair<12>};
 
 }  // namespace
 
-void panel_pair_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t panel_stride, int64_t kc, float* y,
-                           int64_t ld_y, int64_t cols, bool stream, bool accumulate) {
-  kPair[rows - 1](x, panel, panel_stride, kc, y, ld_y, cols, stream, accumulate);
-}
+void panel_pair_f32_avx512(const PanelTask& t) { kPair[t.rows - 1](t); }
 
-void panel_chunk_f32_avx512(int64_t rows, const float* x, const float* panel, int64_t kc, float* y, int64_t ld_y,
-                            int64_t cols, bool stream, bool accumulate) {
-  kChunk[rows - 1](x, panel, kc, y, ld_y, cols, stream, accumulate);
-}
+void panel_chunk_f32_avx512(const PanelTask& t) { kChunk[t.rows - 1](t); }
 
 }  // namespace tp::detail
