@@ -355,38 +355,45 @@ at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t 
   const float* xp = x_packed.const_data_ptr<float>();
   const float* pp = panels.const_data_ptr<float>();
   float* yp = y.mutable_data_ptr<float>();
-  // K blocks whose slice of x (M x kc floats) stays in L2 next to the panel while every
-  // panel of the task passes over it; a multiple of 64, so the blocks keep the kernel's
-  // 4 K streams whole. Small M: one block.
-  constexpr int64_t kXBlockBytes = int64_t{512} << 10;
-  const int64_t kc = m * k * 4 <= kXBlockBytes ? k : std::max<int64_t>(256, kXBlockBytes / (m * 4) / 64 * 64);
   const int64_t chunks = panel_chunks(m, max_rows);
+  // Every chunk of x against panels [p, p + width) over K rows [k0, k0 + kb).
+  const auto step = [&](int64_t p, int64_t width, int64_t k0, int64_t kb) {
+    PanelTask t;
+    t.panel = pp + (p * k + k0) * kPanelCols;
+    t.panel_stride = k * kPanelCols;
+    t.kc = kb;
+    t.ld_y = n;
+    t.cols = std::min(width * kPanelCols, n - p * kPanelCols);
+    t.accumulate = k0 > 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r0 = panel_chunk_begin(m, chunks, c);
+      t.rows = panel_chunk_begin(m, chunks, c + 1) - r0;
+      t.x = xp + r0 * k + k0 * t.rows;
+      t.y = yp + r0 * n + p * kPanelCols;
+      t.stream = c == 0;
+      (width == 2 ? panel_pair_f32_avx512 : chunk)(t);
+    }
+  };
+  const auto width_at = [&](int64_t p, int64_t p1) -> int64_t { return pairs && p + 1 < p1 ? 2 : 1; };
   // Tasks of at least ~64 KiB of panels, as gemv_linear's.
   const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * kPanelCols * 4));
-  at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
-    for (int64_t k0 = 0; k0 < k; k0 += kc) {
-      const int64_t kb = std::min(kc, k - k0);
-      for (int64_t p = p0; p < p1;) {
-        const int64_t width = pairs && p + 1 < p1 ? 2 : 1;  // panels at once
-        PanelTask t;
-        t.panel = pp + (p * k + k0) * kPanelCols;
-        t.panel_stride = k * kPanelCols;
-        t.kc = kb;
-        t.ld_y = n;
-        t.cols = std::min(width * kPanelCols, n - p * kPanelCols);
-        t.accumulate = k0 > 0;
-        for (int64_t c = 0; c < chunks; ++c) {
-          const int64_t r0 = panel_chunk_begin(m, chunks, c);
-          t.rows = panel_chunk_begin(m, chunks, c + 1) - r0;
-          t.x = xp + r0 * k + k0 * t.rows;
-          t.y = yp + r0 * n + p * kPanelCols;
-          t.stream = c == 0;
-          (width == 2 ? panel_pair_f32_avx512 : chunk)(t);
-        }
-        p += width;
-      }
-    }
-  });
+  constexpr int64_t kXBlockBytes = int64_t{512} << 10;
+  if (m * k * 4 <= kXBlockBytes) {
+    // x stays in L2: each panel over all of K, chunk after chunk. (Interleaving the
+    // chunks in K steps of 256-1024 rows, so that the first chunk's reads from memory
+    // would overlap the others' FMAs, was 5-25 % slower at M = 8 and 16 with AVX2.)
+    at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; p += width_at(p, p1)) step(p, width_at(p, p1), 0, k);
+    });
+  } else {
+    // Large M: K blocks whose slice of x (M x kc floats) stays in L2 while every panel of
+    // the task passes over it; a multiple of 64, keeping the kernel's 4 K streams whole.
+    const int64_t kc = std::max<int64_t>(256, kXBlockBytes / (m * 4) / 64 * 64);
+    at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
+      for (int64_t k0 = 0; k0 < k; k0 += kc)
+        for (int64_t p = p0; p < p1; p += width_at(p, p1)) step(p, width_at(p, p1), k0, std::min(kc, k - k0));
+    });
+  }
   return y;
 }
 
