@@ -115,7 +115,7 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
     case CpuGemmBackend::kGemv: return floating;
     case CpuGemmBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
     case CpuGemmBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
-    case CpuGemmBackend::kPanels: return p.dtype == at::kFloat && p.isa != CpuIsa::kScalar;
+    case CpuGemmBackend::kPanels: return floating && p.isa != CpuIsa::kScalar;
   }
   return false;
 }
@@ -144,8 +144,12 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
 //   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
-//     gemv up to M = 16 (2.1-3.6x at::linear bf16, and faster than at::linear float32),
+//     gemv to M = 4; the panels kernel (bf16 panels, half the bytes, widened in
+//     registers) to M = 64: against float32 at::linear 1.9x at M = 8, 1.55-1.6x at 16,
+//     1.2-1.3x at 32, 0.95x at 64, level with float32 panels (11008 x 4096, 2 threads,
+//     capped to AVX2; gemv was 1.1-1.3x at M = 8-16, bf16_tiles 0.8x at 32);
 //     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).
+//     bf16 with AMX keeps at::linear to M = 16: there the panels kernel is 0.86-1.1x.
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
@@ -157,6 +161,7 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
       if (p.m <= kCpuBf16LinearMaxM || !onednn) return CpuGemmBackend::kAtLinear;
       return CpuGemmBackend::kOneDnn;
     }
+    if (p.allow_packs && p.m <= kCpuPanelsMaxM) return CpuGemmBackend::kPanels;
     return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
   }
   if (p.amd) {
@@ -221,7 +226,7 @@ at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
   switch (backend) {
     case CpuGemmBackend::kOneDnn: return onednn_pack(weight_);
     case CpuGemmBackend::kMklPacked: return mkl_pack(weight_);
-    case CpuGemmBackend::kPanels: return panels_pack(weight_);
+    case CpuGemmBackend::kPanels: return panels_pack(weight_, cpu_isa());
     default: TORCH_INTERNAL_ASSERT(false, "CpuGemm: ", to_string(backend), " keeps no packed weight");
   }
 }

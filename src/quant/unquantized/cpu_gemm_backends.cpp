@@ -12,6 +12,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "quant/unquantized/cpu_gemm_kernels.h"
 
@@ -79,17 +80,34 @@ int64_t panel_chunk_begin(int64_t m, int64_t chunks, int64_t c) {
 
 }  // namespace
 
-void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* panels, int64_t p0, int64_t p1) {
+namespace {
+
+template <typename W>
+void pack_panels(const W* w, int64_t n, int64_t k, int64_t ld_w, W* panels, int64_t p0, int64_t p1,
+                 bool halves_interleaved) {
+  // Where column j of a panel row is stored (cpu_gemm_kernels.h).
+  int64_t slot[kPanelCols];
+  for (int64_t j = 0; j < kPanelCols; ++j) slot[j] = halves_interleaved ? (j % 8) * 2 + j / 8 : j;
   for (int64_t p = p0; p < p1; ++p) {
-    float* out = panels + p * k * kPanelCols;
+    W* out = panels + p * k * kPanelCols;
     const int64_t c0 = p * kPanelCols, cols = std::min(kPanelCols, n - c0);
     // 16 rows of W read side by side, each sequentially: one pass over the panel's rows.
     for (int64_t kk = 0; kk < k; ++kk) {
-      float* row = out + kk * kPanelCols;
-      for (int64_t j = 0; j < cols; ++j) row[j] = w[(c0 + j) * ld_w + kk];
-      for (int64_t j = cols; j < kPanelCols; ++j) row[j] = 0.0f;
+      W* row = out + kk * kPanelCols;
+      for (int64_t j = 0; j < kPanelCols; ++j) row[slot[j]] = j < cols ? w[(c0 + j) * ld_w + kk] : W{0};
     }
   }
+}
+
+}  // namespace
+
+void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* panels, int64_t p0, int64_t p1) {
+  pack_panels(w, n, k, ld_w, panels, p0, p1, false);
+}
+
+void pack_panels_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ld_w, uint16_t* panels, int64_t p0, int64_t p1,
+                      bool halves_interleaved) {
+  pack_panels(w, n, k, ld_w, panels, p0, p1, halves_interleaved);
 }
 
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out) {
@@ -330,36 +348,50 @@ at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) 
   return y;
 }
 
-at::Tensor panels_pack(const at::Tensor& w) {
-  TORCH_INTERNAL_ASSERT(w.scalar_type() == at::kFloat && w.stride(1) == 1, "panels_pack: float32 rows");
+at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa) {
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  TORCH_INTERNAL_ASSERT((bf16 || w.scalar_type() == at::kFloat) && w.stride(1) == 1,
+                        "panels_pack: float32 / bf16 rows");
   const int64_t n = w.size(0), k = w.size(1), panels = (n + kPanelCols - 1) / kPanelCols;
   auto out = at::empty({panels, k, kPanelCols}, w.options().memory_format(at::MemoryFormat::Contiguous));
-  const float* wp = w.const_data_ptr<float>();
-  float* op = out.mutable_data_ptr<float>();
   const int64_t ld_w = w.stride(0);
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) { pack_panels_f32(wp, n, k, ld_w, op, p0, p1); });
+  if (bf16) {
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
+    auto* op = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
+    const bool interleaved = isa == CpuIsa::kAvx2;
+    at::parallel_for(0, panels, 1,
+                     [&](int64_t p0, int64_t p1) { pack_panels_bf16(wp, n, k, ld_w, op, p0, p1, interleaved); });
+  } else {
+    const float* wp = w.const_data_ptr<float>();
+    float* op = out.mutable_data_ptr<float>();
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) { pack_panels_f32(wp, n, k, ld_w, op, p0, p1); });
+  }
   return out;
 }
 
-at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n, CpuIsa isa) {
-  TORCH_INTERNAL_ASSERT(isa != CpuIsa::kScalar && x.scalar_type() == at::kFloat, "panels_linear: AVX2+, float32");
+at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t n, CpuIsa isa) {
+  TORCH_INTERNAL_ASSERT(isa != CpuIsa::kScalar, "panels_linear: AVX2 or AVX-512");
+  const auto x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
   const int64_t m = x.size(0), k = x.size(1), count = panels.size(0);
-  const bool avx512 = isa == CpuIsa::kAvx512;
+  const bool avx512 = isa == CpuIsa::kAvx512, bf16 = panels.scalar_type() == at::kBFloat16;
   // AVX-512 past one chunk of 16 rows: 12-row chunks against two panels at a time.
   const bool pairs = avx512 && m > kPanelRowsAvx512;
   const int64_t max_rows = pairs ? kPanelPairRowsAvx512 : avx512 ? kPanelRowsAvx512 : kPanelRowsAvx2;
-  const auto chunk = avx512 ? panel_chunk_f32_avx512 : panel_chunk_f32_avx2;
+  const auto chunk = bf16 ? (avx512 ? panel_chunk_bf16_avx512 : panel_chunk_bf16_avx2)
+                          : (avx512 ? panel_chunk_f32_avx512 : panel_chunk_f32_avx2);
+  const auto pair = bf16 ? panel_pair_bf16_avx512 : panel_pair_f32_avx512;
   auto x_packed = at::empty({m * k}, x.options());
   pack_panel_x(x.const_data_ptr<float>(), m, k, x.stride(0), max_rows, x_packed.mutable_data_ptr<float>());
   auto y = at::empty({m, n}, x.options());
   const float* xp = x_packed.const_data_ptr<float>();
-  const float* pp = panels.const_data_ptr<float>();
+  const auto* pp = static_cast<const char*>(panels.const_data_ptr());
+  const int64_t elem = panels.element_size();
   float* yp = y.mutable_data_ptr<float>();
   const int64_t chunks = panel_chunks(m, max_rows);
   // Every chunk of x against panels [p, p + width) over K rows [k0, k0 + kb).
   const auto step = [&](int64_t p, int64_t width, int64_t k0, int64_t kb) {
     PanelTask t;
-    t.panel = pp + (p * k + k0) * kPanelCols;
+    t.panel = pp + (p * k + k0) * kPanelCols * elem;
     t.panel_stride = k * kPanelCols;
     t.kc = kb;
     t.ld_y = n;
@@ -371,12 +403,12 @@ at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t 
       t.x = xp + r0 * k + k0 * t.rows;
       t.y = yp + r0 * n + p * kPanelCols;
       t.stream = c == 0;
-      (width == 2 ? panel_pair_f32_avx512 : chunk)(t);
+      (width == 2 ? pair : chunk)(t);
     }
   };
   const auto width_at = [&](int64_t p, int64_t p1) -> int64_t { return pairs && p + 1 < p1 ? 2 : 1; };
   // Tasks of at least ~64 KiB of panels, as gemv_linear's.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * kPanelCols * 4));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * kPanelCols * elem));
   constexpr int64_t kXBlockBytes = int64_t{512} << 10;
   if (m * k * 4 <= kXBlockBytes) {
     // x stays in L2: each panel over all of K, chunk after chunk. (Interleaving the

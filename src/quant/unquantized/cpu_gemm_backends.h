@@ -42,10 +42,11 @@ at::Tensor mkl_packed_linear(const at::Tensor& x, const at::Tensor& packed, int6
 
 /// y = x W^T by the small-M kernel of `isa`; y float32 (x is widened if bfloat16).
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, CpuIsa isa);
-/// float32 W packed into 16-column panels (cpu_gemm_kernels.h): [ceil(N / 16), K, 16].
-at::Tensor panels_pack(const at::Tensor& w);
-/// y = x W^T on the panels by `isa`'s panel kernel (AVX2 or AVX-512; x float32,
-/// contiguous rows); y float32 [M, n].
+/// W (float32 or bfloat16) packed into 16-column panels for `isa`'s kernel
+/// (cpu_gemm_kernels.h): [ceil(N / 16), K, 16] in W's dtype.
+at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa);
+/// y = x W^T on panels packed for `isa` by its panel kernel (AVX2 or AVX-512; x
+/// contiguous rows, widened to float32 if bfloat16); y float32 [M, n].
 at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n, CpuIsa isa);
 /// y = x W^T for a bfloat16 W: tiles of rows widened to float32 by `isa`'s kernel and
 /// multiplied in float32 by MKL's SGEMM into y's columns (at::mm where LibTorch does not

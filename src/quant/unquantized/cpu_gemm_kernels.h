@@ -38,8 +38,9 @@ void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const 
 // For M past a few rows the dot-product form above is bound by loads (every x
 // vector meets only R rows of W) and by the horizontal sums. The panels kernels work
 // in outer-product form instead, on copies laid out for it:
-//   panels: W[N, K] as ceil(N / 16) panels of 16 columns; panel p is K x 16 floats,
-//           k-major (its row kk holds W[16p .. 16p + 15, kk]), columns past N zero.
+//   panels: W[N, K] as ceil(N / 16) panels of 16 columns; panel p is K x 16 floats
+//           (or bfloat16s), k-major (its row kk holds W[16p .. 16p + 15, kk]),
+//           columns past N zero.
 //   x:      the M rows split into ceil(M / max_rows) chunks whose sizes differ by at
 //           most one (17 rows: 9 + 8, not 16 + 1), chunk c k-major: x[r, kk] of its
 //           rows at begin(c) * k + kk * rows(c) + (r - begin(c)).
@@ -57,7 +58,13 @@ constexpr int64_t kPanelRowsAvx512 = 16;      // 16 accumulators + 1 W + 1 broad
 constexpr int64_t kPanelPairRowsAvx512 = 12;  // two panels at once: 24 accumulators + 2 W + 1 broadcast
 
 /// panels[p] for p in [p0, p1) from W[N, K] (row stride ld_w), in the layout above.
+/// bfloat16 panels hold W's raw bits (half the bytes: the kernels widen them exactly);
+/// for the AVX2 kernel (`halves_interleaved`) a row's 16 values are stored as columns
+/// 0, 8, 1, 9, ..., 7, 15, so that one 256-bit load splits into both halves with a
+/// shift and a mask (cheaper than two zero-extensions).
 void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* panels, int64_t p0, int64_t p1);
+void pack_panels_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ld_w, uint16_t* panels, int64_t p0, int64_t p1,
+                      bool halves_interleaved);
 /// x[m, k] (row stride ld_x) into the chunked layout above, max_rows rows per chunk.
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out);
 
@@ -69,8 +76,8 @@ void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t ma
 struct PanelTask {
   int64_t rows = 0;
   const float* x = nullptr;
-  const float* panel = nullptr;
-  int64_t panel_stride = 0;  ///< floats from a panel to the next (pair kernel)
+  const void* panel = nullptr;  ///< float or bfloat16 (raw bits), as the entry point says
+  int64_t panel_stride = 0;     ///< elements from a panel to the next (pair kernel)
   int64_t kc = 0;
   float* y = nullptr;
   int64_t ld_y = 0;
@@ -84,10 +91,13 @@ struct PanelTask {
 };
 
 void panel_chunk_f32_avx2(const PanelTask& t);
+void panel_chunk_bf16_avx2(const PanelTask& t);
 void panel_chunk_f32_avx512(const PanelTask& t);
+void panel_chunk_bf16_avx512(const PanelTask& t);
 /// Up to kPanelPairRowsAvx512 rows against two neighbouring panels (for large M, where
 /// one panel's 16 x 16 block is bound by loads).
 void panel_pair_f32_avx512(const PanelTask& t);
+void panel_pair_bf16_avx512(const PanelTask& t);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

@@ -1,5 +1,6 @@
 // The panels backend's chunk kernel, AVX2 code path: up to 6 rows of x against a
-// K block of one 16-column panel of W (layouts in cpu_gemm_kernels.h). Compiled with
+// K block of one 16-column panel of W, float32 or bfloat16 (widened in registers:
+// exact; layouts in cpu_gemm_kernels.h). Compiled with
 // the AVX2 flags; entered only when cpu_isa() allows AVX2.
 
 #include <immintrin.h>
@@ -18,9 +19,24 @@ constexpr int kStreams = 4;  // interleaved quarters of the K block (cpu_gemm_ke
 constexpr int64_t kPrefetchRows = 32;
 constexpr int64_t kSumSteps = 128;  // quarter steps (512 k) summed in registers before the tile
 
-template <int MR>
-inline void fma_row(const float* x, const float* w, __m256 (&acc)[MR][2]) {
-  const __m256 lo = _mm256_loadu_ps(w), hi = _mm256_loadu_ps(w + 8);
+// A panel row's 16 weights as floats: columns 0-7 and 8-15. A bfloat16 row is packed
+// with the halves interleaved (pack_panels_bf16, AVX2 layout), so one load gives both:
+// the low 16 bits of each 32-bit pair are columns 0-7, the high 16 bits columns 8-15,
+// and each is a float once moved to the top (shift) or kept there (mask).
+inline void load_row(const float* w, __m256& lo, __m256& hi) {
+  lo = _mm256_loadu_ps(w);
+  hi = _mm256_loadu_ps(w + 8);
+}
+inline void load_row(const uint16_t* w, __m256& lo, __m256& hi) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  lo = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  hi = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+template <int MR, typename W>
+inline void fma_row(const float* x, const W* w, __m256 (&acc)[MR][2]) {
+  __m256 lo, hi;
+  load_row(w, lo, hi);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     const __m256 b = _mm256_broadcast_ss(x + r);
@@ -40,10 +56,10 @@ inline void add_to(float* tile, __m256 (&acc)[MR][2]) {
     }
 }
 
-template <int MR>
+template <int MR, typename W>
 void chunk_panel(const PanelTask& t) {
   const float* x = t.x;
-  const float* panel = t.panel;
+  const W* panel = static_cast<const W*>(t.panel);
   const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
   float* y = t.y;
   const bool stream = t.stream, accumulate = t.accumulate;
@@ -63,25 +79,29 @@ void chunk_panel(const PanelTask& t) {
       for (int s = 0; s < kStreams; ++s) {
         const int64_t kk = s * q + i;
         if (stream) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
-        fma_row<MR>(x + kk * MR, panel + kk * kPanelCols, acc);
+        fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
       }
     }
     add_to<MR>(tile, acc);
   }
-  for (int64_t kk = kStreams * q; kk < kc; ++kk) fma_row<MR>(x + kk * MR, panel + kk * kPanelCols, acc);
+  for (int64_t kk = kStreams * q; kk < kc; ++kk) fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
   add_to<MR>(tile, acc);
   for (int r = 0; r < MR; ++r)
     for (int64_t j = 0; j < cols; ++j) y[r * ld_y + j] = tile[r * kPanelCols + j];
 }
 
-// By rows - 1. (A plain array: std::array's inline members instantiated here with
+// By rows - 1. (Plain arrays: std::array's inline members instantiated here with
 // AVX2 flags could be the copy the linker keeps for other files.)
 using ChunkFn = void (*)(const PanelTask&);
-constexpr ChunkFn kChunk[kPanelRowsAvx2] = {&chunk_panel<1>, &chunk_panel<2>, &chunk_panel<3>,
-                                            &chunk_panel<4>, &chunk_panel<5>, &chunk_panel<6>};
+constexpr ChunkFn kChunkF32[kPanelRowsAvx2] = {&chunk_panel<1, float>, &chunk_panel<2, float>, &chunk_panel<3, float>,
+                                               &chunk_panel<4, float>, &chunk_panel<5, float>, &chunk_panel<6, float>};
+constexpr ChunkFn kChunkBf16[kPanelRowsAvx2] = {&chunk_panel<1, uint16_t>, &chunk_panel<2, uint16_t>,
+                                                &chunk_panel<3, uint16_t>, &chunk_panel<4, uint16_t>,
+                                                &chunk_panel<5, uint16_t>, &chunk_panel<6, uint16_t>};
 
 }  // namespace
 
-void panel_chunk_f32_avx2(const PanelTask& t) { kChunk[t.rows - 1](t); }
+void panel_chunk_f32_avx2(const PanelTask& t) { kChunkF32[t.rows - 1](t); }
+void panel_chunk_bf16_avx2(const PanelTask& t) { kChunkBf16[t.rows - 1](t); }
 
 }  // namespace tp::detail

@@ -132,6 +132,7 @@ TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and
 
 TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunking, pairing and K blocking",
           "[quant][cpu_kernels]") {
+  // float32 and bfloat16 panels (the latter widened exactly: the same float32 bound).
   // M: one row, a 3-row chunk, one full AVX-512 chunk (16) and AVX2's 6 + 5 + 5,
   // 17 = 9 + 8, and 40 rows (AVX-512: 12-row chunks on panel pairs; 40 x 4096 floats of
   // x is past the 512 KiB K block, so K comes in blocks whose sums add into y). N off
@@ -141,14 +142,20 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
   for (const CpuIsa isa : isas_here()) {
     if (isa == CpuIsa::kScalar) continue;
     for (const auto& s : std::vector<Shape>{{1, 1}, {5, 7}, {17, 16}, {33, 17}, {67, 129}, {19, 4096}, {48, 3000}}) {
-      const auto w_pad = tp::test::randn({s.n, s.k + 5}, seed++).to(at::kFloat);
-      const auto w = w_pad.narrow(1, 0, s.k);  // strided rows, as a sliced parameter
-      const auto panels = tp::detail::panels_pack(w);
-      REQUIRE(panels.sizes() == c10::IntArrayRef({(s.n + 15) / 16, s.k, 16}));
-      for (const int64_t m : {1, 3, 16, 17, 40}) {
-        INFO("isa " << tp::detail::to_string(isa) << " M=" << m << " N=" << s.n << " K=" << s.k);
-        const auto x = tp::test::randn({m, s.k}, seed++).to(at::kFloat);
-        require_within_bound(tp::detail::panels_linear(x, panels, s.n, isa), x, w);
+      for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+        const auto w_pad = tp::test::randn({s.n, s.k + 5}, seed++).to(dtype);
+        const auto w = w_pad.narrow(1, 0, s.k);  // strided rows, as a sliced parameter
+        const auto panels = tp::detail::panels_pack(w, isa);
+        REQUIRE(panels.sizes() == c10::IntArrayRef({(s.n + 15) / 16, s.k, 16}));
+        REQUIRE(panels.scalar_type() == dtype);
+        for (const int64_t m : {1, 3, 16, 17, 40}) {
+          INFO("isa " << tp::detail::to_string(isa) << " " << c10::toString(dtype) << " M=" << m << " N=" << s.n
+                      << " K=" << s.k);
+          const auto x = tp::test::randn({m, s.k}, seed++).to(dtype);
+          const auto y = tp::detail::panels_linear(x, panels, s.n, isa);
+          REQUIRE(y.scalar_type() == at::kFloat);
+          require_within_bound(y, x.to(at::kFloat), w.to(at::kFloat));
+        }
       }
     }
   }
@@ -211,7 +218,8 @@ TEST_CASE("cpu_gemm: every backend forced matches float64 within bounds (bfloat1
         REQUIRE(y.scalar_type() == at::kBFloat16);
         // ATen's and oneDNN's bf16 GEMMs may round the output of each K block to
         // bf16 (at::linear on CPUs without bf16 arithmetic); the own paths round once.
-        if (backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
+        if (backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles ||
+            (backend == CpuGemmBackend::kPanels && tp::detail::cpu_isa() != CpuIsa::kScalar)) {
           require_within_bound(y, x, w, bias);
         } else {
           const auto ref = at::addmm(bias.to(at::kDouble), x.to(at::kDouble), w.to(at::kDouble).t());
@@ -242,7 +250,8 @@ TEST_CASE("cpu_gemm: backends threaded over N agree with float64, in InferenceMo
           INFO(tp::detail::to_string(backend)
                << " " << c10::toString(dtype) << " M=" << m << (inference ? " inference" : ""));
           const auto y = gemm.linear(x, std::nullopt, backend);
-          if (dtype == at::kFloat || backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles) {
+          if (dtype == at::kFloat || backend == CpuGemmBackend::kGemv || backend == CpuGemmBackend::kBf16Tiles ||
+              (backend == CpuGemmBackend::kPanels && tp::detail::cpu_isa() != CpuIsa::kScalar)) {
             require_within_bound(y, x, w);
           } else {
             REQUIRE(tp::test::relative_error(y, at::matmul(x.to(at::kDouble), w.to(at::kDouble).t())) <=
@@ -415,12 +424,18 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   REQUIRE(pick(8, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(32, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
-  // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs.
-  for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
-    const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
-    INFO("M=" << m << " -> " << tp::detail::to_string(b));
-    REQUIRE(b == (m <= 16 ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles));
+  // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs: the panels kernel to
+  // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles.
+  for (const bool packs : {true, false}) {
+    p.allow_packs = packs;
+    for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
+      const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
+      INFO("M=" << m << " packs " << packs << " -> " << tp::detail::to_string(b));
+      const auto small = packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
+      REQUIRE(b == (m <= (packs ? 64 : 16) ? small : CpuGemmBackend::kBf16Tiles));
+    }
   }
+  p.allow_packs = true;
   // Other dtypes: at::linear.
   REQUIRE(pick(1, at::kDouble, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(64, at::kHalf, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
