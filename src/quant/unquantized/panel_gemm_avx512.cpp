@@ -33,120 +33,78 @@ inline __m512 load_w(const uint16_t* w) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
 }
 
-template <int MR, typename W>
-inline void fma_row(const float* x, const W* w, __m512 (&acc)[MR]) {
-  const __m512 wv = load_w(w);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_fmadd_ps(wv, _mm512_set1_ps(x[r]), acc[r]);
-}
-
-template <int MR>
-inline void add_to(float* tile, __m512 (&acc)[MR]) {
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) {
-    _mm512_storeu_ps(tile + r * kPanelCols, _mm512_add_ps(_mm512_loadu_ps(tile + r * kPanelCols), acc[r]));
-    acc[r] = _mm512_setzero_ps();
-  }
-}
-
-template <int MR, typename W>
-void chunk_panel(const PanelTask& t) {
+// MR rows of x against NP neighbouring panels (NP x 16 columns of y): MR x NP
+// accumulators. One panel (NP = 1, up to 16 rows) makes 16 FMAs per 17 loads; two
+// (NP = 2, up to 12 rows) 24 FMAs per 14 loads, for large M, where the weight is in
+// cache and one panel's block is bound by loads.
+template <int MR, int NP, typename W>
+void chunk_panels(const PanelTask& t) {
   const float* x = t.x;
-  const W* panel = static_cast<const W*>(t.panel);
-  const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
-  float* y = t.y;
-  const bool stream = t.stream, accumulate = t.accumulate;
-  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+  const W* panel[NP];
+  __mmask16 mask[NP];  // the columns within N, panel by panel
+  for (int j = 0; j < NP; ++j) {
+    panel[j] = static_cast<const W*>(t.panel) + j * t.panel_stride;
+    const int64_t cols = t.cols - 16 * j;
+    mask[j] = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : cols <= 0 ? 0u : (1u << cols) - 1u);
+  }
   // The running sums, block by block: one long chain of FMAs per output over all of
   // K would lose ~sqrt(K / 512) times more to rounding.
-  alignas(64) float tile[MR * kPanelCols];
+  alignas(64) float tile[MR * NP * kPanelCols];
   for (int r = 0; r < MR; ++r)
-    _mm512_store_ps(tile + r * kPanelCols,
-                    accumulate ? _mm512_maskz_loadu_ps(mask, y + r * ld_y) : _mm512_setzero_ps());
-  __m512 acc[MR];
+    for (int j = 0; j < NP; ++j)
+      _mm512_store_ps(tile + (r * NP + j) * kPanelCols,
+                      t.accumulate ? _mm512_maskz_loadu_ps(mask[j], t.y + r * t.ld_y + 16 * j) : _mm512_setzero_ps());
+  __m512 acc[MR][NP];
 #pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
-  const int64_t q = kc / kStreams;
-  for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
-    const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
-    for (int64_t i = i0; i < i1; ++i) {
-#pragma GCC unroll 4
-      for (int s = 0; s < kStreams; ++s) {
-        const int64_t kk = s * q + i;
-        if (stream) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
-        fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
-      }
-    }
-    add_to<MR>(tile, acc);
-  }
-  for (int64_t kk = kStreams * q; kk < kc; ++kk) fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
-  add_to<MR>(tile, acc);
-  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(y + r * ld_y, mask, _mm512_load_ps(tile + r * kPanelCols));
-}
-
-// The same for MR rows against two neighbouring panels (32 columns): 2 x MR
-// accumulators, so each broadcast feeds 2 FMAs. For MR = 12: 24 FMAs per 14 loads,
-// where one panel's 16 rows make 16 FMAs per 17 loads and are bound by loads once
-// the weight is in cache (large M).
-template <int MR, typename W>
-void chunk_pair(const PanelTask& t) {
-  const float* x = t.x;
-  const W* panel = static_cast<const W*>(t.panel);
-  const int64_t kc = t.kc, ld_y = t.ld_y, cols = t.cols;
-  float* y = t.y;
-  const bool stream = t.stream, accumulate = t.accumulate;
-  const __mmask16 mask0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
-  const __mmask16 mask1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
-  const W* other = panel + t.panel_stride;
-  alignas(64) float tile[MR * 2 * kPanelCols];
-  for (int r = 0; r < MR; ++r) {
-    float* t = tile + r * 2 * kPanelCols;
-    _mm512_store_ps(t, accumulate ? _mm512_maskz_loadu_ps(mask0, y + r * ld_y) : _mm512_setzero_ps());
-    _mm512_store_ps(t + 16, accumulate ? _mm512_maskz_loadu_ps(mask1, y + r * ld_y + 16) : _mm512_setzero_ps());
-  }
-  __m512 acc[MR][2];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_setzero_ps();
   const auto step = [&](int64_t kk) {
-    const __m512 w0 = load_w(panel + kk * kPanelCols), w1 = load_w(other + kk * kPanelCols);
+    __m512 w[NP];
+    for (int j = 0; j < NP; ++j) w[j] = load_w(panel[j] + kk * kPanelCols);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const __m512 b = _mm512_set1_ps(x[kk * MR + r]);
-      acc[r][0] = _mm512_fmadd_ps(w0, b, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(w1, b, acc[r][1]);
+      for (int j = 0; j < NP; ++j) acc[r][j] = _mm512_fmadd_ps(w[j], b, acc[r][j]);
     }
   };
   const auto flush = [&] {
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
-      for (int h = 0; h < 2; ++h) {
-        float* t = tile + r * 2 * kPanelCols + 16 * h;
-        _mm512_store_ps(t, _mm512_add_ps(_mm512_load_ps(t), acc[r][h]));
-        acc[r][h] = _mm512_setzero_ps();
+      for (int j = 0; j < NP; ++j) {
+        float* sums = tile + (r * NP + j) * kPanelCols;
+        _mm512_store_ps(sums, _mm512_add_ps(_mm512_load_ps(sums), acc[r][j]));
+        acc[r][j] = _mm512_setzero_ps();
       }
   };
-  const int64_t q = kc / kStreams;
+  const int64_t q = t.kc / kStreams;
   for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
     const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
     for (int64_t i = i0; i < i1; ++i) {
 #pragma GCC unroll 4
       for (int s = 0; s < kStreams; ++s) {
         const int64_t kk = s * q + i;
-        if (stream) {
-          _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(other + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
-        }
+        if (t.stream)
+          for (int j = 0; j < NP; ++j)
+            _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
         step(kk);
       }
     }
     flush();
   }
-  for (int64_t kk = kStreams * q; kk < kc; ++kk) step(kk);
+  for (int64_t kk = kStreams * q; kk < t.kc; ++kk) step(kk);
   flush();
-  for (int r = 0; r < MR; ++r) {
-    _mm512_mask_storeu_ps(y + r * ld_y, mask0, _mm512_load_ps(tile + r * 2 * kPanelCols));
-    _mm512_mask_storeu_ps(y + r * ld_y + 16, mask1, _mm512_load_ps(tile + r * 2 * kPanelCols + 16));
-  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NP; ++j)
+      _mm512_mask_storeu_ps(t.y + r * t.ld_y + 16 * j, mask[j], _mm512_load_ps(tile + (r * NP + j) * kPanelCols));
+}
+
+template <int MR, typename W>
+void chunk_panel(const PanelTask& t) {
+  chunk_panels<MR, 1, W>(t);
+}
+template <int MR, typename W>
+void chunk_pair(const PanelTask& t) {
+  chunk_panels<MR, 2, W>(t);
 }
 
 // By rows - 1. (Plain arrays: std::array's inline members instantiated here with
