@@ -69,7 +69,7 @@ TEST_CASE("the quantized-layer check passes for the unquantized method at TP 1-4
 }
 
 TEST_CASE("unquantized layers match the float64 reference at TP 1-4 at every CPU GEMM's M (float32, bfloat16)",
-          "[quant][layers]") {
+          "[quant][layers][cpu_gemm_layers]") {
   // M = 1: the own GEMV; 5 and 40: the panels kernel on Intel (one chunk / several,
   // AVX-512's panel pairs), gemv or oneDNN on AMD, at::linear with AMX bf16; 80: past the
   // panels, at::linear, oneDNN or bf16_tiles by CPU and dtype
