@@ -102,13 +102,12 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 /// (one streaming pass over W); on Intel CPUs the panels kernel for float32 up to
 /// kCpuPanelsMaxM rows; gemv up to kCpuGemvMaxMBlocked where no packed copy may be kept
 /// (or on AMD) and for bfloat16 without bf16 arithmetic (W blocks reused from L2).
-/// MKL's packed SGEMM (kept for forcing and comparison) is worth its ~8 MB of fixed
-/// overhead only on weights of at least kCpuMklPackedMinBytes.
+/// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
+/// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;
 constexpr int64_t kCpuPanelsMaxM = 64;
 constexpr int64_t kCpuGemvMaxMBlocked = 16;
 constexpr int64_t kCpuBf16LinearMaxM = 16;
-constexpr int64_t kCpuMklPackedMinBytes = int64_t{16} << 20;
 
 /// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may
 /// run concurrently; a stale prepacked weight is rebuilt under a lock.

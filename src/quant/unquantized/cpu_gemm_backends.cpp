@@ -415,7 +415,7 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
     // chunks in K steps of 256-1024 rows, so that the first chunk's reads from memory
     // would overlap the others' FMAs, was 5-25 % slower at M = 8 and 16 with AVX2.)
     at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; p += width_at(p, p1)) step(p, width_at(p, p1), 0, k);
+      for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), 0, k);
     });
   } else {
     // Large M: K blocks whose slice of x (M x kc floats) stays in L2 while every panel of
@@ -423,7 +423,7 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
     const int64_t kc = std::max<int64_t>(256, kXBlockBytes / (m * 4) / 64 * 64);
     at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
       for (int64_t k0 = 0; k0 < k; k0 += kc)
-        for (int64_t p = p0; p < p1; p += width_at(p, p1)) step(p, width_at(p, p1), k0, std::min(kc, k - k0));
+        for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), k0, std::min(kc, k - k0));
     });
   }
   return y;

@@ -71,6 +71,8 @@ void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* 
 void pack_panels_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ld_w, uint16_t* panels, int64_t p0, int64_t p1,
                       bool halves_interleaved);
 /// x[m, k] (row stride ld_x) into the chunked layout above, max_rows rows per chunk.
+/// (Not common/cpu_panel_gemm.h's panel_pack_x: that one cuts fixed blocks of its own
+/// tile's 6 / 8 rows, zero-padding the last; these chunks are 16 / 12 / 6 rows, balanced.)
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out);
 
 /// One call of a panel kernel: a chunk of `rows` x rows (1..kPanelRows* of the ISA)
