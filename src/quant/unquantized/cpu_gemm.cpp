@@ -137,9 +137,15 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     but its copy of W would be a second one next to the panels (a layer keeps one:
 //     cpu_gemm.h), and the panels kernel is 0.9-1.05x there. Capped to AVX2, at::linear
 //     is at 97 % of the FMA ceiling at M = 256 (MKL's packed SGEMM 1.02x, oneDNN 0.86x).
-//   float32 on AMD: gemv to M = 16, oneDNN above: issue 17's Zen 3 figures (oneDNN 1.9x
-//     at::linear at M = 16, vLLM's oneDNN layers 1.1-1.2x at M = 256; MKL's kernels for
-//     AMD trail), not measured here; the panels kernel has not met an AMD CPU.
+//   float32 on AMD (Zen 4 VM, 2 threads, 11008 x 4096 and 4096 x 14336, plus 4096 x
+//     4096 and 6144 x 4096 at M = 96 and 256; 2026-12-02): MKL's SGEMM is far behind
+//     there (M = 4 42 ms where gemv takes 7.5 ms), so every row is an own kernel or
+//     oneDNN. Panels from M = 5 to any M, the layer's one packed copy: AVX-512 M = 8
+//     3.0-4.95x at::linear, 16 3.5-5.1x, 64 2.2-2.5x (oneDNN 2.4-4.6x, 2.5-3.8x,
+//     2.1-2.8x), M = 96 level with oneDNN, M = 256 1.4-1.75x (oneDNN 5-11 % faster:
+//     1.6-1.9x); capped to AVX2, panels 1.1-4.2x at::linear at M = 8-256, level with or
+//     ahead of oneDNN (capped too: 0.9-1.5x) in all but one run at M = 256. Without packs, gemv at
+//     every M: 1.2-1.55x at::linear at M = 96-256 in both ISAs.
 //   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
@@ -150,6 +156,8 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     capped to AVX2; gemv was 1.1-1.3x at M = 8-16, bf16_tiles 0.8x at 32);
 //     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).
 //     bf16 with AMX keeps at::linear to M = 16: there the panels kernel is 0.86-1.1x.
+//     On AMD with AVX512_BF16 (Zen 4) oneDNN's packed weight is ahead from M = 5: 1.36-
+//     1.59x at::linear at M = 16, 1.14-1.17x at 64, 1.06x at 256 (panels 1.1-1.2x at 16).
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
@@ -158,16 +166,14 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {
     if (p.native_bf16) {
-      if (p.m <= kCpuBf16LinearMaxM || !onednn) return CpuGemmBackend::kAtLinear;
+      if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return CpuGemmBackend::kAtLinear;
       return CpuGemmBackend::kOneDnn;
     }
     if (p.allow_packs && p.m <= kCpuPanelsMaxM) return CpuGemmBackend::kPanels;
     return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
   }
-  if (p.amd) {
-    if (p.m <= kCpuGemvMaxMBlocked) return CpuGemmBackend::kGemv;
-    return onednn ? CpuGemmBackend::kOneDnn : CpuGemmBackend::kAtLinear;
-  }
+  // AMD: MKL's SGEMM trails every other backend there, at every M.
+  if (p.amd) return p.allow_packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
   if (p.allow_packs) return p.m <= kCpuPanelsMaxM ? CpuGemmBackend::kPanels : CpuGemmBackend::kAtLinear;
   return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kAtLinear;
 }

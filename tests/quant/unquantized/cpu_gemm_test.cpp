@@ -398,16 +398,17 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
   // float32 on Intel: the panels kernel for 4 < M <= 64, then at::linear (one packed
-  // copy per layer: not oneDNN's too); on AMD gemv to M = 16, then oneDNN.
+  // copy per layer: not oneDNN's too); on AMD, where MKL's SGEMM trails, the panels
+  // kernel for every M past gemv's.
   for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     for (const int64_t m : {5, 16, 17, 64})
       REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
     for (const int64_t m : {65, 256})
       REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kAtLinear);
+    for (const int64_t m : {5, 16, 64, 65, 256, 4096})
+      REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kPanels);
+    REQUIRE(pick(4, at::kFloat, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
   }
-  REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);
-  REQUIRE(pick(64, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kOneDnn);
-  REQUIRE(pick(256, at::kFloat, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kOneDnn);
   // Small weights too: the panels are W's size, with no fixed overhead.
   p.n = 40, p.k = 24;
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kPanels);
@@ -417,13 +418,20 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
-  REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kAtLinear);
+  // AMD: gemv at every M (MKL's SGEMM is slower there even at M = 256).
+  for (const int64_t m : {5, 32, 256})
+    REQUIRE(pick(m, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
+  REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kAtLinear);
   p.allow_packs = true;
-  // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above.
+  // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above; on AMD (AVX512_BF16,
+  // no AMX) oneDNN from M = 5.
   REQUIRE(pick(8, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(16, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(32, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kOneDnn);
+  REQUIRE(pick(4, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kGemv);
+  for (const int64_t m : {5, 16, 256})
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kOneDnn);
   // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs: the panels kernel to
   // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles.
   for (const bool packs : {true, false}) {
