@@ -318,7 +318,10 @@ at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std
       return onednn_linear(x2d, packed(backend),
                            has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
     case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
-    case CpuGemmBackend::kPanels: y = panels_linear(x2d, packed(backend), weight_.size(0), cpu_isa()); break;
+    case CpuGemmBackend::kPanels:
+      y = panels_linear(x2d, packed(backend), weight_.size(0), cpu_isa(),
+                        amd_cpu() ? kPanelXBlockBytesAmd : kPanelXBlockBytes);
+      break;
     case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
     case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;
     case CpuGemmBackend::kAtLinear: return at::linear(x2d, weight_, bias);

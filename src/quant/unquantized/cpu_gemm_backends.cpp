@@ -369,7 +369,8 @@ at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa) {
   return out;
 }
 
-at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t n, CpuIsa isa) {
+at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t n, CpuIsa isa,
+                         int64_t x_block_bytes) {
   TORCH_INTERNAL_ASSERT(isa != CpuIsa::kScalar, "panels_linear: AVX2 or AVX-512");
   const auto x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
   const int64_t m = x.size(0), k = x.size(1), count = panels.size(0);
@@ -409,8 +410,7 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
   const auto width_at = [&](int64_t p, int64_t p1) -> int64_t { return pairs && p + 1 < p1 ? 2 : 1; };
   // Tasks of at least ~64 KiB of panels, as gemv_linear's.
   const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * kPanelCols * elem));
-  constexpr int64_t kXBlockBytes = int64_t{512} << 10;
-  if (m * k * 4 <= kXBlockBytes) {
+  if (m * k * 4 <= x_block_bytes) {
     // x stays in L2: each panel over all of K, chunk after chunk. (Interleaving the
     // chunks in K steps of 256-1024 rows, so that the first chunk's reads from memory
     // would overlap the others' FMAs, was 5-25 % slower at M = 8 and 16 with AVX2.)
@@ -418,9 +418,10 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
       for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), 0, k);
     });
   } else {
-    // Large M: K blocks whose slice of x (M x kc floats) stays in L2 while every panel of
-    // the task passes over it; a multiple of 64, keeping the kernel's 4 K streams whole.
-    const int64_t kc = std::max<int64_t>(256, kXBlockBytes / (m * 4) / 64 * 64);
+    // Large M: K blocks whose slice of x (M x kc floats, ~x_block_bytes) is reused from
+    // cache while every panel of the task passes over it; a multiple of 64, keeping the
+    // kernel's 4 K streams whole.
+    const int64_t kc = std::max<int64_t>(256, x_block_bytes / (m * 4) / 64 * 64);
     at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
       for (int64_t k0 = 0; k0 < k; k0 += kc)
         for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), k0, std::min(kc, k - k0));

@@ -135,7 +135,7 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
   // float32 and bfloat16 panels (the latter widened exactly: the same float32 bound).
   // M: one row, a 3-row chunk, one full AVX-512 chunk (16) and AVX2's 6 + 5 + 5,
   // 17 = 9 + 8, and 40 rows (AVX-512: 12-row chunks on panel pairs; 40 x 4096 floats of
-  // x is past the 512 KiB K block, so K comes in blocks whose sums add into y). N off
+  // x is past Intel's 512 KiB K block, so K comes in blocks whose sums add into y). N off
   // the 16 columns of a panel and odd panel counts (a pair and a single one); K off
   // the 4 interleaved streams.
   uint64_t seed = 300;
@@ -152,9 +152,14 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
           INFO("isa " << tp::detail::to_string(isa) << " " << c10::toString(dtype) << " M=" << m << " N=" << s.n
                       << " K=" << s.k);
           const auto x = tp::test::randn({m, s.k}, seed++).to(dtype);
-          const auto y = tp::detail::panels_linear(x, panels, s.n, isa);
-          REQUIRE(y.scalar_type() == at::kFloat);
-          require_within_bound(y, x.to(at::kFloat), w.to(at::kFloat));
+          // The K block of Intel and of AMD, and 16 KiB: blocks of 256 k from M = 16.
+          for (const int64_t x_block :
+               {tp::detail::kPanelXBlockBytes, tp::detail::kPanelXBlockBytesAmd, int64_t{16} << 10}) {
+            INFO("x block " << x_block << " bytes");
+            const auto y = tp::detail::panels_linear(x, panels, s.n, isa, x_block);
+            REQUIRE(y.scalar_type() == at::kFloat);
+            require_within_bound(y, x.to(at::kFloat), w.to(at::kFloat));
+          }
         }
       }
     }
