@@ -5,9 +5,15 @@
 Each rank is a fresh process (start method "spawn"), joins a gloo group
 (init_process_group on 127.0.0.1 and a free port), calls ``fn`` and sends back its
 return value. If any rank fails, RankError carries every failing rank's traceback.
+
+A return value travels as torch.save bytes, never as a pickled tensor: torch's
+multiprocessing pickler shares a CPU tensor's storage by a file descriptor that the
+parent fetches from the sending process, and a rank that has already exited is no
+longer there to hand it over (FileNotFoundError in rebuild_storage_fd, seen in a fresh-clone test run).
 """
 
 import datetime
+import io
 import multiprocessing
 import os
 import queue as queue_module
@@ -47,7 +53,9 @@ def _entry(rank, world, port, fn, args, results):
             "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COMM_TIMEOUT_S)
         )
         try:
-            results.put((rank, True, fn(rank, world, *args)))
+            value = io.BytesIO()
+            torch.save(fn(rank, world, *args), value)
+            results.put((rank, True, value.getvalue()))
         finally:
             if dist.is_initialized():  # fn may have destroyed it itself
                 dist.destroy_process_group()
@@ -71,7 +79,12 @@ def run(world: int, fn, *args, timeout: float = 180.0):
             except queue_module.Empty:
                 missing = sorted(set(range(world)) - set(values) - set(errors))
                 raise RankError(f"ranks {missing} of world_size {world} did not finish within {timeout} s")
-            (values if ok else errors)[rank] = value
+            if ok:
+                import torch
+
+                values[rank] = torch.load(io.BytesIO(value), weights_only=False)
+            else:
+                errors[rank] = value
             if errors:
                 break  # the other ranks may be blocked on the failed one
     finally:
