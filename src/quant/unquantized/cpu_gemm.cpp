@@ -142,10 +142,11 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     there (M = 4 42 ms where gemv takes 7.5 ms), so every row is an own kernel or
 //     oneDNN. Panels from M = 5 to any M, the layer's one packed copy: AVX-512 M = 8
 //     3.0-4.95x at::linear, 16 3.5-5.1x, 64 2.2-2.5x (oneDNN 2.4-4.6x, 2.5-3.8x,
-//     2.1-2.8x), M = 96 level with oneDNN, M = 256 1.4-1.75x (oneDNN 5-11 % faster:
-//     1.6-1.9x); capped to AVX2, panels 1.1-4.2x at::linear at M = 8-256, level with or
-//     ahead of oneDNN (capped too: 0.9-1.5x) in all but one run at M = 256. Without packs, gemv at
-//     every M: 1.2-1.55x at::linear at M = 96-256 in both ISAs.
+//     2.1-2.8x), M = 96 level with oneDNN, M = 256 1.4-1.85x (oneDNN 2-7 % faster with
+//     AMD's 2 MiB x slices, kPanelXBlockBytesAmd; 5-11 % with 512 KiB); capped to AVX2,
+//     panels 1.1-4.2x at::linear at M = 8-256, level with or ahead of oneDNN (capped
+//     too: 0.9-1.5x) in all but one run at M = 256. Without packs, gemv at every M:
+//     1.2-1.55x at::linear at M = 96-256 in both ISAs.
 //   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
