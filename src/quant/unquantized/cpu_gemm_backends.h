@@ -49,7 +49,7 @@ at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa);
 /// than this, each block's slice of x is about this size. On Intel (2 MiB L2 on
 /// Sapphire Rapids) a 512 KiB slice stays in L2 while the panels pass over it. On Zen 4
 /// (1 MiB L2) a 2 MiB slice was 4-6 % faster at M = 256 (fewer passes over y, longer K
-/// streams; the slice's sequential reads are prefetched from L3): 0.98-1.06x oneDNN's
+/// streams; the slice's sequential reads are prefetched from L3): 0.98-1.07x oneDNN's
 /// time against 1.06-1.14x (28672 x 4096, 4096 x 14336, 6144 x 4096, 2 threads), and
 /// level at M = 64.
 constexpr int64_t kPanelXBlockBytes = int64_t{512} << 10;
