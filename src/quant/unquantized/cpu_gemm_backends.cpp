@@ -112,14 +112,19 @@ void pack_panels_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ld_w, uin
 
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out) {
   const int64_t chunks = panel_chunks(m, max_rows);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t r0 = panel_chunk_begin(m, chunks, c), rows = panel_chunk_begin(m, chunks, c + 1) - r0;
-    float* chunk = out + r0 * k;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = x + (r0 + r) * ld_x;
-      for (int64_t kk = 0; kk < k; ++kk) chunk[kk * rows + r] = xr[kk];
+  // Threaded over chunks at large M (256 x 14336 floats took ~3 % of the GEMM's time on
+  // one thread while the other waited).
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, max_rows * k));
+  at::parallel_for(0, chunks, grain, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = panel_chunk_begin(m, chunks, c), rows = panel_chunk_begin(m, chunks, c + 1) - r0;
+      float* chunk = out + r0 * k;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = x + (r0 + r) * ld_x;
+        for (int64_t kk = 0; kk < k; ++kk) chunk[kk * rows + r] = xr[kk];
+      }
     }
-  }
+  });
 }
 
 // ---- oneDNN ----------------------------------------------------------------------------
@@ -389,8 +394,14 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
   const int64_t elem = panels.element_size();
   float* yp = y.mutable_data_ptr<float>();
   const int64_t chunks = panel_chunks(m, max_rows);
-  // Every chunk of x against panels [p, p + width) over K rows [k0, k0 + kb).
-  const auto step = [&](int64_t p, int64_t width, int64_t k0, int64_t kb) {
+  // Every chunk of x against panels [p, p + width) over K rows [k0, k0 + kb). With a
+  // `next` task (large M), chunks 1..kPrefetchChunks pull its panels into L2 in equal
+  // slices, and only the thread's first task streams its own from memory (chunk 0).
+  struct Next {
+    int64_t p = -1, k0 = 0, kb = 0;
+  };
+  constexpr int64_t kPrefetchChunks = 8;
+  const auto step = [&](int64_t p, int64_t width, int64_t k0, int64_t kb, const Next& next, bool first) {
     PanelTask t;
     t.panel = pp + (p * k + k0) * kPanelCols * elem;
     t.panel_stride = k * kPanelCols;
@@ -403,7 +414,17 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
       t.rows = panel_chunk_begin(m, chunks, c + 1) - r0;
       t.x = xp + r0 * k + k0 * t.rows;
       t.y = yp + r0 * n + p * kPanelCols;
-      t.stream = c == 0;
+      t.stream = c == 0 && (first || chunks < 2);  // else the previous task fetched this one's panels
+      const int64_t sharers = std::min(kPrefetchChunks, chunks - 1);
+      if (next.p >= 0 && c >= 1 && c <= sharers) {
+        const int64_t bytes = next.kb * kPanelCols * elem, slice = (bytes + sharers - 1) / sharers;
+        const int64_t begin = std::min(bytes, (c - 1) * slice);
+        t.prefetch_next = pp + (next.p * k + next.k0) * kPanelCols * elem + begin;
+        t.prefetch_bytes = std::min(slice, bytes - begin);
+      } else {
+        t.prefetch_next = nullptr;
+        t.prefetch_bytes = 0;
+      }
       (width == 2 ? pair : chunk)(t);
     }
   };
@@ -415,7 +436,7 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
     // chunks in K steps of 256-1024 rows, so that the first chunk's reads from memory
     // would overlap the others' FMAs, was 5-25 % slower at M = 8 and 16 with AVX2.)
     at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), 0, k);
+      for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), 0, k, Next{}, true);
     });
   } else {
     // Large M: K blocks whose slice of x (M x kc floats, ~x_block_bytes) is reused from
@@ -424,7 +445,15 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
     const int64_t kc = std::max<int64_t>(256, x_block_bytes / (m * 4) / 64 * 64);
     at::parallel_for(0, count, grain, [&](int64_t p0, int64_t p1) {
       for (int64_t k0 = 0; k0 < k; k0 += kc)
-        for (int64_t p = p0, w = 0; p < p1; p += w) step(p, w = width_at(p, p1), k0, std::min(kc, k - k0));
+        for (int64_t p = p0, w = 0; p < p1; p += w) {
+          w = width_at(p, p1);
+          Next next;  // the thread's next task: the next panels of this K block, or the first of the next block
+          if (p + w < p1)
+            next = Next{p + w, k0, std::min(kc, k - k0)};
+          else if (k0 + kc < k)
+            next = Next{p0, k0 + kc, std::min(kc, k - k0 - kc)};
+          step(p, w, k0, std::min(kc, k - k0), next, k0 == 0 && p == p0);
+        }
     });
   }
   return y;

@@ -95,6 +95,12 @@ struct PanelTask {
   /// over their steps, was 15-20 % slower at M = 16 on AVX2, one thread: the
   /// prefetches take the fill buffers the L2 -> L1 loads need.)
   bool stream = false;
+  /// Large M (panels_linear's K blocks): bytes of the next task's panels that this
+  /// chunk pulls into L2 while it computes (from prefetch_next, and as much again
+  /// panel_stride further for the second panel of a pair), so that the next task's first
+  /// chunk finds its weights in cache instead of waiting on memory. nullptr: none.
+  const void* prefetch_next = nullptr;
+  int64_t prefetch_bytes = 0;
 };
 
 void panel_chunk_f32_avx2(const PanelTask& t);
@@ -105,6 +111,23 @@ void panel_chunk_bf16_avx512(const PanelTask& t);
 /// one panel's 16 x 16 block is bound by loads).
 void panel_pair_f32_avx512(const PanelTask& t);
 void panel_pair_bf16_avx512(const PanelTask& t);
+
+/// The pair kernel's float32 register tile for 10-12 rows, in assembly
+/// (panel_tile_avx512.cpp): tile[r, j] += sum over `steps` k of x[kk * rows + r] *
+/// w[kk * 16 + j] (j < 16) or w[panel_stride + kk * 16 + j - 16] (j >= 16), for the
+/// tile's rows x 32 floats; meanwhile one 64-byte line at `prefetch` (and panel_stride
+/// floats on) per two steps goes to L2, the address advancing prefetch_inc bytes.
+struct PanelTileArgs {
+  int64_t rows = 0;  ///< 10, 11 or 12
+  const float* x = nullptr;
+  const float* w = nullptr;
+  int64_t panel_stride = 0;  ///< floats
+  int64_t steps = 0;
+  float* tile = nullptr;
+  const char* prefetch = nullptr;  ///< never null: an address already in cache when there is nothing to fetch
+  int64_t prefetch_inc = 0;
+};
+void panel_pair_tile_f32_avx512(const PanelTileArgs& a);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

@@ -67,14 +67,28 @@ void chunk_panel(const PanelTask& t) {
   // K would lose ~sqrt(K / 512) times more to rounding.
   alignas(64) float tile[MR * kPanelCols];
   for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < kPanelCols; ++j) tile[r * kPanelCols + j] = accumulate && j < cols ? y[r * ld_y + j] : 0.0f;
+    for (int64_t j = 0; j < kPanelCols; ++j) tile[r * kPanelCols + j] = 0.0f;
+  // y, where the chunk adds its sums to an earlier K block's: requested now, read at the
+  // end (it is re-read once per K block, from the last-level cache or memory).
+  if (accumulate)
+    for (int r = 0; r < MR; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(y + r * ld_y), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(y + r * ld_y + kPanelCols - 1), _MM_HINT_T0);
+    }
   __m256 acc[MR][2];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int64_t q = kc / kStreams;
+  // The next task's panel (cpu_gemm_kernels.h), spread evenly over the quarter steps.
+  const char* next = static_cast<const char*>(t.prefetch_next);
+  const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
   for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
     const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
     for (int64_t i = i0; i < i1; ++i) {
+      if (next) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += next_inc;
+      }
 #pragma GCC unroll 4
       for (int s = 0; s < kStreams; ++s) {
         const int64_t kk = s * q + i;
@@ -87,7 +101,8 @@ void chunk_panel(const PanelTask& t) {
   for (int64_t kk = kStreams * q; kk < kc; ++kk) fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
   add_to<MR>(tile, acc);
   for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < cols; ++j) y[r * ld_y + j] = tile[r * kPanelCols + j];
+    for (int64_t j = 0; j < cols; ++j)
+      y[r * ld_y + j] = tile[r * kPanelCols + j] + (accumulate ? y[r * ld_y + j] : 0.0f);
 }
 
 // By rows - 1. (Plain arrays: std::array's inline members instantiated here with

@@ -33,6 +33,24 @@ inline __m512 load_w(const uint16_t* w) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), 16));
 }
 
+// y, where a chunk adds its sums to an earlier K block's (t.accumulate): requested
+// into L1 when the chunk starts and read when it ends, so the chunk does not wait on
+// it (y is re-read once per K block, from the last-level cache or memory).
+inline void prefetch_y(const PanelTask& t, int np) {
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int j = 0; j < np; ++j) _mm_prefetch(reinterpret_cast<const char*>(t.y + r * t.ld_y + 16 * j), _MM_HINT_T0);
+}
+// y = tile (+ y): the chunk's rows x np panels of sums, columns within N only.
+inline void store_y(const PanelTask& t, const float* tile, int np, const __mmask16* mask) {
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int j = 0; j < np; ++j) {
+      float* y = t.y + r * t.ld_y + 16 * j;
+      __m512 v = _mm512_load_ps(tile + (r * np + j) * kPanelCols);
+      if (t.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[j], y));
+      _mm512_mask_storeu_ps(y, mask[j], v);
+    }
+}
+
 // MR rows of x against NP neighbouring panels (NP x 16 columns of y): MR x NP
 // accumulators. One panel (NP = 1, up to 16 rows) makes 16 FMAs per 17 loads; two
 // (NP = 2, up to 12 rows) 24 FMAs per 14 loads, for large M, where the weight is in
@@ -51,9 +69,8 @@ void chunk_panels(const PanelTask& t) {
   // K would lose ~sqrt(K / 512) times more to rounding.
   alignas(64) float tile[MR * NP * kPanelCols];
   for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NP; ++j)
-      _mm512_store_ps(tile + (r * NP + j) * kPanelCols,
-                      t.accumulate ? _mm512_maskz_loadu_ps(mask[j], t.y + r * t.ld_y + 16 * j) : _mm512_setzero_ps());
+    for (int j = 0; j < NP; ++j) _mm512_store_ps(tile + (r * NP + j) * kPanelCols, _mm512_setzero_ps());
+  if (t.accumulate) prefetch_y(t, NP);
   __m512 acc[MR][NP];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
@@ -77,9 +94,17 @@ void chunk_panels(const PanelTask& t) {
       }
   };
   const int64_t q = t.kc / kStreams;
+  // The next task's panels (cpu_gemm_kernels.h), spread evenly over the quarter steps.
+  const char* next = static_cast<const char*>(t.prefetch_next);
+  const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
+  const int64_t next_stride = t.panel_stride * static_cast<int64_t>(sizeof(W));
   for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
     const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
     for (int64_t i = i0; i < i1; ++i) {
+      if (next) {
+        for (int j = 0; j < NP; ++j) _mm_prefetch(next + j * next_stride, _MM_HINT_T1);
+        next += next_inc;
+      }
 #pragma GCC unroll 4
       for (int s = 0; s < kStreams; ++s) {
         const int64_t kk = s * q + i;
@@ -93,9 +118,40 @@ void chunk_panels(const PanelTask& t) {
   }
   for (int64_t kk = kStreams * q; kk < t.kc; ++kk) step(kk);
   flush();
-  for (int r = 0; r < MR; ++r)
-    for (int j = 0; j < NP; ++j)
-      _mm512_mask_storeu_ps(t.y + r * t.ld_y + 16 * j, mask[j], _mm512_load_ps(tile + (r * NP + j) * kPanelCols));
+  store_y(t, tile, NP, mask);
+}
+
+// A float32 chunk of 10-12 rows whose panels are in cache (not its task's first chunk,
+// which streams them from memory through chunk_panels' 4 K streams): the assembly
+// tile, one call per 512 k (the same partial sums as chunk_panels' flush), while it
+// pulls t.prefetch_bytes of the next task's panels into L2, spread over its steps.
+void pair_by_tile(const PanelTask& t) {
+  const float* panel = static_cast<const float*>(t.panel);
+  __mmask16 mask[2];
+  for (int j = 0; j < 2; ++j) {
+    const int64_t cols = t.cols - 16 * j;
+    mask[j] = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : cols <= 0 ? 0u : (1u << cols) - 1u);
+  }
+  alignas(64) float tile[kPanelPairRowsAvx512 * 2 * kPanelCols];
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int j = 0; j < 2; ++j) _mm512_store_ps(tile + (2 * r + j) * kPanelCols, _mm512_setzero_ps());
+  if (t.accumulate) prefetch_y(t, 2);
+  PanelTileArgs a;
+  a.rows = t.rows;
+  a.panel_stride = t.panel_stride;
+  a.tile = tile;
+  a.prefetch = t.prefetch_next ? static_cast<const char*>(t.prefetch_next) : static_cast<const char*>(t.panel);
+  const int64_t iterations = t.kc / 2;
+  a.prefetch_inc = t.prefetch_next && iterations > 0 ? (t.prefetch_bytes + iterations - 1) / iterations : 0;
+  constexpr int64_t kBlock = kStreams * kSumSteps;
+  for (int64_t k0 = 0; k0 < t.kc; k0 += kBlock) {
+    a.x = t.x + k0 * t.rows;
+    a.w = panel + k0 * kPanelCols;
+    a.steps = t.kc - k0 < kBlock ? t.kc - k0 : kBlock;
+    panel_pair_tile_f32_avx512(a);
+    a.prefetch += a.steps / 2 * a.prefetch_inc;
+  }
+  store_y(t, tile, 2, mask);
 }
 
 template <int MR, typename W>
@@ -104,6 +160,9 @@ void chunk_panel(const PanelTask& t) {
 }
 template <int MR, typename W>
 void chunk_pair(const PanelTask& t) {
+  if constexpr (MR >= 10 && sizeof(W) == sizeof(float)) {
+    if (!t.stream) return pair_by_tile(t);
+  }
   chunk_panels<MR, 2, W>(t);
 }
 

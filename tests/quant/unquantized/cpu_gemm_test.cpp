@@ -134,10 +134,12 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
           "[quant][cpu_kernels]") {
   // float32 and bfloat16 panels (the latter widened exactly: the same float32 bound).
   // M: one row, a 3-row chunk, one full AVX-512 chunk (16) and AVX2's 6 + 5 + 5,
-  // 17 = 9 + 8, and 40 rows (AVX-512: 12-row chunks on panel pairs; 40 x 4096 floats of
-  // x is past Intel's 512 KiB K block, so K comes in blocks whose sums add into y). N off
-  // the 16 columns of a panel and odd panel counts (a pair and a single one); K off
-  // the 4 interleaved streams.
+  // 17 = 9 + 8, and from 24 rows AVX-512's chunks on panel pairs: 24 = 12 + 12, 33 = 3 x
+  // 11, 40 = 4 x 10 and 70 = 12 + 12 + 12 + 12 + 11 + 11, which all but the first chunk of
+  // a task run in the assembly tile (40 x 4096 floats of x is past Intel's 512 KiB K block,
+  // so K comes in blocks whose sums add into y while the next task's panels are
+  // prefetched). N off the 16 columns of a panel and odd panel counts (a pair and a single
+  // one); K off the 4 interleaved streams and odd (the tile's single last step).
   uint64_t seed = 300;
   for (const CpuIsa isa : isas_here()) {
     if (isa == CpuIsa::kScalar) continue;
@@ -148,7 +150,7 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
         const auto panels = tp::detail::panels_pack(w, isa);
         REQUIRE(panels.sizes() == c10::IntArrayRef({(s.n + 15) / 16, s.k, 16}));
         REQUIRE(panels.scalar_type() == dtype);
-        for (const int64_t m : {1, 3, 16, 17, 40}) {
+        for (const int64_t m : {1, 3, 16, 17, 24, 33, 40, 70}) {
           INFO("isa " << tp::detail::to_string(isa) << " " << c10::toString(dtype) << " M=" << m << " N=" << s.n
                       << " K=" << s.k);
           const auto x = tp::test::randn({m, s.k}, seed++).to(dtype);
