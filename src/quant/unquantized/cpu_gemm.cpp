@@ -95,6 +95,7 @@ CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType 
   const auto& f = cpu_features();
   // TP_CPU_ISA=avx2 stands for a machine without AVX-512, hence without its bf16 too.
   p.native_bf16 = p.isa == CpuIsa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
+  p.amx_bf16 = p.isa == CpuIsa::kAvx512 && f.amx_bf16;
   p.amd = amd_cpu();
   p.threads = at::get_num_threads();
   p.onednn = onednn_supports(dtype);
@@ -159,6 +160,12 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     bf16 with AMX keeps at::linear to M = 16: there the panels kernel is 0.86-1.1x.
 //     On AMD with AVX512_BF16 (Zen 4) oneDNN's packed weight is ahead from M = 5: 1.36-
 //     1.59x at::linear at M = 16, 1.14-1.17x at 64, 1.06x at 256 (panels 1.1-1.2x at 16).
+//     On Intel with AVX512_BF16 but no AMX (an Emerald Rapids VM that does not expose
+//     AMX, 2026-12-02; Cooper Lake is the same ISA) the bf16 arithmetic does not pay:
+//     11008 x 4096 and 4096 x 14336, 2 threads, the panels kernel on bf16 panels was
+//     1.95-2.1x at::linear bf16 at M = 8-16, 1.4-1.6x at 32-64 (oneDNN 1.09-1.29x, gemv
+//     1.07-1.34x), and bf16_tiles / panels 1.3-1.5x at 256 (oneDNN 1.02-1.06x): the rows
+//     without bf16 arithmetic.
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
@@ -166,7 +173,8 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.m <= kCpuGemvMaxM) return CpuGemmBackend::kGemv;
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {
-    if (p.native_bf16) {
+    // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
+    if (p.native_bf16 && (p.amx_bf16 || p.amd)) {
       if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return CpuGemmBackend::kAtLinear;
       return CpuGemmBackend::kOneDnn;
     }

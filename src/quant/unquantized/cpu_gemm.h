@@ -70,6 +70,7 @@ struct CpuGemmProblem {
   at::ScalarType dtype = at::kFloat;  ///< of x and W (float32 or bfloat16)
   CpuIsa isa = CpuIsa::kScalar;       ///< cpu_isa(): what own kernels may use
   bool native_bf16 = false;           ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
+  bool amx_bf16 = false;              ///< of which AMX's bf16 tiles (Intel, Sapphire Rapids on)
   bool amd = false;                   ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
   int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
   bool onednn = false;                ///< ATen's oneDNN ops take this dtype here
@@ -102,8 +103,8 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 /// (one streaming pass over W); on Intel CPUs the panels kernel for float32 up to
 /// kCpuPanelsMaxM rows (on AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked
 /// where no packed copy may be kept (on AMD at every M) and for bfloat16 without bf16
-/// arithmetic (W blocks reused from L2); with bf16 arithmetic, at::linear up to
-/// kCpuBf16LinearMaxM on Intel.
+/// arithmetic worth taking (W blocks reused from L2); with AMX, at::linear up to
+/// kCpuBf16LinearMaxM.
 /// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
 /// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;

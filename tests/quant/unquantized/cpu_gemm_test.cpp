@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "common/cpu_features.h"
@@ -393,8 +394,11 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   // A pure function of the problem: machines described, not detected.
   CpuGemmProblem p;
   p.n = 4096, p.k = 4096, p.threads = 2, p.onednn = true, p.mkl_packed = true;
-  auto pick = [&](int64_t m, at::ScalarType dtype, CpuIsa isa, bool native_bf16, bool amd = false) {
+  // native_bf16 on Intel stands for AMX unless `amx` says otherwise.
+  auto pick = [&](int64_t m, at::ScalarType dtype, CpuIsa isa, bool native_bf16, bool amd = false,
+                  std::optional<bool> amx = std::nullopt) {
     p.m = m, p.dtype = dtype, p.isa = isa, p.native_bf16 = native_bf16, p.amd = amd;
+    p.amx_bf16 = amx.value_or(native_bf16 && !amd);
     p.onednn = dtype == at::kFloat || native_bf16;
     return tp::detail::select_cpu_gemm(p);
   };
@@ -440,14 +444,19 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   for (const int64_t m : {5, 16, 256})
     REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kOneDnn);
   // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs: the panels kernel to
-  // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles.
+  // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles. Intel's
+  // AVX512_BF16 without AMX counts as without.
   for (const bool packs : {true, false}) {
     p.allow_packs = packs;
-    for (const int64_t m : {8, 16, 32, 64, 256, 2048}) {
-      const auto b = pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
-      INFO("M=" << m << " packs " << packs << " -> " << tp::detail::to_string(b));
-      const auto small = packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
-      REQUIRE(b == (m <= (packs ? 64 : 16) ? small : CpuGemmBackend::kBf16Tiles));
+    for (const int64_t m : {8, 16, 32, 64, 96, 256, 2048}) {
+      for (const bool avx512_bf16 : {false, true}) {
+        const auto b = avx512_bf16 ? pick(m, at::kBFloat16, CpuIsa::kAvx512, true, false, false)
+                                   : pick(m, at::kBFloat16, CpuIsa::kAvx2, false);
+        INFO("M=" << m << " packs " << packs << " AVX512_BF16 without AMX " << avx512_bf16 << " -> "
+                  << tp::detail::to_string(b));
+        const auto small = packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
+        REQUIRE(b == (m <= (packs ? 64 : 16) ? small : CpuGemmBackend::kBf16Tiles));
+      }
     }
   }
   p.allow_packs = true;
