@@ -129,6 +129,11 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 // MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
 //   float32, M <= 4: gemv, at at::linear's memory rate at M = 1 (0.9-1.04x on one
 //     thread; it also threads where MKL's GEMV does not), 1.4-1.9x at M = 4.
+//   float32, 1 < M <= 4, Intel: panels (an Emerald Rapids VM, 2026-12-02, 2 threads, the
+//     four Llama shapes at TP 1 plus 4096 x 4096): 1.07-1.21x gemv natively, 1.03-1.43x
+//     capped to AVX2, both at or near the memory rate; at M = 1 level (0.98-1.03x), so
+//     gemv, which needs no packed copy. (The Sapphire Rapids rows below did not compare
+//     the two at M <= 4.)
 //   float32, 4 < M <= 64, Intel: panels (2 threads, 11008 x 4096, same run as
 //     at::linear, oneDNN and gemv): AVX-512 M = 8 3.0x, 16 2.35-2.65x, 32 1.6-1.8x,
 //     64 1.3-1.45x (oneDNN 1.7x, 1.4x, 1.2x, 1.2x; gemv 2.2x, 1.4-1.7x, 1.15x, 1.0x);
@@ -170,7 +175,8 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
   if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
-  if (p.m <= kCpuGemvMaxM) return CpuGemmBackend::kGemv;
+  const bool intel_f32_packed = p.dtype == at::kFloat && !p.amd && p.allow_packs;
+  if (p.m <= (intel_f32_packed ? kCpuGemvMaxMIntelPacked : kCpuGemvMaxM)) return CpuGemmBackend::kGemv;
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {
     // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).

@@ -100,14 +100,16 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
 /// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
-/// (one streaming pass over W); on Intel CPUs the panels kernel for float32 up to
-/// kCpuPanelsMaxM rows (on AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked
+/// (one streaming pass over W); on Intel CPUs the panels kernel for float32 from
+/// kCpuGemvMaxMIntelPacked + 1 to kCpuPanelsMaxM rows (on AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked
 /// where no packed copy may be kept (on AMD at every M) and for bfloat16 without bf16
 /// arithmetic worth taking (W blocks reused from L2); with AMX, at::linear up to
 /// kCpuBf16LinearMaxM.
 /// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
 /// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;
+/// float32 on Intel where a packed copy is kept: gemv at M = 1 only, the panels above.
+constexpr int64_t kCpuGemvMaxMIntelPacked = 1;
 constexpr int64_t kCpuPanelsMaxM = 64;
 constexpr int64_t kCpuGemvMaxMBlocked = 16;
 constexpr int64_t kCpuBf16LinearMaxM = 16;

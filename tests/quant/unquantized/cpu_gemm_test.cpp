@@ -402,10 +402,19 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
     p.onednn = dtype == at::kFloat || native_bf16;
     return tp::detail::select_cpu_gemm(p);
   };
-  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes.
-  for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
-    for (const auto dtype : {at::kFloat, at::kBFloat16})
-      for (const int64_t m : {1, 4}) REQUIRE(pick(m, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes; float32 on Intel
+  // takes the panels (its packed copy) from M = 2, elsewhere gemv runs to M = 4.
+  for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+      REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+      REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
+      REQUIRE(pick(4, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
+    }
+    for (const int64_t m : {2, 4}) {
+      REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
+      REQUIRE(pick(m, at::kBFloat16, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+    }
+  }
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
   // float32 on Intel: the panels kernel for 4 < M <= 64, then at::linear (one packed
@@ -426,6 +435,7 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   p.n = 4096, p.k = 4096;
   // No packed copies allowed (TP_CPU_GEMM_PACK=0): the unpacked backends only.
   p.allow_packs = false;
+  REQUIRE(pick(4, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(16, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(32, at::kFloat, CpuIsa::kAvx2, false) == CpuGemmBackend::kAtLinear);
