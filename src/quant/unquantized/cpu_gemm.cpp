@@ -127,8 +127,9 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 // Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
 // (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 // MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
-//   float32, M <= 4: gemv, at at::linear's memory rate at M = 1 (0.9-1.04x on one
-//     thread; it also threads where MKL's GEMV does not), 1.4-1.9x at M = 4.
+//   float32, M <= 4 (on Intel with a packed copy M = 1 only, next row): gemv, at
+//     at::linear's memory rate at M = 1 (0.9-1.04x on one thread; it also threads where
+//     MKL's GEMV does not), 1.4-1.9x at M = 4.
 //   float32, 1 < M <= 4, Intel: panels (an Emerald Rapids VM, 2026-12-02, 2 threads, the
 //     four Llama shapes at TP 1 plus 4096 x 4096): 1.07-1.21x gemv natively, 1.03-1.43x
 //     capped to AVX2, both at or near the memory rate; at M = 1 level (0.98-1.03x), so

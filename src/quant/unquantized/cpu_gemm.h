@@ -100,11 +100,11 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
 /// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
-/// (one streaming pass over W); on Intel CPUs the panels kernel for float32 from
-/// kCpuGemvMaxMIntelPacked + 1 to kCpuPanelsMaxM rows (on AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked
-/// where no packed copy may be kept (on AMD at every M) and for bfloat16 without bf16
-/// arithmetic worth taking (W blocks reused from L2); with AMX, at::linear up to
-/// kCpuBf16LinearMaxM.
+/// (one streaming pass over W), but only to kCpuGemvMaxMIntelPacked for float32 on Intel
+/// where the packed copy is kept; there the panels kernel up to kCpuPanelsMaxM rows (on
+/// AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked where no packed copy may
+/// be kept (on AMD at every M) and for bfloat16 without bf16 arithmetic worth taking (W
+/// blocks reused from L2); with AMX, at::linear up to kCpuBf16LinearMaxM.
 /// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
 /// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;

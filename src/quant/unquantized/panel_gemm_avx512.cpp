@@ -41,14 +41,17 @@ inline void prefetch_y(const PanelTask& t, int np) {
     for (int j = 0; j < np; ++j) _mm_prefetch(reinterpret_cast<const char*>(t.y + r * t.ld_y + 16 * j), _MM_HINT_T0);
 }
 // y = tile (+ y): the chunk's rows x np panels of sums, columns within N only.
-inline void store_y(const PanelTask& t, const float* tile, int np, const __mmask16* mask) {
-  for (int64_t r = 0; r < t.rows; ++r)
-    for (int j = 0; j < np; ++j) {
+inline void store_y(const PanelTask& t, const float* tile, int np) {
+  for (int j = 0; j < np; ++j) {
+    const int64_t cols = t.cols - 16 * j;
+    const auto mask = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : cols <= 0 ? 0u : (1u << cols) - 1u);
+    for (int64_t r = 0; r < t.rows; ++r) {
       float* y = t.y + r * t.ld_y + 16 * j;
       __m512 v = _mm512_load_ps(tile + (r * np + j) * kPanelCols);
-      if (t.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask[j], y));
-      _mm512_mask_storeu_ps(y, mask[j], v);
+      if (t.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, y));
+      _mm512_mask_storeu_ps(y, mask, v);
     }
+  }
 }
 
 // MR rows of x against NP neighbouring panels (NP x 16 columns of y): MR x NP
@@ -59,12 +62,7 @@ template <int MR, int NP, typename W>
 void chunk_panels(const PanelTask& t) {
   const float* x = t.x;
   const W* panel[NP];
-  __mmask16 mask[NP];  // the columns within N, panel by panel
-  for (int j = 0; j < NP; ++j) {
-    panel[j] = static_cast<const W*>(t.panel) + j * t.panel_stride;
-    const int64_t cols = t.cols - 16 * j;
-    mask[j] = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : cols <= 0 ? 0u : (1u << cols) - 1u);
-  }
+  for (int j = 0; j < NP; ++j) panel[j] = static_cast<const W*>(t.panel) + j * t.panel_stride;
   // The running sums, block by block: one long chain of FMAs per output over all of
   // K would lose ~sqrt(K / 512) times more to rounding.
   alignas(64) float tile[MR * NP * kPanelCols];
@@ -118,7 +116,7 @@ void chunk_panels(const PanelTask& t) {
   }
   for (int64_t kk = kStreams * q; kk < t.kc; ++kk) step(kk);
   flush();
-  store_y(t, tile, NP, mask);
+  store_y(t, tile, NP);
 }
 
 // A float32 chunk of 10-12 rows whose panels are in cache (not its task's first chunk,
@@ -127,11 +125,6 @@ void chunk_panels(const PanelTask& t) {
 // pulls t.prefetch_bytes of the next task's panels into L2, spread over its steps.
 void pair_by_tile(const PanelTask& t) {
   const float* panel = static_cast<const float*>(t.panel);
-  __mmask16 mask[2];
-  for (int j = 0; j < 2; ++j) {
-    const int64_t cols = t.cols - 16 * j;
-    mask[j] = static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : cols <= 0 ? 0u : (1u << cols) - 1u);
-  }
   alignas(64) float tile[kPanelPairRowsAvx512 * 2 * kPanelCols];
   for (int64_t r = 0; r < t.rows; ++r)
     for (int j = 0; j < 2; ++j) _mm512_store_ps(tile + (2 * r + j) * kPanelCols, _mm512_setzero_ps());
@@ -151,7 +144,7 @@ void pair_by_tile(const PanelTask& t) {
     panel_pair_tile_f32_avx512(a);
     a.prefetch += a.steps / 2 * a.prefetch_inc;
   }
-  store_y(t, tile, 2, mask);
+  store_y(t, tile, 2);
 }
 
 template <int MR, typename W>
