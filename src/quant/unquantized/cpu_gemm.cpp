@@ -158,7 +158,7 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
 //   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
-//     gemv to M = 4; the panels kernel (bf16 panels, half the bytes, widened in
+//     gemv to M = 4 (on Intel with packs the panels from M = 1, below); the panels kernel (bf16 panels, half the bytes, widened in
 //     registers) to M = 64: against float32 at::linear 1.9x at M = 8, 1.55-1.6x at 16,
 //     1.2-1.3x at 32, 0.95x at 64, level with float32 panels (11008 x 4096, 2 threads,
 //     capped to AVX2; gemv was 1.1-1.3x at M = 8-16, bf16_tiles 0.8x at 32);
@@ -172,16 +172,24 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     1.95-2.1x at::linear bf16 at M = 8-16, 1.4-1.6x at 32-64 (oneDNN 1.09-1.29x, gemv
 //     1.07-1.34x), and bf16_tiles / panels 1.3-1.5x at 256 (oneDNN 1.02-1.06x): the rows
 //     without bf16 arithmetic.
+//   bfloat16 without bf16 arithmetic, Intel, with packs: the panels from M = 1 (same VM,
+//     2 threads, the four Llama shapes at TP 1 plus 4096 x 4096, two runs each): gemv's
+//     time / the panels' 1.01-1.20x at M = 1-4 natively (one 0.96), 1.07-1.41x capped to
+//     AVX2. AMD keeps gemv to M = 4 there (not measured against the panels).
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
   if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
-  const bool intel_f32_packed = p.dtype == at::kFloat && !p.amd && p.allow_packs;
-  if (p.m <= (intel_f32_packed ? kCpuGemvMaxMIntelPacked : kCpuGemvMaxM)) return CpuGemmBackend::kGemv;
+  // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
+  const bool bf16_arithmetic = p.native_bf16 && (p.amx_bf16 || p.amd);
+  const bool intel_packed = !p.amd && p.allow_packs;
+  int64_t gemv_max_m = kCpuGemvMaxM;
+  if (intel_packed && p.dtype == at::kFloat) gemv_max_m = kCpuGemvMaxMIntelPacked;
+  if (intel_packed && p.dtype == at::kBFloat16 && !bf16_arithmetic) gemv_max_m = 0;
+  if (p.m <= gemv_max_m) return CpuGemmBackend::kGemv;
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {
-    // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
-    if (p.native_bf16 && (p.amx_bf16 || p.amd)) {
+    if (bf16_arithmetic) {
       if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return CpuGemmBackend::kAtLinear;
       return CpuGemmBackend::kOneDnn;
     }

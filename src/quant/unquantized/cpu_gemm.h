@@ -99,12 +99,14 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 /// Communicator::all_reduce_counts for strategies.
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
-/// The table's crossovers (cpu_gemm.cpp): gemv up to kCpuGemvMaxM rows for every dtype
-/// (one streaming pass over W), but only to kCpuGemvMaxMIntelPacked for float32 on Intel
-/// where the packed copy is kept; there the panels kernel up to kCpuPanelsMaxM rows (on
-/// AMD for every M above gemv's); gemv up to kCpuGemvMaxMBlocked where no packed copy may
-/// be kept (on AMD at every M) and for bfloat16 without bf16 arithmetic worth taking (W
-/// blocks reused from L2); with AMX, at::linear up to kCpuBf16LinearMaxM.
+/// The table's crossovers (cpu_gemm.cpp):
+/// - gemv (one streaming pass over W) up to kCpuGemvMaxM rows, except on Intel where the
+///   layer keeps its packed copy: float32 to kCpuGemvMaxMIntelPacked, and bfloat16
+///   without bf16 arithmetic worth taking not at all (the panels from M = 1);
+/// - then the panels kernel up to kCpuPanelsMaxM rows (float32 on AMD: every M);
+/// - where no packed copy may be kept (and for bfloat16 without bf16 arithmetic past
+///   the panels' rows), gemv up to kCpuGemvMaxMBlocked (W blocks reused from L2);
+/// - with AMX, at::linear up to kCpuBf16LinearMaxM.
 /// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
 /// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;

@@ -402,18 +402,23 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
     p.onednn = dtype == at::kFloat || native_bf16;
     return tp::detail::select_cpu_gemm(p);
   };
-  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes; float32 on Intel
-  // takes the panels (its packed copy) from M = 2, elsewhere gemv runs to M = 4.
+  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes; on Intel with the
+  // packed copy, float32 takes the panels from M = 2 and bf16 without bf16 arithmetic
+  // (AVX2, or AVX512_BF16 without AMX) from M = 1; elsewhere gemv runs to M = 4.
   for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-      REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
       REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
       REQUIRE(pick(4, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
     }
-    for (const int64_t m : {2, 4}) {
-      REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
-      REQUIRE(pick(m, at::kBFloat16, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
-    }
+    REQUIRE(pick(1, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
+    for (const int64_t m : {2, 4}) REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
+  }
+  for (const int64_t m : {1, 2, 4}) {
+    INFO("bf16 M=" << m);
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);  // AMX
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, false, false) == CpuGemmBackend::kPanels);
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false) == CpuGemmBackend::kPanels);
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);  // AMD
   }
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
@@ -458,6 +463,11 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   // AVX512_BF16 without AMX counts as without.
   for (const bool packs : {true, false}) {
     p.allow_packs = packs;
+    for (const bool avx512_bf16 : {false, true}) {
+      const auto b = avx512_bf16 ? pick(2, at::kBFloat16, CpuIsa::kAvx512, true, false, false)
+                                 : pick(2, at::kBFloat16, CpuIsa::kAvx2, false);
+      REQUIRE(b == (packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv));
+    }
     for (const int64_t m : {8, 16, 32, 64, 96, 256, 2048}) {
       for (const bool avx512_bf16 : {false, true}) {
         const auto b = avx512_bf16 ? pick(m, at::kBFloat16, CpuIsa::kAvx512, true, false, false)
