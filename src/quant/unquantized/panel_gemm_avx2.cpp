@@ -1,7 +1,8 @@
 // The panels backend's chunk kernel, AVX2 code path: up to 6 rows of x against a
 // K block of one 16-column panel of W, float32 or bfloat16 (widened in registers:
-// exact; layouts in cpu_gemm_kernels.h). Compiled with
-// the AVX2 flags; entered only when cpu_isa() allows AVX2.
+// exact; layouts in cpu_gemm_kernels.h); float32 chunks of 4-6 rows run the assembly
+// tile of panel_tile_avx2.cpp. Compiled with the AVX2 flags; entered only when
+// cpu_isa() allows AVX2.
 
 #include <immintrin.h>
 
@@ -56,6 +57,29 @@ inline void add_to(float* tile, __m256 (&acc)[MR][2]) {
     }
 }
 
+// The intrinsics kernel's K block: q steps of each of the 4 quarters, summed in acc and
+// added into the tile every kSumSteps steps (for bf16, and float32 below 4 rows).
+template <int MR, typename W>
+inline void chunk_quarters(const float* x, const W* panel, int64_t q, bool stream, const char* next, int64_t next_inc,
+                           __m256 (&acc)[MR][2], float* tile) {
+  for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
+    const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
+    for (int64_t i = i0; i < i1; ++i) {
+      if (next) {
+        _mm_prefetch(next, _MM_HINT_T1);
+        next += next_inc;
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < kStreams; ++s) {
+        const int64_t kk = s * q + i;
+        if (stream) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
+        fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
+      }
+    }
+    add_to<MR>(tile, acc);
+  }
+}
+
 template <int MR, typename W>
 void chunk_panel(const PanelTask& t) {
   const float* x = t.x;
@@ -82,21 +106,24 @@ void chunk_panel(const PanelTask& t) {
   // The next task's panel (cpu_gemm_kernels.h), spread evenly over the quarter steps.
   const char* next = static_cast<const char*>(t.prefetch_next);
   const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
-  for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
-    const int64_t i1 = i0 + kSumSteps < q ? i0 + kSumSteps : q;
-    for (int64_t i = i0; i < i1; ++i) {
-      if (next) {
-        _mm_prefetch(next, _MM_HINT_T1);
-        next += next_inc;
-      }
-#pragma GCC unroll 4
-      for (int s = 0; s < kStreams; ++s) {
-        const int64_t kk = s * q + i;
-        if (stream) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * kPanelCols), _MM_HINT_T0);
-        fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
-      }
+  if constexpr (MR >= 4 && sizeof(W) == sizeof(float)) {
+    // The assembly tile (panel_tile_avx2.cpp), one block of kSumSteps steps at a time.
+    PanelQuarterTileArgs a;
+    a.rows = MR;
+    a.quarter = q;
+    a.tile = tile;
+    a.stream = stream;
+    a.prefetch = next ? next : reinterpret_cast<const char*>(panel);
+    a.prefetch_inc = next_inc;
+    for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
+      a.x = x + i0 * MR;
+      a.w = reinterpret_cast<const float*>(panel + i0 * kPanelCols);
+      a.steps = i0 + kSumSteps < q ? kSumSteps : q - i0;
+      panel_quarter_tile_f32_avx2(a);
+      a.prefetch += a.steps * a.prefetch_inc;
     }
-    add_to<MR>(tile, acc);
+  } else {
+    chunk_quarters<MR, W>(x, panel, q, stream, next, next_inc, acc, tile);
   }
   for (int64_t kk = kStreams * q; kk < kc; ++kk) fma_row<MR, W>(x + kk * MR, panel + kk * kPanelCols, acc);
   add_to<MR>(tile, acc);

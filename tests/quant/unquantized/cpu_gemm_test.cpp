@@ -134,12 +134,12 @@ TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and
 TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunking, pairing and K blocking",
           "[quant][cpu_kernels]") {
   // float32 and bfloat16 panels (the latter widened exactly: the same float32 bound).
-  // M: one row, a 3-row chunk, one full AVX-512 chunk (16) and AVX2's 6 + 5 + 5,
-  // 17 = 9 + 8, and from 24 rows AVX-512's chunks on panel pairs: 24 = 12 + 12, 33 = 3 x
-  // 11, 40 = 4 x 10 and 70 = 12 + 12 + 12 + 12 + 11 + 11, which all but the first chunk of
-  // a task run in the assembly tile (40 x 4096 floats of x is past Intel's 512 KiB K block,
-  // so K comes in blocks whose sums add into y while the next task's panels are
-  // prefetched). N off the 16 columns of a panel and odd panel counts (a pair and a single
+  // M: one row, a 3-row chunk, AVX2's 4 + 4 (8), one full AVX-512 chunk (16) and AVX2's
+  // 6 + 5 + 5 (AVX2's chunks of 4-6 rows run in its assembly tile), 17 = 9 + 8, and from
+  // 24 rows AVX-512's chunks on panel pairs: 24 = 12 + 12, 33 = 3 x 11, 40 = 4 x 10 and
+  // 70 = 12 + 12 + 12 + 12 + 11 + 11, which all but the first chunk of a task run in the
+  // AVX-512 assembly tile (40 x 4096 floats of x is past Intel's 512 KiB K block, so K
+  // comes in blocks whose sums add into y while the next task's panels are prefetched). N off the 16 columns of a panel and odd panel counts (a pair and a single
   // one); K off the 4 interleaved streams and odd (the tile's single last step).
   uint64_t seed = 300;
   for (const CpuIsa isa : isas_here()) {
@@ -151,7 +151,7 @@ TEST_CASE("cpu_gemm: each per-ISA panels kernel matches float64 at every chunkin
         const auto panels = tp::detail::panels_pack(w, isa);
         REQUIRE(panels.sizes() == c10::IntArrayRef({(s.n + 15) / 16, s.k, 16}));
         REQUIRE(panels.scalar_type() == dtype);
-        for (const int64_t m : {1, 3, 16, 17, 24, 33, 40, 70}) {
+        for (const int64_t m : {1, 3, 8, 16, 17, 24, 33, 40, 70}) {
           INFO("isa " << tp::detail::to_string(isa) << " " << c10::toString(dtype) << " M=" << m << " N=" << s.n
                       << " K=" << s.k);
           const auto x = tp::test::randn({m, s.k}, seed++).to(dtype);
