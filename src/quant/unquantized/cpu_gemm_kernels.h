@@ -129,16 +129,16 @@ struct PanelTileArgs {
 };
 void panel_pair_tile_f32_avx512(const PanelTileArgs& a);
 
-/// The AVX2 chunk kernel's float32 register tile for 4-6 rows, in assembly
-/// (panel_tile_avx2.cpp): tile[r, j] += sum over `steps` steps i and quarters s < 4 of
-/// x[kk * rows + r] * w[kk * 16 + j] with kk = s * quarter + i, for the tile's rows x 16
-/// floats; with `stream` it prefetches 32 rows ahead along every quarter, and each step
-/// sends one 64-byte line at `prefetch` to L2, the address advancing prefetch_inc bytes.
+/// The AVX2 chunk kernel's register tile for 4-6 rows, in assembly (panel_tile_avx2.cpp):
+/// tile[r, j] += sum over `steps` steps i and quarters s < 4 of x[kk * rows + r] *
+/// w[kk * 16 + j] with kk = s * quarter + i, for the tile's rows x 16 floats; with
+/// `stream` it prefetches 32 rows ahead along every quarter, and each step sends one
+/// 64-byte line at `prefetch` to L2, the address advancing prefetch_inc bytes.
 struct PanelQuarterTileArgs {
   int64_t rows = 0;  ///< 4, 5 or 6
   const float* x = nullptr;
-  const float* w = nullptr;
-  int64_t quarter = 0;  ///< rows (k) from one quarter of the K block to the next
+  const void* w = nullptr;  ///< float32, or bfloat16 in AVX2's interleaved halves
+  int64_t quarter = 0;      ///< rows (k) from one quarter of the K block to the next
   int64_t steps = 0;
   float* tile = nullptr;
   bool stream = false;
@@ -146,6 +146,7 @@ struct PanelQuarterTileArgs {
   int64_t prefetch_inc = 0;
 };
 void panel_quarter_tile_f32_avx2(const PanelQuarterTileArgs& a);
+void panel_quarter_tile_bf16_avx2(const PanelQuarterTileArgs& a);
 
 /// dst[r, c] = float(src[r, c]) for a rows x cols block of bfloat16 (raw bits): exact,
 /// the bits shifted into a float's high half. The bf16_tiles backend's per-tile widening.

@@ -1,7 +1,7 @@
 // The panels backend's chunk kernel, AVX2 code path: up to 6 rows of x against a
 // K block of one 16-column panel of W, float32 or bfloat16 (widened in registers:
-// exact; layouts in cpu_gemm_kernels.h); float32 chunks of 4-6 rows run the assembly
-// tile of panel_tile_avx2.cpp. Compiled with the AVX2 flags; entered only when
+// exact; layouts in cpu_gemm_kernels.h); chunks of 4-6 rows run the assembly tile of
+// panel_tile_avx2.cpp. Compiled with the AVX2 flags; entered only when
 // cpu_isa() allows AVX2.
 
 #include <immintrin.h>
@@ -58,7 +58,7 @@ inline void add_to(float* tile, __m256 (&acc)[MR][2]) {
 }
 
 // The intrinsics kernel's K block: q steps of each of the 4 quarters, summed in acc and
-// added into the tile every kSumSteps steps (for bf16, and float32 below 4 rows).
+// added into the tile every kSumSteps steps (chunks below 4 rows).
 template <int MR, typename W>
 inline void chunk_quarters(const float* x, const W* panel, int64_t q, bool stream, const char* next, int64_t next_inc,
                            __m256 (&acc)[MR][2], float* tile) {
@@ -106,7 +106,7 @@ void chunk_panel(const PanelTask& t) {
   // The next task's panel (cpu_gemm_kernels.h), spread evenly over the quarter steps.
   const char* next = static_cast<const char*>(t.prefetch_next);
   const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
-  if constexpr (MR >= 4 && sizeof(W) == sizeof(float)) {
+  if constexpr (MR >= 4) {
     // The assembly tile (panel_tile_avx2.cpp), one block of kSumSteps steps at a time.
     PanelQuarterTileArgs a;
     a.rows = MR;
@@ -117,9 +117,12 @@ void chunk_panel(const PanelTask& t) {
     a.prefetch_inc = next_inc;
     for (int64_t i0 = 0; i0 < q; i0 += kSumSteps) {
       a.x = x + i0 * MR;
-      a.w = reinterpret_cast<const float*>(panel + i0 * kPanelCols);
+      a.w = panel + i0 * kPanelCols;
       a.steps = i0 + kSumSteps < q ? kSumSteps : q - i0;
-      panel_quarter_tile_f32_avx2(a);
+      if constexpr (sizeof(W) == sizeof(float))
+        panel_quarter_tile_f32_avx2(a);
+      else
+        panel_quarter_tile_bf16_avx2(a);
       a.prefetch += a.steps * a.prefetch_inc;
     }
   } else {
