@@ -191,6 +191,56 @@ TEST_CASE("fp8_fake_quant_cpu equals quantize_activation bit for bit", "[quant][
   }
 }
 
+TEST_CASE("fp8_fake_quant_cpu rounds every E4M3 tie and its neighbours as c10's conversion", "[quant][cpu_kernels]") {
+  // The vectorized rounding (bit operations, not c10's scalar conversion) against
+  // c10::Float8_e4m3fn on: every E4M3 value, the midpoint of each neighbouring pair
+  // (the ties, exact in float32) and 3 float32 steps either side of both, both signs;
+  // past the range (clamped to 448), infinities, float32 subnormals and zeros. A NaN
+  // row takes c10's own conversion and must keep its pattern.
+  std::vector<float> v;
+  const auto around = [&](float c) {
+    float lo = c, hi = c;
+    v.push_back(c);
+    for (int i = 0; i < 3; ++i) {
+      lo = std::nextafter(lo, -1.0f), hi = std::nextafter(hi, 1e9f);
+      v.push_back(lo), v.push_back(hi);
+    }
+  };
+  for (int code = 0; code < 0x7e; ++code) {
+    const float a = c10_value(static_cast<uint8_t>(code)), b = c10_value(static_cast<uint8_t>(code + 1));
+    around(a);
+    around(0.5f * (a + b));
+  }
+  around(448.0f);
+  for (const float f : {464.0f, 480.0f, 1e6f, std::numeric_limits<float>::infinity(), 1e-40f, 1e-45f,
+                        std::numeric_limits<float>::min(), 0.0f})
+    v.push_back(f);
+  const int64_t n = static_cast<int64_t>(v.size());
+  for (int64_t i = 0; i < n; ++i) v.push_back(-v[static_cast<size_t>(i)]);
+  const at::Tensor x = at::from_blob(v.data(), {1, static_cast<int64_t>(v.size())}, at::kFloat).clone();
+  for (const float scale : {1.0f, 0.37f, 3.0f}) {
+    INFO("input scale " << scale);
+    const at::Tensor got = td::fp8_fake_quant_cpu(x, td::Fp8Activation::kStatic, scale);
+    const float* g = got.data_ptr<float>();
+    int64_t mismatches = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float q = v[i] / scale;
+      const float want = static_cast<float>(c10::Float8_e4m3fn(std::min(std::max(q, -448.0f), 448.0f))) * scale;
+      if (bits(g[i]) != bits(want)) {
+        if (++mismatches <= 5) UNSCOPED_INFO("x=" << v[i] << " got " << g[i] << " want " << want);
+      }
+    }
+    CHECK(mismatches == 0);
+  }
+  // A NaN in the span: every element as c10 rounds it, the NaN with c10's pattern.
+  at::Tensor xn = x.clone();
+  xn[0][3] = std::numeric_limits<float>::quiet_NaN();
+  const at::Tensor gotn = td::fp8_fake_quant_cpu(xn, td::Fp8Activation::kStatic, 1.0f);
+  CHECK(bits(gotn[0][3].item<float>()) == bits(static_cast<float>(c10::Float8_e4m3fn(xn[0][3].item<float>()))));
+  CHECK(at::equal(gotn.narrow(1, 4, 100).view(at::kInt),
+                  td::fp8_fake_quant_cpu(x, td::Fp8Activation::kStatic, 1.0f).narrow(1, 4, 100).view(at::kInt)));
+}
+
 TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu_kernels]") {
   // N not a multiple of any row tile (1, 5, 23, 25, 49); K of one element, under one
   // chunk, one 128-block, a partial second block, several blocks with a tail.
