@@ -14,11 +14,11 @@
 #include <array>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "common/cpu_features.h"
 #include "common/kernel_counts.h"
+#include "quant/abs_max.h"
 
 namespace tp::detail {
 
@@ -139,18 +139,6 @@ constexpr float kE4m3Max = 448.0f;
 float e4m3_round(float v) {
   const float c = v != v ? v : std::min(std::max(v, -kE4m3Max), kE4m3Max);
   return static_cast<float>(c10::Float8_e4m3fn(c));
-}
-
-// at::amax of |x| over [begin, end): NaN if any element is NaN. On the magnitudes' bits
-// (non-NaN magnitudes order as their bit patterns), so the loop vectorizes: a float
-// comparison is not if-converted under the default -ftrapping-math.
-float abs_max(const float* x, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = c10::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu;
-    m = a > m ? a : m;
-  }
-  return m > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(m);
 }
 
 // The scale of an amax as fp8.cpp's scale_of: amax / 448 where amax > 0 (a NaN amax is

@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <limits>
 #include <vector>
 
 #include "common/cpu_features.h"
 #include "common/kernel_counts.h"
+#include "quant/abs_max.h"
 
 namespace tp::detail {
 
@@ -132,16 +132,6 @@ int8_t quantize_int8(float v) {
   int32_t r = static_cast<int32_t>((c10::bit_cast<float>(mag) + kMagic) - kMagic);
   r = (r < 127 ? r : 127) * keep;
   return static_cast<int8_t>(sign != 0 ? -r : r);
-}
-
-// at::amax of |x| (NaN if any element is NaN), on the magnitudes' bits as above.
-float abs_max(const float* x, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = c10::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu;
-    m = a > m ? a : m;
-  }
-  return m > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(m);
 }
 
 }  // namespace
