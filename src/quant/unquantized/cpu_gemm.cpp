@@ -158,8 +158,9 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
 //     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
 //   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
-//     gemv to M = 4 (on Intel with packs the panels from M = 1, below); the panels kernel (bf16 panels, half the bytes, widened in
-//     registers) to M = 64: against float32 at::linear 1.9x at M = 8, 1.55-1.6x at 16,
+//     gemv to M = 4 (on Intel with packs the panels from M = 1, below); the panels
+//     kernel (bf16 panels, half the bytes, widened in registers) to M = 64: against
+//     float32 at::linear 1.9x at M = 8, 1.55-1.6x at 16,
 //     1.2-1.3x at 32, 0.95x at 64, level with float32 panels (11008 x 4096, 2 threads,
 //     capped to AVX2; gemv was 1.1-1.3x at M = 8-16, bf16_tiles 0.8x at 32);
 //     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).

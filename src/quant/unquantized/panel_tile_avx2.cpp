@@ -1,12 +1,12 @@
 // The panels backend's register tile on AVX2 (cpu_gemm_kernels.h,
 // panel_quarter_tile_{f32,bf16}_avx2): 4, 5 or 6 rows of x against one 16-column panel
 // of float32 or bfloat16, the K block's four interleaved quarters in one loop, as
-// hand-written assembly. With 12
-// accumulators, two weight vectors and a broadcast the 6-row tile needs 15 of the 16
-// ymm registers (bfloat16 reads its mask from memory); GCC 12 kept accumulators, the
-// mask and the prefetch addresses on the stack in the intrinsics kernel
-// (panel_gemm_avx2.cpp), reloading and storing them every iteration. Compiled with the AVX2 flags; nothing but the exported function leaves
-// the anonymous namespace (ODR, as in the other *_avx2.cpp files).
+// hand-written assembly. With 12 accumulators, two weight vectors and a broadcast the
+// 6-row tile needs 15 of the 16 ymm registers (bfloat16 reads its mask from memory);
+// GCC 12 kept accumulators, the mask and the prefetch addresses on the stack in the
+// intrinsics kernel (panel_gemm_avx2.cpp), reloading and storing them every iteration.
+// Compiled with the AVX2 flags; nothing but the exported function leaves the anonymous
+// namespace (ODR, as in the other *_avx2.cpp files).
 
 #include <immintrin.h>
 
