@@ -176,17 +176,19 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //   bfloat16 without bf16 arithmetic, Intel, with packs: the panels from M = 1 (same VM,
 //     2 threads, the four Llama shapes at TP 1 plus 4096 x 4096, two runs each): gemv's
 //     time / the panels' 1.01-1.20x at M = 1-4 natively (one 0.96), 1.07-1.41x capped to
-//     AVX2. AMD keeps gemv to M = 4 there (not measured against the panels).
+//     AVX2. On AMD (the Zen 4 VM capped to AVX2, i.e. a Zen 3's ISA; 2026-12-02, same
+//     shapes, 2 threads) gemv's time / the panels' was 0.90-1.01x at M = 1, 1.02-1.11x
+//     at 2, 0.98-1.28x at 3, 1.14-1.33x at 4: gemv at M = 1 only, as for float32 on
+//     Intel. (float32 there: gemv ahead natively at M <= 4, level capped to AVX2.)
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
   if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
   // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
   const bool bf16_arithmetic = p.native_bf16 && (p.amx_bf16 || p.amd);
-  const bool intel_packed = !p.amd && p.allow_packs;
   int64_t gemv_max_m = kCpuGemvMaxM;
-  if (intel_packed && p.dtype == at::kFloat) gemv_max_m = kCpuGemvMaxMIntelPacked;
-  if (intel_packed && p.dtype == at::kBFloat16 && !bf16_arithmetic) gemv_max_m = 0;
+  if (p.allow_packs && p.dtype == at::kFloat && !p.amd) gemv_max_m = kCpuGemvMaxMPacked;
+  if (p.allow_packs && p.dtype == at::kBFloat16 && !bf16_arithmetic) gemv_max_m = p.amd ? kCpuGemvMaxMPacked : 0;
   if (p.m <= gemv_max_m) return CpuGemmBackend::kGemv;
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {

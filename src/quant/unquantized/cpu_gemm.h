@@ -100,9 +100,10 @@ std::optional<CpuGemmBackend> forced_cpu_gemm();
 std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 
 /// The table's crossovers (cpu_gemm.cpp):
-/// - gemv (one streaming pass over W) up to kCpuGemvMaxM rows, except on Intel where the
-///   layer keeps its packed copy: float32 to kCpuGemvMaxMIntelPacked, and bfloat16
-///   without bf16 arithmetic worth taking not at all (the panels from M = 1);
+/// - gemv (one streaming pass over W) up to kCpuGemvMaxM rows, except where the layer
+///   keeps its packed copy and the panels win from M = 2: float32 on Intel and bfloat16
+///   without bf16 arithmetic worth taking on AMD to kCpuGemvMaxMPacked; bfloat16
+///   without it on Intel not at all (the panels from M = 1);
 /// - then the panels kernel up to kCpuPanelsMaxM rows (float32 on AMD: every M);
 /// - where no packed copy may be kept (and for bfloat16 without bf16 arithmetic past
 ///   the panels' rows), gemv up to kCpuGemvMaxMBlocked (W blocks reused from L2);
@@ -110,8 +111,8 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 /// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
 /// it was); it stays for forcing and comparison.
 constexpr int64_t kCpuGemvMaxM = 4;
-/// float32 on Intel where a packed copy is kept: gemv at M = 1 only, the panels above.
-constexpr int64_t kCpuGemvMaxMIntelPacked = 1;
+/// Where a packed copy is kept and the panels win from M = 2: gemv at M = 1 only.
+constexpr int64_t kCpuGemvMaxMPacked = 1;
 constexpr int64_t kCpuPanelsMaxM = 64;
 constexpr int64_t kCpuGemvMaxMBlocked = 16;
 constexpr int64_t kCpuBf16LinearMaxM = 16;

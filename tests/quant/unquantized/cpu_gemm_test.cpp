@@ -402,23 +402,24 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
     p.onednn = dtype == at::kFloat || native_bf16;
     return tp::detail::select_cpu_gemm(p);
   };
-  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes; on Intel with the
-  // packed copy, float32 takes the panels from M = 2 and bf16 without bf16 arithmetic
-  // (AVX2, or AVX512_BF16 without AMX) from M = 1; elsewhere gemv runs to M = 4.
+  // Decode: own GEMV wherever a vector ISA is allowed, in both dtypes; with the packed
+  // copy, float32 on Intel and bf16 without bf16 arithmetic on AMD (AVX2: a Zen 3) take
+  // the panels from M = 2, and bf16 without it on Intel (AVX2, or AVX512_BF16 without
+  // AMX) from M = 1; elsewhere gemv runs to M = 4.
   for (const auto isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    for (const auto dtype : {at::kFloat, at::kBFloat16}) {
-      REQUIRE(pick(1, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
-      REQUIRE(pick(4, dtype, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
-    }
+    REQUIRE(pick(1, at::kFloat, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
+    REQUIRE(pick(4, at::kFloat, isa, isa == CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);
     REQUIRE(pick(1, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kGemv);
     for (const int64_t m : {2, 4}) REQUIRE(pick(m, at::kFloat, isa, isa == CpuIsa::kAvx512) == CpuGemmBackend::kPanels);
   }
   for (const int64_t m : {1, 2, 4}) {
     INFO("bf16 M=" << m);
-    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);  // AMX
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kGemv);        // AMX
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kGemv);  // AMD's AVX512_BF16
     REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, false, false) == CpuGemmBackend::kPanels);
     REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false) == CpuGemmBackend::kPanels);
-    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);  // AMD
+    REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false, true) ==
+            (m == 1 ? CpuGemmBackend::kGemv : CpuGemmBackend::kPanels));  // AMD without bf16 arithmetic
   }
   // The portable kernels are never chosen: at::linear serves the scalar ISA.
   REQUIRE(pick(1, at::kFloat, CpuIsa::kScalar, false) == CpuGemmBackend::kAtLinear);
@@ -449,6 +450,7 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
     REQUIRE(pick(m, at::kFloat, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);
   REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true) == CpuGemmBackend::kAtLinear);
   REQUIRE(pick(64, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kAtLinear);
+  for (const int64_t m : {2, 16}) REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx2, false, true) == CpuGemmBackend::kGemv);
   p.allow_packs = true;
   // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above; on AMD (AVX512_BF16,
   // no AMX) oneDNN from M = 5.
