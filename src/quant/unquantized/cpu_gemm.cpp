@@ -180,6 +180,10 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     shapes, 2 threads) gemv's time / the panels' was 0.90-1.01x at M = 1, 1.02-1.11x
 //     at 2, 0.98-1.28x at 3, 1.14-1.33x at 4: gemv at M = 1 only, as for float32 on
 //     Intel. (float32 there: gemv ahead natively at M <= 4, level capped to AVX2.)
+//     Past M = 64 the panels stay on AMD, as for float32 there: bf16_tiles' time / the
+//     panels' 1.15-1.48x at M = 96-512 (6144 x 4096, 28672 x 4096, 4096 x 14336), where
+//     bf16_tiles was 1.2-1.5x slower than the float32 layer (its panels) and the bf16
+//     panels level with it (0.96-1.12x).
 CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
   if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
@@ -196,7 +200,7 @@ CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
       if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return CpuGemmBackend::kAtLinear;
       return CpuGemmBackend::kOneDnn;
     }
-    if (p.allow_packs && p.m <= kCpuPanelsMaxM) return CpuGemmBackend::kPanels;
+    if (p.allow_packs && (p.m <= kCpuPanelsMaxM || p.amd)) return CpuGemmBackend::kPanels;
     return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
   }
   // AMD: MKL's SGEMM trails every other backend there, at every M.

@@ -104,7 +104,8 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
 ///   keeps its packed copy and the panels win from M = 2: float32 on Intel and bfloat16
 ///   without bf16 arithmetic worth taking on AMD to kCpuGemvMaxMPacked; bfloat16
 ///   without it on Intel not at all (the panels from M = 1);
-/// - then the panels kernel up to kCpuPanelsMaxM rows (float32 on AMD: every M);
+/// - then the panels kernel up to kCpuPanelsMaxM rows (on AMD: every M, float32 and
+///   bfloat16 without bf16 arithmetic);
 /// - where no packed copy may be kept (and for bfloat16 without bf16 arithmetic past
 ///   the panels' rows), gemv up to kCpuGemvMaxMBlocked (W blocks reused from L2);
 /// - with AMX, at::linear up to kCpuBf16LinearMaxM.

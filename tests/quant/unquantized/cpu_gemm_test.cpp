@@ -461,8 +461,8 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   for (const int64_t m : {5, 16, 256})
     REQUIRE(pick(m, at::kBFloat16, CpuIsa::kAvx512, true, true) == CpuGemmBackend::kOneDnn);
   // bf16 without it never reaches ATen's / oneDNN's bf16 GEMMs: the panels kernel to
-  // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles. Intel's
-  // AVX512_BF16 without AMX counts as without.
+  // M = 64 (gemv to 16 where no packed copy may be kept), then bf16_tiles; on AMD the
+  // panels at every M. Intel's AVX512_BF16 without AMX counts as without.
   for (const bool packs : {true, false}) {
     p.allow_packs = packs;
     for (const bool avx512_bf16 : {false, true}) {
@@ -479,6 +479,11 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
         const auto small = packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
         REQUIRE(b == (m <= (packs ? 64 : 16) ? small : CpuGemmBackend::kBf16Tiles));
       }
+      // AMD (AVX2: a Zen 3): the panels at every M, as for float32 there.
+      INFO("AMD M=" << m << " packs " << packs);
+      const auto amd = pick(m, at::kBFloat16, CpuIsa::kAvx2, false, true);
+      if (packs) REQUIRE(amd == CpuGemmBackend::kPanels);
+      if (!packs) REQUIRE(amd == (m <= 16 ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles));
     }
   }
   p.allow_packs = true;
