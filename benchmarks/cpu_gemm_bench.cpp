@@ -1,5 +1,5 @@
 // tp-cpu-gemm-bench: every CPU GEMM backend of the unquantized method
-// (src/quant/unquantized/cpu_gemm.h) forced, the table's choice ("auto") and
+// (src/cpu/dense/gemm.h) forced, the table's choice ("auto") and
 // at::linear, side by side on the same shapes in one process: the measurements the
 // selection table is built from, and the check that the choice is never slower than
 // at::linear.
@@ -30,12 +30,12 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cpu/dense/gemm.h"
 #include "machine_limits.h"
-#include "quant/unquantized/cpu_gemm.h"
 
 using tp::bench::format;
-using tp::detail::CpuGemm;
-using tp::detail::CpuGemmBackend;
+using tp::cpu::DenseBackend;
+using tp::cpu::DenseGemm;
 
 namespace {
 
@@ -176,8 +176,8 @@ int main(int argc, char** argv) {
       "peak). err: max |y - ref| / max |ref| against float64.\n\n",
       args.cpu_clock ? "thread CPU" : "wall", args.seconds, args.cold ? "cold (copies > 2x LLC)" : "warm (one copy)");
 
-  std::vector<CpuGemmBackend> backends;
-  for (const auto& b : args.backends) backends.push_back(tp::detail::parse_cpu_gemm_backend(b));
+  std::vector<DenseBackend> backends;
+  for (const auto& b : args.backends) backends.push_back(tp::cpu::parse_dense_backend(b));
   tp::bench::Table table(
       {"shape", "N x K", "dtype", "M", "backend", "ms", "GB/s", "GFLOP/s", "limit", "x lin", "x f32", "err"});
   tp::bench::Table summary({"shape", "dtype", "M", "chosen", "fastest", "chosen ms", "at::linear ms", "x lin"});
@@ -195,10 +195,10 @@ int main(int argc, char** argv) {
                                ? std::max(1, static_cast<int>(std::ceil(2.0 * limits.llc_bytes / bytes32)))
                                : 1;
       std::vector<at::Tensor> ws, ws32;
-      std::vector<std::unique_ptr<CpuGemm>> gemms;
+      std::vector<std::unique_ptr<DenseGemm>> gemms;
       for (int c = 0; c < copies; ++c) {
         ws.push_back(w64.to(dtype));
-        gemms.push_back(std::make_unique<CpuGemm>());
+        gemms.push_back(std::make_unique<DenseGemm>());
         gemms.back()->prepare(ws.back());
       }
       for (int c = 0; c < copies32; ++c) ws32.push_back(w64.to(at::kFloat));
@@ -224,9 +224,9 @@ int main(int argc, char** argv) {
                                                          return at::linear(x, ws[c]);
                                                        }};
         for (const auto b : backends) {
-          if (b == CpuGemmBackend::kAtLinear) continue;  // the side above
-          if (!tp::detail::cpu_gemm_supports(b, tp::detail::cpu_gemm_problem(m, shape.n, shape.k, dtype))) continue;
-          names.push_back(tp::detail::to_string(b));
+          if (b == DenseBackend::kAtLinear) continue;  // the side above
+          if (!tp::cpu::dense_supports(b, tp::cpu::dense_problem(m, shape.n, shape.k, dtype))) continue;
+          names.push_back(tp::cpu::to_string(b));
           calls.push_back([&, b] {
             c = (c + 1) % copies;
             return gemms[c]->linear(x, std::nullopt, b);
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
           const double row_bytes = is32 ? bytes32 : bytes;
           const auto f = tp::bench::limit_fraction(limits, row_bytes, flops, ms[s] * 1e-3, is32 ? at::kFloat : dtype);
           const bool is_chosen =
-              names[s] == tp::detail::to_string(chosen) || (chosen == CpuGemmBackend::kAtLinear && s == 1);
+              names[s] == tp::cpu::to_string(chosen) || (chosen == DenseBackend::kAtLinear && s == 1);
           table.add(
               {shape.name, format("%lldx%lld", (long long)shape.n, (long long)shape.k), is32 ? "float32" : dtype_name,
                std::to_string(m), names[s] + (is_chosen ? " *" : ""), format("%.3f", ms[s]),
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
         const double auto_ms = ms.back();
         // 5 %: below that the sides' medians are within this machine's run-to-run noise.
         if (auto_ms > 1.05 * lin) ++slower;
-        summary.add({shape.name, dtype_name, std::to_string(m), tp::detail::to_string(chosen), names[fastest],
+        summary.add({shape.name, dtype_name, std::to_string(m), tp::cpu::to_string(chosen), names[fastest],
                      format("%.3f", auto_ms), format("%.3f", lin),
                      format("%.2f%s", lin / auto_ms, auto_ms > 1.05 * lin ? " SLOWER" : "")});
       }

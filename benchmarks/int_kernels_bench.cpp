@@ -13,7 +13,7 @@
 // threads: at one thread, much less than the wall time means the machine was
 // busy), and the max error relative to max |y| of at::linear over the dequantized
 // weight.
-// The ISAs default to every one up to cpu_isa() (TP_CPU_ISA caps it); the peers
+// The ISAs default to every one up to tp::cpu::isa() (TP_CPU_ISA caps it); the peers
 // follow ATEN_CPU_CAPABILITY / MKL_ENABLE_INSTRUCTIONS / ONEDNN_MAX_CPU_ISA. Exits 1
 // when a kernel's error exceeds the float32 GEMM bound (bfloat16: its own), so the
 // smoke run in CTest is a correctness check too.
@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/packing.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
@@ -114,19 +114,19 @@ int main(int argc, char** argv) {
     }
   }
   const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  std::vector<CpuIsa> isas;
+  std::vector<tp::cpu::Isa> isas;
   if (isa_names.empty()) {
-    for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
-      if (static_cast<int>(isa) <= static_cast<int>(cpu_isa())) isas.push_back(isa);
+    for (tp::cpu::Isa isa : {tp::cpu::Isa::kAvx2, tp::cpu::Isa::kAvx512})
+      if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::isa())) isas.push_back(isa);
   } else {
-    for (const auto& n : isa_names) isas.push_back(parse_cpu_isa(n));
+    for (const auto& n : isa_names) isas.push_back(tp::cpu::parse_isa(n));
   }
 
-  std::printf("cpu features: %s\n", cpu_features().describe().c_str());
+  std::printf("cpu features: %s\n", tp::cpu::features().describe().c_str());
   std::printf(
-      "tp cpu_isa: %s (TP_CPU_ISA=%s); peers: ATEN_CPU_CAPABILITY=%s MKL_ENABLE_INSTRUCTIONS=%s "
+      "tp tp::cpu::isa: %s (TP_CPU_ISA=%s); peers: ATEN_CPU_CAPABILITY=%s MKL_ENABLE_INSTRUCTIONS=%s "
       "ONEDNN_MAX_CPU_ISA=%s\n",
-      to_string(cpu_isa()), env_or("TP_CPU_ISA", "-"), env_or("ATEN_CPU_CAPABILITY", "-"),
+      to_string(tp::cpu::isa()), env_or("TP_CPU_ISA", "-"), env_or("ATEN_CPU_CAPABILITY", "-"),
       env_or("MKL_ENABLE_INSTRUCTIONS", "-"), env_or("ONEDNN_MAX_CPU_ISA", "-"));
   std::printf("layer dtype %s, int4 group %lld, %lld reps (medians)\n\n", dtype_name.c_str(),
               static_cast<long long>(group), static_cast<long long>(reps));
@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
             const auto wb = reference.to(at::kBFloat16);
             cands.push_back({"at::linear bf16", [&, wb] { return at::linear(x, wb); }, {}, {}});
           }
-          for (CpuIsa isa : isas) {
+          for (tp::cpu::Isa isa : isas) {
             const std::string name = std::string("tp ") + format + " " + to_string(isa);
             if (format == "int4")
               cands.push_back({name, [&, isa] { return int4_cpu_linear(x, w4, isa); }, {}, {}});

@@ -17,7 +17,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "common/kernel_counts.h"
+#include "cpu/kernel_counts.h"
 #include "tp/tp.h"
 
 namespace tp::bench {
@@ -474,9 +474,9 @@ void TpRun::rank_body(Communicator& comm) const {
             }
             at::set_num_threads(threads_per_rank);
           }
-          if (round == 0) counts_before = comm.all_reduce_counts(), kernels_before = detail::kernel_counts();
+          if (round == 0) counts_before = comm.all_reduce_counts(), kernels_before = tp::cpu::kernel_counts();
           timed(run_tp, t_tp);
-          if (round == 0) counts_after = comm.all_reduce_counts(), kernels_after = detail::kernel_counts();
+          if (round == 0) counts_after = comm.all_reduce_counts(), kernels_after = tp::cpu::kernel_counts();
           if (has_comm) {
             timed(run_gemm, t_gemm);
             timed(run_comm, t_comm, refill);
@@ -503,7 +503,7 @@ void TpRun::rank_body(Communicator& comm) const {
         r.allreduce = to_string(strategy);
         r.allreduce_taken = has_comm && tp > 1 ? taken_between(counts_before, counts_after) : "-";
         // Process-wide counts: with ranks as threads, every rank's calls (all run the same kernels).
-        r.kernel = detail::kernels_between(kernels_before, kernels_after);
+        r.kernel = tp::cpu::kernels_between(kernels_before, kernels_after);
         r.tp = tp;
         r.tokens = m;
         const auto sh = row_shapes(row, config.shape, m, static_cast<int64_t>(c10::elementSize(dtype)), ckpt_meta);

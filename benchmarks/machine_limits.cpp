@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "bench_util.h"
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
 namespace tp::bench {
 
@@ -118,7 +118,7 @@ Bandwidth measure_read_bandwidth(int64_t llc, double budget, Timer timer) {
 // The float32 FMA ceiling: 12 independent vector FMA chains per thread (enough to
 // cover the FMA latency on two FMA units), `iters` rounds; returns a value that
 // depends on every chain so none is optimized away. Compiled for the ISA by attribute
-// and entered only when cpu_isa() allows it.
+// and entered only when tp::cpu::isa() allows it.
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) float fma_chains_avx512(int64_t iters) {
   __m512 acc[12];
@@ -156,9 +156,9 @@ __attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iters) {
 // best of short runs over `budget` seconds; 0 where there is no SIMD path.
 double fma_ceiling(double budget, Timer timer) {
 #if defined(__x86_64__)
-  const auto isa = detail::cpu_isa();
-  if (static_cast<int>(isa) < static_cast<int>(detail::CpuIsa::kAvx2)) return 0.0;
-  const bool wide = static_cast<int>(isa) >= static_cast<int>(detail::CpuIsa::kAvx512);
+  const auto isa = tp::cpu::isa();
+  if (static_cast<int>(isa) < static_cast<int>(tp::cpu::Isa::kAvx2)) return 0.0;
+  const bool wide = static_cast<int>(isa) >= static_cast<int>(tp::cpu::Isa::kAvx512);
   const int lanes = wide ? 16 : 8;
   const int threads = at::get_num_threads();
   const auto run = [&](int64_t iters) {
@@ -258,12 +258,12 @@ std::string MachineLimits::describe() const {
 }
 
 std::string cpu_description() {
-  const auto isa = detail::cpu_isa();
+  const auto isa = tp::cpu::isa();
   return format(
       "cpu: %s; isa %s (TP_CPU_ISA=%s); features: %s; ATen %s (ATEN_CPU_CAPABILITY=%s); "
       "ONEDNN_MAX_CPU_ISA=%s MKL_ENABLE_INSTRUCTIONS=%s; torch threads %d",
-      machine_description().c_str(), detail::to_string(isa), env_or_dash("TP_CPU_ISA"),
-      detail::cpu_features().describe().c_str(), at::get_cpu_capability().c_str(), env_or_dash("ATEN_CPU_CAPABILITY"),
+      machine_description().c_str(), tp::cpu::to_string(isa), env_or_dash("TP_CPU_ISA"),
+      tp::cpu::features().describe().c_str(), at::get_cpu_capability().c_str(), env_or_dash("ATEN_CPU_CAPABILITY"),
       env_or_dash("ONEDNN_MAX_CPU_ISA"), env_or_dash("MKL_ENABLE_INSTRUCTIONS"), at::get_num_threads());
 }
 

@@ -2,7 +2,7 @@
 // The machine's limits for the CPU benchmarks, measured at start-up in about 1-2 s:
 // the read bandwidth with all threads (a streaming sum over a buffer several times the
 // last-level cache) and the peak float32 and bfloat16 rates (the best of at::mm and
-// oneDNN on a large square GEMM; for float32 also the FMA ceiling of cpu_isa()'s
+// oneDNN on a large square GEMM; for float32 also the FMA ceiling of tp::cpu::isa()'s
 // vectors, when higher). Each benchmark row then reports the fraction of
 // the limit that binds it, roofline style:
 //
@@ -39,7 +39,7 @@ struct MachineLimits {
   std::string fp32_kernel;         ///< which one set it: "at::mm", "onednn" or "FMA ceiling"
   int64_t fp32_size = 0;           ///< n of the n x n x n GEMM (0: the FMA ceiling)
   double fp32_gemm_gflop_s = 0.0;  ///< best float32 square GEMM, of at::mm and oneDNN
-  double fma_gflop_s = 0.0;        ///< vector FMAs per second x 2 x lanes, all threads (cpu_isa())
+  double fma_gflop_s = 0.0;        ///< vector FMAs per second x 2 x lanes, all threads (tp::cpu::isa())
   double bf16_gflop_s = 0.0;       ///< peak bfloat16 GEMM (at::mm / oneDNN in bf16)
   std::string bf16_kernel;
   int64_t bf16_size = 0;

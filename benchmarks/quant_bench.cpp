@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "common/kernel_counts.h"
+#include "cpu/kernel_counts.h"
 #include "machine_limits.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/quant/quantize.h"
@@ -203,9 +203,9 @@ int main(int argc, char** argv) {
         const double mb = config.format == QuantFormat::kNone
                               ? static_cast<double>(args.n) * args.k * c10::elementSize(dtype) / 1e6
                               : static_cast<double>(stored_bytes(stored)) / 1e6;
-        const auto kernels_before = tp::detail::kernel_counts();
+        const auto kernels_before = tp::cpu::kernel_counts();
         (void)layer->forward(x);
-        const auto kernel = tp::detail::kernels_between(kernels_before, tp::detail::kernel_counts());
+        const auto kernel = tp::cpu::kernels_between(kernels_before, tp::cpu::kernel_counts());
         const double err_model = rel_error(y, ref_model);
         if (!(err_model <= kModelErrorBound)) {
           std::fprintf(stderr, "tp-quant-bench: %s %s M=%lld: error %.3g against the format's model exceeds %.2g\n",

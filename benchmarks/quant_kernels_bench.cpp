@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "tp/quant/quantize.h"
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     return v ? v : "-";
   };
   std::printf("# CPU features: %s\n# tp kernels: %s (cap TP_CPU_ISA=%s), W8A8 path %s\n",
-              td::cpu_features().describe().c_str(), td::to_string(td::cpu_isa()), env("TP_CPU_ISA"),
+              tp::cpu::features().describe().c_str(), tp::cpu::to_string(tp::cpu::isa()), env("TP_CPU_ISA"),
               td::to_string(td::w8a8_best_kernel()));
   std::printf("# peer at::linear float32: ATEN_CPU_CAPABILITY=%s MKL_ENABLE_INSTRUCTIONS=%s ONEDNN_MAX_CPU_ISA=%s\n",
               env("ATEN_CPU_CAPABILITY"), env("MKL_ENABLE_INSTRUCTIONS"), env("ONEDNN_MAX_CPU_ISA"));

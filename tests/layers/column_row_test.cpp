@@ -261,7 +261,7 @@ TEST_CASE("clone() copies a TP layer with its sharding and weights", "[layers]")
 
 TEST_CASE("clone() of a quantized layer computes with the copied tensors", "[layers][quant]") {
   // clone() builds a fresh layer (random weights, finalized) and copies the tensors into
-  // it in place: the kernels' derived copies must follow (quant/tensor_stamp.h).
+  // it in place: the kernels' derived copies must follow (cpu/tensor_stamp.h).
   for (const std::string name : {"int4_gptq:g32", "int4_awq:g64:asym", "int8_weight_only", "int8_w8a8", "fp8_block"}) {
     INFO(name);
     ColumnParallelLinear fc(ColumnParallelLinearOptions(256, 64).quant(parse_quant_config(name)));

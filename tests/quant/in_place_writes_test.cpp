@@ -14,8 +14,8 @@
 #include <tuple>
 #include <utility>
 
-#include "common/cpu_features.h"
-#include "common/kernel_counts.h"
+#include "cpu/features.h"
+#include "cpu/kernel_counts.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 
@@ -70,8 +70,8 @@ TEST_CASE("quantized tensors written in place after finalize() are what the next
 TEST_CASE("each quantized CPU forward names the kernel it ran (the benchmarks' kernel column)",
           "[quant][cpu_kernels]") {
   const int64_t n = 64, k = 256;
-  const bool simd = tp::detail::cpu_isa() != tp::detail::CpuIsa::kScalar;
-  const std::string isa = tp::detail::to_string(tp::detail::cpu_isa());
+  const bool simd = tp::cpu::isa() != tp::cpu::Isa::kScalar;
+  const std::string isa = tp::cpu::to_string(tp::cpu::isa());
   // (format, kernel at M = 1, kernel at M = 40); the rows kernels need SIMD.
   const std::tuple<std::string, std::string, std::string> cases[] = {
       {"int4_gptq:g64", simd ? "int4 rows/" : "int4 panel/", "int4 panel/"},
@@ -86,9 +86,9 @@ TEST_CASE("each quantized CPU forward names the kernel it ran (the benchmarks' k
     make(layer, parse_quant_config(name), n, k, at::kFloat);
     for (const auto& [m, want] : {std::pair<int64_t, std::string>{1, small}, {40, large}}) {
       INFO(name << " M " << m);
-      const auto before = tp::detail::kernel_counts();
+      const auto before = tp::cpu::kernel_counts();
       (void)layer.method->apply(test::randn({m, k}, 800 + m).to(at::kFloat), std::nullopt);
-      const std::string ran = tp::detail::kernels_between(before, tp::detail::kernel_counts());
+      const std::string ran = tp::cpu::kernels_between(before, tp::cpu::kernel_counts());
       CHECK_THAT(ran, Catch::Contains(want));
       if (want != "w8a8/") CHECK_THAT(ran, Catch::Contains(want + isa));
     }

@@ -73,7 +73,7 @@ TEST_CASE("unquantized layers match the float64 reference at TP 1-4 at every CPU
   // M = 1: the own GEMV; 3: the panels kernel for float32 on Intel, gemv elsewhere; 5 and
   // 40: the panels kernel (one chunk / several, AVX-512's panel pairs), oneDNN for bf16 on
   // AMD, at::linear with AMX bf16; 80: past the panels on Intel, at::linear, oneDNN or
-  // bf16_tiles by CPU and dtype (src/quant/unquantized/cpu_gemm.cpp's table).
+  // bf16_tiles by CPU and dtype (src/cpu/dense/gemm.cpp's table).
   uint64_t seed = 10;
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     for (const int64_t tokens : {1, 3, 5, 40, 80}) {

@@ -15,8 +15,8 @@
 #include <atomic>
 #include <vector>
 
-#include "common/cpu_features.h"
-#include "common/kernel_counts.h"
+#include "cpu/features.h"
+#include "cpu/kernel_counts.h"
 #include "quant/abs_max.h"
 
 namespace tp::detail {
@@ -226,7 +226,7 @@ at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float inp
 }
 
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
-                          bool nan_codes, CpuIsa isa) {
+                          bool nan_codes, cpu::Isa isa) {
   TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
                     "fp8_linear_cpu: x must be a float32 [M, K] CPU tensor; got ", x.sizes(), " ", x.scalar_type(),
                     " on ", x.device());
@@ -241,8 +241,8 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
                         scale.size(1) == std::max<int64_t>(groups, 1),
                     "fp8_linear_cpu: scale must be float32 [", n, ", ", std::max<int64_t>(groups, 1), "]; got ",
                     scale.sizes(), " ", scale.scalar_type());
-  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), "fp8_linear_cpu: ISA ", to_string(isa),
-                    " is not supported by this CPU (", cpu_features().describe(), ")");
+  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu::max_isa()), "fp8_linear_cpu: ISA ", to_string(isa),
+                    " is not supported by this CPU (", cpu::features().describe(), ")");
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   if (k == 0) return y.zero_();
@@ -260,15 +260,15 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   view.group = std::min(group, k);  // one group of k: the kernels' "one scale per row"
   view.nan_codes = nan_codes;
 
-  const int64_t chunk = isa == CpuIsa::kAvx512 ? kFp8ChunkAvx512 : kFp8ChunkAvx2;
+  const int64_t chunk = isa == cpu::Isa::kAvx512 ? kFp8ChunkAvx512 : kFp8ChunkAvx2;
   // The SIMD kernels keep a scale group within whole chunks; a group size that is not
   // a multiple of the chunk (no format has one) takes the scalar kernel.
-  if (isa != CpuIsa::kScalar && view.group < k && view.group % chunk != 0) isa = CpuIsa::kScalar;
-  count_kernel(std::string(m == 1 ? "fp8 gemv/" : "fp8 gemm/") + to_string(isa));  // the benchmarks' kernel column
+  if (isa != cpu::Isa::kScalar && view.group < k && view.group % chunk != 0) isa = cpu::Isa::kScalar;
+  cpu::count_kernel(std::string(m == 1 ? "fp8 gemv/" : "fp8 gemm/") + to_string(isa));  // the benchmarks' kernel column
   float* out = y.data_ptr<float>();
   const int64_t units = (n + kUnitRows - 1) / kUnitRows;
   const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
-  if (isa == CpuIsa::kScalar) {
+  if (isa == cpu::Isa::kScalar) {
     const float* xs = xc.data_ptr<float>();
     parallel_units(units, [&](int64_t b, int64_t e) {
       const auto [n0, n1] = rows(b, e);
@@ -282,7 +282,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   at::Tensor xp = at::empty({m, ld_xp}, x.options());
   fp8_pack_x(xc.data_ptr<float>(), m, k, k, chunk, ld_xp, xp.data_ptr<float>());
   const float* xps = xp.data_ptr<float>();
-  const auto kernel = isa == CpuIsa::kAvx512 ? &fp8_gemm_avx512 : &fp8_gemm_avx2;
+  const auto kernel = isa == cpu::Isa::kAvx512 ? &fp8_gemm_avx512 : &fp8_gemm_avx2;
   parallel_units(units, [&](int64_t b, int64_t e) {
     const auto [n0, n1] = rows(b, e);
     kernel(xps, m, ld_xp, view, out, n, n0, n1);
@@ -292,7 +292,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
 
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
                           bool nan_codes) {
-  return fp8_linear_cpu(x, w, scale, group, nan_codes, cpu_isa());
+  return fp8_linear_cpu(x, w, scale, group, nan_codes, cpu::isa());
 }
 
 }  // namespace tp::detail

@@ -42,9 +42,11 @@ namespace at {
 class Tensor;
 }
 
-namespace tp::detail {
+namespace tp::cpu {
+enum class Isa;
+}
 
-enum class CpuIsa;
+namespace tp::detail {
 
 /// An FP8 E4M3 weight as the kernels read it (a view; the caller owns the memory):
 ///   w_deq[r, c] = float(e4m3(codes[r * ld + c])) * scale[r * scale_ld + c / group]
@@ -116,8 +118,8 @@ at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float inp
 /// quantize_activation does); w: [N, K] float8_e4m3fn; scale: [N, ceil(K / group)]
 /// float32; nan_codes: fp8_has_nan_codes(w). Returns [M, N] float32.
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
-                          bool nan_codes, CpuIsa isa);
-/// The same at cpu_isa().
+                          bool nan_codes, cpu::Isa isa);
+/// The same at cpu::isa().
 at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t group,
                           bool nan_codes);
 

@@ -1,5 +1,5 @@
 // The FP8 E4M3 kernels for AVX2 + FMA + F16C (see cpu_kernels.h for the decode and the
-// packed order of x). Compiled with -mavx2 -mfma -mf16c; entered only when cpu_isa()
+// packed order of x). Compiled with -mavx2 -mfma -mf16c; entered only when cpu::isa()
 // allows AVX2. Everything but the exported functions stays in the anonymous namespace,
 // and no header with inline functions other TUs share is included (ODR: a copy of
 // such a function compiled here could be picked for the whole program).

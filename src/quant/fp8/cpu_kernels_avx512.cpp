@@ -1,6 +1,6 @@
 // The FP8 E4M3 kernels for AVX-512 (F, BW, VL, DQ) + F16C: the AVX2 kernels' structure
 // (see cpu_kernels.h) on 512-bit vectors, 64 codes per load. Compiled with the
-// AVX-512 flags; entered only when cpu_isa() allows AVX-512. Everything but the
+// AVX-512 flags; entered only when cpu::isa() allows AVX-512. Everything but the
 // exported functions stays in the anonymous namespace (ODR, as in the AVX2 file).
 
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as

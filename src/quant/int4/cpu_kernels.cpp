@@ -6,18 +6,18 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/cpu_panel_gemm.h"
-#include "common/kernel_counts.h"
+#include "cpu/kernel_counts.h"
+#include "cpu/panel_gemm.h"
 
 namespace tp::detail {
 
 namespace {
 
-PanelDecodeFn decoder(CpuIsa isa) {
+cpu::PanelDecodeFn decoder(cpu::Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return int4_decode_panels_avx512;
-    case CpuIsa::kAvx2: return int4_decode_panels_avx2;
-    case CpuIsa::kScalar: break;
+    case cpu::Isa::kAvx512: return int4_decode_panels_avx512;
+    case cpu::Isa::kAvx2: return int4_decode_panels_avx2;
+    case cpu::Isa::kScalar: break;
   }
   return int4_decode_panels_scalar;
 }
@@ -76,29 +76,29 @@ Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, co
   w.n = n;
   w.k = k;
   w.group = group;
-  w.panels = (n + kPanelWidth - 1) / kPanelWidth;
+  w.panels = (n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   // Columns past N stay zero (code 0, zero 0, scale 0: they decode to 0).
-  w.codes = at::zeros({w.panels, k / 8, kPanelWidth}, at::kInt);
-  w.scales = at::zeros({w.panels, groups, kPanelWidth}, f16 ? at::kHalf : at::kFloat);
-  w.zeros = at::zeros({w.panels, groups, kPanelWidth}, at::kByte);
+  w.codes = at::zeros({w.panels, k / 8, cpu::kPanelWidth}, at::kInt);
+  w.scales = at::zeros({w.panels, groups, cpu::kPanelWidth}, f16 ? at::kHalf : at::kFloat);
+  w.zeros = at::zeros({w.panels, groups, cpu::kPanelWidth}, at::kByte);
   const auto qc = q.contiguous();
   const int32_t* src = qc.const_data_ptr<int32_t>();
   auto* words = reinterpret_cast<uint32_t*>(w.codes.mutable_data_ptr<int32_t>());
-  parallel_over_panels(w.panels, 1, k, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t c = p0 * kPanelWidth; c < std::min(n, p1 * kPanelWidth); ++c) {
-      uint32_t* dst = words + (c / kPanelWidth) * (k / 8) * kPanelWidth + c % kPanelWidth;
+  cpu::parallel_over_panels(w.panels, 1, k, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t c = p0 * cpu::kPanelWidth; c < std::min(n, p1 * cpu::kPanelWidth); ++c) {
+      uint32_t* dst = words + (c / cpu::kPanelWidth) * (k / 8) * cpu::kPanelWidth + c % cpu::kPanelWidth;
       const int32_t* row = src + c * k;
       for (int64_t b = 0; b < k / 8; ++b) {
         uint32_t word = 0;
         for (int i = 0; i < 8; ++i) word |= static_cast<uint32_t>(row[8 * b + i]) << (4 * i);
-        dst[b * kPanelWidth] = word;
+        dst[b * cpu::kPanelWidth] = word;
       }
     }
   });
   // scales, zeros: [G, N] -> [panels, G, 16].
   const auto per_panel = [&](const at::Tensor& t, const at::Tensor& dst) {
-    const int64_t pad = w.panels * kPanelWidth - n;
-    dst.copy_(at::constant_pad_nd(t, {0, pad}).view({groups, w.panels, kPanelWidth}).permute({1, 0, 2}));
+    const int64_t pad = w.panels * cpu::kPanelWidth - n;
+    dst.copy_(at::constant_pad_nd(t, {0, pad}).view({groups, w.panels, cpu::kPanelWidth}).permute({1, 0, 2}));
   };
   per_panel(f16 ? s32.to(at::kHalf) : s32, w.scales);
   per_panel(z.to(at::kByte), w.zeros);
@@ -114,7 +114,7 @@ Int4CpuWeight int4_cpu_concat(std::vector<Int4CpuWeight> parts) {
   bool f16 = true;
   for (size_t i = 0; i < parts.size(); ++i) {
     const auto& p = parts[i];
-    TORCH_INTERNAL_ASSERT(p.k == w.k && p.group == w.group && (i + 1 == parts.size() || p.n % kPanelWidth == 0),
+    TORCH_INTERNAL_ASSERT(p.k == w.k && p.group == w.group && (i + 1 == parts.size() || p.n % cpu::kPanelWidth == 0),
                           "int4_cpu_concat: part ", i, " is [", p.n, ", ", p.k, "] g", p.group);
     w.n += p.n;
     w.panels += p.panels;
@@ -137,13 +137,13 @@ void int4_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t 
   const auto& w = *static_cast<const Int4CpuView*>(view);
   const int64_t groups = w.k / w.group;
   for (int64_t j = 0; j < np; ++j) {
-    const uint32_t* codes = w.codes + (p + j) * (w.k / 8) * kPanelWidth;
+    const uint32_t* codes = w.codes + (p + j) * (w.k / 8) * cpu::kPanelWidth;
     for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t kabs = k0 + kk, g = kabs / w.group, meta = ((p + j) * groups + g) * kPanelWidth;
-      const uint32_t* line = codes + (kabs / 8) * kPanelWidth;
+      const int64_t kabs = k0 + kk, g = kabs / w.group, meta = ((p + j) * groups + g) * cpu::kPanelWidth;
+      const uint32_t* line = codes + (kabs / 8) * cpu::kPanelWidth;
       const int shift = static_cast<int>(4 * (kabs % 8));
-      float* out = buf + kk * ld_buf + kPanelWidth * j;
-      for (int64_t c = 0; c < kPanelWidth; ++c) {
+      float* out = buf + kk * ld_buf + cpu::kPanelWidth * j;
+      for (int64_t c = 0; c < cpu::kPanelWidth; ++c) {
         const float q = static_cast<float>((line[c] >> shift) & 15u);
         const float zero = static_cast<float>(w.zeros[meta + c]);
         const float s = w.scales_f16 ? static_cast<float>(c10::Half(w.scales_f16[meta + c], c10::Half::from_bits()))
@@ -175,8 +175,8 @@ void int4_prescale_x(const float* x, int64_t m, int64_t ld_x, int64_t k, int64_t
 }
 
 void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeight& w, float* y, int64_t ld_y,
-                     CpuIsa isa) {
-  check_cpu_isa(isa, "int4_cpu_linear");
+                     cpu::Isa isa) {
+  cpu::check_isa(isa, "int4_cpu_linear");
   TORCH_INTERNAL_ASSERT(w.codes.defined(), "int4_cpu_linear: the weight is not packed");
   if (m == 0 || w.n == 0) return;
   if (w.k == 0) {
@@ -184,30 +184,32 @@ void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeigh
     return;
   }
   const Int4CpuView v = int4_cpu_view(w);
-  const bool small = isa != CpuIsa::kScalar && m <= kInt4SmallM;
-  count_kernel(std::string(small ? "int4 rows/" : "int4 panel/") + to_string(isa));  // the benchmarks' kernel column
+  const bool small = isa != cpu::Isa::kScalar && m <= kInt4SmallM;
+  cpu::count_kernel(std::string(small ? "int4 rows/" : "int4 panel/") +
+                    to_string(isa));  // the benchmarks' kernel column
   if (small) {
     std::vector<float> xs(m * w.k), sum_x(m * (w.k / w.group));
     int4_prescale_x(x, m, ld_x, w.k, w.group, xs.data(), sum_x.data());
-    const auto rows = isa == CpuIsa::kAvx512 ? int4_rows_avx512 : int4_rows_avx2;
+    const auto rows = isa == cpu::Isa::kAvx512 ? int4_rows_avx512 : int4_rows_avx2;
     // Chunks in whole steps of the rows kernel's widest panel group.
-    parallel_over_panels(w.panels, m, w.k, isa == CpuIsa::kAvx512 ? 4 : 2, [&](int64_t p0, int64_t p1) {
+    cpu::parallel_over_panels(w.panels, m, w.k, isa == cpu::Isa::kAvx512 ? 4 : 2, [&](int64_t p0, int64_t p1) {
       rows(xs.data(), m, w.k, sum_x.data(), w.k / w.group, v, y, ld_y, p0, p1);
     });
     return;
   }
-  panel_gemm_parallel(x, m, ld_x, PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
+  cpu::panel_gemm_parallel(x, m, ld_x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
 }
 
-at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, CpuIsa isa) {
-  return linear_through_f32(x, w.n, w.k, "int4_cpu_linear",
-                            [&](const float* x2, int64_t m, float* y) { int4_cpu_linear(x2, m, w.k, w, y, w.n, isa); });
+at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa isa) {
+  return cpu::linear_through_f32(x, w.n, w.k, "int4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
+    int4_cpu_linear(x2, m, w.k, w, y, w.n, isa);
+  });
 }
 
-at::Tensor int4_cpu_decode(const Int4CpuWeight& w, CpuIsa isa) {
-  check_cpu_isa(isa, "int4_cpu_decode");
+at::Tensor int4_cpu_decode(const Int4CpuWeight& w, cpu::Isa isa) {
+  cpu::check_isa(isa, "int4_cpu_decode");
   const Int4CpuView v = int4_cpu_view(w);
-  return panel_decode_all(PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, isa);
+  return cpu::panel_decode_all(cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, isa);
 }
 
 }  // namespace tp::detail

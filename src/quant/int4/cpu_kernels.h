@@ -9,7 +9,7 @@
 //
 // Layout, made once by int4_cpu_pack (the same for every ISA, so tests can run all
 // code paths on one packed weight). Output columns are cut into panels of 16
-// (kPanelWidth; N is padded with zero columns to a multiple of 16):
+// (cpu::kPanelWidth; N is padded with zero columns to a multiple of 16):
 //   codes   u32 [panels, K/8, 16]   word (p, b, j) holds q[16p + j, 8b + i] in bits 4i..4i+3
 //                                   (8 consecutive k of one column), so one 64-byte line is
 //                                   16 columns x 8 k and a panel's K/8 lines are contiguous
@@ -33,7 +33,7 @@
 //   it prefetches the same line of the next NP: 4 streams per core alone kept the DRAM
 //   reads at ~17 of 37 GB/s.
 // - every other M, and the scalar path for all M: the panel GEMM
-//   (common/cpu_panel_gemm.h) with the exact decoder (q - zero) * scale, computed as
+//   (cpu/panel_gemm.h) with the exact decoder (q - zero) * scale, computed as
 //   float32(q) - float32(zero), then * scale: bit for bit tp::dequantize_weight's
 //   arithmetic.
 // Activations below 2^-98 in magnitude lose bits in the rows kernel's 16^-i
@@ -45,7 +45,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
 namespace tp::detail {
 
@@ -79,27 +79,27 @@ Int4CpuView int4_cpu_view(const Int4CpuWeight& w);
 Int4CpuWeight int4_cpu_pack(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t group);
 
 /// One weight from the packs of its consecutive row ranges (in order; each but the last
-/// a whole number of panels, kPanelWidth rows): what int4_cpu_pack of the whole would
+/// a whole number of panels, cpu::kPanelWidth rows): what int4_cpu_pack of the whole would
 /// give, while the unpacked int32 codes exist for one range at a time. Float16 scales
 /// only where every part has them.
 Int4CpuWeight int4_cpu_concat(std::vector<Int4CpuWeight> parts);
 
 /// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
 /// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).
-at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, CpuIsa isa = cpu_isa());
+at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa isa = cpu::isa());
 
 /// The same over raw float32 buffers: x [m, K] (row stride ld_x), y [m, N] (ld_y).
-/// Threads over N with at::parallel_for. `isa` above cpu_max_isa() is an error.
+/// Threads over N with at::parallel_for. `isa` above cpu::max_isa() is an error.
 void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeight& w, float* y, int64_t ld_y,
-                     CpuIsa isa);
+                     cpu::Isa isa);
 
 /// The decoded float32 weight [N, K] as the panel GEMM's decoder of `isa` writes it
 /// (for tests: it must equal tp::dequantize_weight bit for bit).
-at::Tensor int4_cpu_decode(const Int4CpuWeight& w, CpuIsa isa);
+at::Tensor int4_cpu_decode(const Int4CpuWeight& w, cpu::Isa isa);
 
 // ---- Per-ISA entry points (cpu_kernels.cpp, cpu_kernels_avx2.cpp, cpu_kernels_avx512.cpp)
 
-/// PanelDecodeFn over an Int4CpuView (`view`): panels [p, p + np), k in [k0, k0 + kc).
+/// cpu::PanelDecodeFn over an Int4CpuView (`view`): panels [p, p + np), k in [k0, k0 + kc).
 void int4_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                int64_t ld_buf);
 void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,

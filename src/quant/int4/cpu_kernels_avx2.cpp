@@ -8,7 +8,7 @@
 
 #include <immintrin.h>
 
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 #include "quant/int4/cpu_kernels.h"
 
 namespace tp::detail {
@@ -33,7 +33,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
 #pragma GCC unroll 16
-  for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * kPanelWidth;
+  for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * cpu::kPanelWidth;
   __m256 out[M][V];
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r)
@@ -51,11 +51,12 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
       __m256i raw[V];
 #pragma GCC unroll 16
       for (int v = 0; v < V; ++v)
-        raw[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v / 2] + b * kPanelWidth + 8 * (v % 2)));
+        raw[v] =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel[v / 2] + b * cpu::kPanelWidth + 8 * (v % 2)));
       if (prefetch) {
 #pragma GCC unroll 16
         for (int j = 0; j < NP; ++j)
-          _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (NP * lines + b) * kPanelWidth), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(panel[j] + (NP * lines + b) * cpu::kPanelWidth), _MM_HINT_T0);
       }
       const float* xk = xs + 8 * b;
 #pragma GCC unroll 7
@@ -87,7 +88,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
 // y += scale * (sum q x - zero * sum x).
 #pragma GCC unroll 16
     for (int v = 0; v < V; ++v) {
-      const int64_t meta = ((p + v / 2) * groups + g) * kPanelWidth + 8 * (v % 2);
+      const int64_t meta = ((p + v / 2) * groups + g) * cpu::kPanelWidth + 8 * (v % 2);
       const __m256 scale = load_scale(w, meta), zero = load_zero(w, meta);
 #pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
@@ -133,8 +134,8 @@ void int4_rows_avx2(const float* xs, int64_t m, int64_t ld_xs, const float* sum_
   const int wide = kWidePanels[m];
   for (int64_t p = p0; p < p1;) {
     const int np = p1 - p >= wide ? wide : 1;
-    const int64_t first = kPanelWidth * p, left = w.n - first;
-    const int64_t ncols = left < kPanelWidth * np ? left : kPanelWidth * np;
+    const int64_t first = cpu::kPanelWidth * p, left = w.n - first;
+    const int64_t ncols = left < cpu::kPanelWidth * np ? left : cpu::kPanelWidth * np;
     kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols, p + 2 * np <= p1);
     p += np;
   }
@@ -146,13 +147,13 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const int64_t b_end = (k0 + kc) / 8;
   for (int64_t j = 0; j < np; ++j) {
-    const uint32_t* panel = w.codes + (p + j) * lines * kPanelWidth;
+    const uint32_t* panel = w.codes + (p + j) * lines * cpu::kPanelWidth;
     for (int64_t h = 0; h < 2; ++h) {
-      float* col = buf + kPanelWidth * j + 8 * h;
+      float* col = buf + cpu::kPanelWidth * j + 8 * h;
       for (int64_t b0 = k0 / 8; b0 < b_end;) {
         const int64_t g = b0 / lines_per_group,
                       b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
-        const int64_t meta = ((p + j) * groups + g) * kPanelWidth + 8 * h;
+        const int64_t meta = ((p + j) * groups + g) * cpu::kPanelWidth + 8 * h;
         const __m256 scale = load_scale(w, meta), zero = load_zero(w, meta);
         if (w.scales_f16) {
           // Finite float16 scales (int4_cpu_pack checks): (q - zero) * scale is exact in
@@ -166,7 +167,8 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
             s[i] = _mm256_mul_ps(scale, _mm256_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
           const __m256 minus_zs = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(zero, scale));
           for (int64_t b = b0; b < b1; ++b) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + b * kPanelWidth + 8 * h));
+            const __m256i raw =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + b * cpu::kPanelWidth + 8 * h));
             float* out = col + (8 * b - k0) * ld_buf;
 #pragma GCC unroll 7
             for (int i = 0; i < 7; ++i) {
@@ -179,7 +181,8 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
         } else {
           const __m256i low4 = _mm256_set1_epi32(15);
           for (int64_t b = b0; b < b1; ++b) {
-            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + b * kPanelWidth + 8 * h));
+            const __m256i raw =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + b * cpu::kPanelWidth + 8 * h));
             float* out = col + (8 * b - k0) * ld_buf;
 #pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) {

@@ -9,7 +9,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 #include "quant/int4/cpu_kernels.h"
 
 namespace tp::detail {
@@ -33,7 +33,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const uint32_t* panel[NP];
 #pragma GCC unroll 16
-  for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * kPanelWidth;
+  for (int j = 0; j < NP; ++j) panel[j] = w.codes + (p + j) * lines * cpu::kPanelWidth;
   __m512 out[M][NP];
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r)
@@ -50,11 +50,11 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
     for (int64_t b = g * lines_per_group; b < (g + 1) * lines_per_group; ++b) {
       __m512i raw[NP];
 #pragma GCC unroll 16
-      for (int v = 0; v < NP; ++v) raw[v] = _mm512_loadu_si512(panel[v] + b * kPanelWidth);
+      for (int v = 0; v < NP; ++v) raw[v] = _mm512_loadu_si512(panel[v] + b * cpu::kPanelWidth);
       if (prefetch) {
 #pragma GCC unroll 16
         for (int v = 0; v < NP; ++v)
-          _mm_prefetch(reinterpret_cast<const char*>(panel[v] + (NP * lines + b) * kPanelWidth), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(panel[v] + (NP * lines + b) * cpu::kPanelWidth), _MM_HINT_T0);
       }
       const float* xk = xs + 8 * b;
 #pragma GCC unroll 7
@@ -86,7 +86,7 @@ void rows(const float* xs, int64_t ld_xs, const float* sum_x, int64_t ld_sum, co
 // y += scale * (sum q x - zero * sum x).
 #pragma GCC unroll 16
     for (int v = 0; v < NP; ++v) {
-      const int64_t meta = ((p + v) * groups + g) * kPanelWidth;
+      const int64_t meta = ((p + v) * groups + g) * cpu::kPanelWidth;
       const __m512 scale = load_scale(w, meta), zero = load_zero(w, meta);
 #pragma GCC unroll 16
       for (int r = 0; r < M; ++r) {
@@ -133,8 +133,8 @@ void int4_rows_avx512(const float* xs, int64_t m, int64_t ld_xs, const float* su
   const int wide = kWidePanels[m];
   for (int64_t p = p0; p < p1;) {
     const int np = p1 - p >= wide ? wide : static_cast<int>(p1 - p);
-    const int64_t first = kPanelWidth * p, left = w.n - first;
-    const int64_t ncols = left < kPanelWidth * np ? left : kPanelWidth * np;
+    const int64_t first = cpu::kPanelWidth * p, left = w.n - first;
+    const int64_t ncols = left < cpu::kPanelWidth * np ? left : cpu::kPanelWidth * np;
     kRows[m][np - 1](xs, ld_xs, sum_x, ld_sum, w, y + first, ld_y, p, ncols, p + 2 * np <= p1);
     p += np;
   }
@@ -146,12 +146,12 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
   const int64_t lines = w.k / 8, groups = w.k / w.group, lines_per_group = w.group / 8;
   const int64_t b_end = (k0 + kc) / 8;
   for (int64_t j = 0; j < np; ++j) {
-    const uint32_t* panel = w.codes + (p + j) * lines * kPanelWidth;
-    float* col = buf + kPanelWidth * j;
+    const uint32_t* panel = w.codes + (p + j) * lines * cpu::kPanelWidth;
+    float* col = buf + cpu::kPanelWidth * j;
     for (int64_t b0 = k0 / 8; b0 < b_end;) {
       const int64_t g = b0 / lines_per_group,
                     b1 = (g + 1) * lines_per_group < b_end ? (g + 1) * lines_per_group : b_end;
-      const int64_t meta = ((p + j) * groups + g) * kPanelWidth;
+      const int64_t meta = ((p + j) * groups + g) * cpu::kPanelWidth;
       const __m512 scale = load_scale(w, meta), zero = load_zero(w, meta);
       if (w.scales_f16) {
         // Finite float16 scales: q 16^i * (scale 16^-i) - zero * scale in one FMA is
@@ -162,7 +162,7 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
           s[i] = _mm512_mul_ps(scale, _mm512_set1_ps(i == 7 ? 1.0f : 1.0f / static_cast<float>(1 << (4 * i))));
         const __m512 minus_zs = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(zero, scale));
         for (int64_t b = b0; b < b1; ++b) {
-          const __m512i raw = _mm512_loadu_si512(panel + b * kPanelWidth);
+          const __m512i raw = _mm512_loadu_si512(panel + b * cpu::kPanelWidth);
           float* out = col + (8 * b - k0) * ld_buf;
 #pragma GCC unroll 7
           for (int i = 0; i < 7; ++i) {
@@ -175,7 +175,7 @@ void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t 
       } else {
         const __m512i low4 = _mm512_set1_epi32(15);
         for (int64_t b = b0; b < b1; ++b) {
-          const __m512i raw = _mm512_loadu_si512(panel + b * kPanelWidth);
+          const __m512i raw = _mm512_loadu_si512(panel + b * cpu::kPanelWidth);
           float* out = col + (8 * b - k0) * ld_buf;
 #pragma GCC unroll 8
           for (int i = 0; i < 8; ++i) {

@@ -13,13 +13,13 @@
 // CPU kernel: tp's own (quant/int4/cpu_kernels.h). finalize() unpacks the checkpoint
 // to codes q [N, K], scales and zero points, and repacks them once into the kernels'
 // panel layout (independent of the activation dtype and of the ISA, which is chosen
-// per call: scalar, AVX2 or AVX-512 by cpu_isa()). float32, bfloat16 and float16
+// per call: scalar, AVX2 or AVX-512 by cpu::isa()). float32, bfloat16 and float16
 // layers run it: x is converted to float32 exactly, every product q * x is exact and
 // only the float32 accumulation rounds (no rounding of x to bfloat16), and the output
 // is rounded once to the layer's dtype. Float64 layers and other devices take a
 // dequantize-and-matmul reference with the weight dequantized once in finalize().
 // Whatever finalize() derives is made again on the next call once the registered
-// tensors were written in place (quant/tensor_stamp.h).
+// tensors were written in place (cpu/tensor_stamp.h).
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -30,12 +30,12 @@
 #include <mutex>
 #include <vector>
 
-#include "common/cpu_panel_gemm.h"  // kPanelWidth: the rows of one kernel panel
+#include "cpu/panel_gemm.h"  // kPanelWidth: the rows of one kernel panel
+#include "cpu/tensor_stamp.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
 #include "quant/random_weight.h"
-#include "quant/tensor_stamp.h"
 #include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
@@ -256,15 +256,15 @@ class Int4Method final : public QuantMethod {
   // What the kernels need, derived from the registered tensors: the CPU panels, or the
   // CUDA layout, or the dequantized weight where neither applies.
   struct Kernel {
-    TensorStamp made_from;   // of qweight_, qzeros_, scales_ when it was made
-    Int4CpuWeight cpu;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
-    at::Tensor dequantized;  // [N, K] in dtype_, when the CPU kernels do not apply
+    cpu::TensorStamp made_from;  // of qweight_, qzeros_, scales_ when it was made
+    Int4CpuWeight cpu;           // the CPU kernels' panels (quant/int4/cpu_kernels.h)
+    at::Tensor dequantized;      // [N, K] in dtype_, when the CPU kernels do not apply
 #if TP_WITH_CUDA
     std::optional<cuda::Int4Prepared> cuda;  // when qweight is on CUDA
 #endif
   };
 
-  TensorStamp stamp() const { return TensorStamp::of({qweight_, qzeros_, scales_}); }
+  cpu::TensorStamp stamp() const { return cpu::TensorStamp::of({qweight_, qzeros_, scales_}); }
 
   std::shared_ptr<const Kernel> make_kernel() const {
     auto kernel = std::make_shared<Kernel>();
@@ -282,14 +282,14 @@ class Int4Method final : public QuantMethod {
     // weight, and the dequantized float32 weight as large again.
     if (qweight_.device().is_cpu() && cpu_kernel_dtype(dtype_)) {
       std::vector<Int4CpuWeight> parts;
-      for_each_row_chunk(n_, k_, kPanelWidth, [&](int64_t first, int64_t rows) {
+      for_each_row_chunk(n_, k_, cpu::kPanelWidth, [&](int64_t first, int64_t rows) {
         const auto u = unpack(first, rows);
         parts.push_back(int4_cpu_pack(u.codes, u.scale, u.zero, g_));
       });
       kernel->cpu = int4_cpu_concat(std::move(parts));
     } else {
       kernel->dequantized = at::empty({n_, k_}, at::TensorOptions().dtype(dtype_).device(qweight_.device()));
-      for_each_row_chunk(n_, k_, kPanelWidth, [&](int64_t first, int64_t rows) {
+      for_each_row_chunk(n_, k_, cpu::kPanelWidth, [&](int64_t first, int64_t rows) {
         kernel->dequantized.narrow(0, first, rows).copy_(dequantize_unpacked(unpack(first, rows), g_));
       });
     }

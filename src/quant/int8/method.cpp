@@ -10,7 +10,7 @@
 // CPU kernels:
 // - int8_weight_only (W8A16): tp's own kernels (quant/int8/weight_only_cpu_kernels.h),
 //   which read the registered weight [N, K] in place (finalize() only converts the
-//   scales) and choose the ISA per call (scalar, AVX2, AVX-512 by cpu_isa()). float32,
+//   scales) and choose the ISA per call (scalar, AVX2, AVX-512 by cpu::isa()). float32,
 //   bfloat16 and float16 layers run them: x is converted to float32 exactly, every
 //   product q * x is exact and only the float32 accumulation rounds (no rounding of x
 //   to bfloat16), any K. Float64 layers and other devices take the reference:
@@ -22,7 +22,7 @@
 //   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
 //   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight or
 //   scale written in place since has them, and the float scales, made again on the
-//   next call (quant/tensor_stamp.h). K past
+//   next call (cpu/tensor_stamp.h). K past
 //   kW8a8MaxK (int32 could overflow) takes at::_int_mm; off the CPU the products go
 //   through a float32 matmul.
 
@@ -35,11 +35,11 @@
 #include <mutex>
 #include <utility>
 
+#include "cpu/tensor_stamp.h"
 #include "quant/int8/int8.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 #include "quant/random_weight.h"
-#include "quant/tensor_stamp.h"
 #include "tp/loader/load_shard.h"
 
 #if TP_WITH_CUDA
@@ -186,16 +186,16 @@ class Int8Method final : public QuantMethod {
  private:
   // What the kernels need beyond the registered tensors, derived from them.
   struct Kernel {
-    TensorStamp made_from;   // of weight_ and weight_scale_ when it was made
-    at::Tensor row_scale;    // f32 [1, N], for the W8A8 epilogue
-    at::Tensor row_sums;     // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
-    Int8WoCpuWeight cpu_wo;  // weight-only CPU kernels: weight_ itself + f32 scales
+    cpu::TensorStamp made_from;  // of weight_ and weight_scale_ when it was made
+    at::Tensor row_scale;        // f32 [1, N], for the W8A8 epilogue
+    at::Tensor row_sums;         // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+    Int8WoCpuWeight cpu_wo;      // weight-only CPU kernels: weight_ itself + f32 scales
 #if TP_WITH_CUDA
     std::optional<cuda::Int8Prepared> cuda;  // when the weight is on CUDA
 #endif
   };
 
-  TensorStamp stamp() const { return TensorStamp::of({weight_, weight_scale_}); }
+  cpu::TensorStamp stamp() const { return cpu::TensorStamp::of({weight_, weight_scale_}); }
 
   std::shared_ptr<const Kernel> make_kernel() const {
     auto kernel = std::make_shared<Kernel>();

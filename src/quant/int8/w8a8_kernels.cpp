@@ -12,8 +12,8 @@
 #include <atomic>
 #include <vector>
 
-#include "common/cpu_features.h"
-#include "common/kernel_counts.h"
+#include "cpu/features.h"
+#include "cpu/kernel_counts.h"
 #include "quant/abs_max.h"
 
 namespace tp::detail {
@@ -64,14 +64,14 @@ const char* to_string(W8a8Kernel kernel) {
 }
 
 bool w8a8_kernel_supported(W8a8Kernel kernel) {
-  const CpuIsa isa = cpu_isa();
-  const CpuFeatures& f = cpu_features();
+  const cpu::Isa isa = cpu::isa();
+  const cpu::Features& f = cpu::features();
   switch (kernel) {
     case W8a8Kernel::kScalar: return true;
-    case W8a8Kernel::kAvx2: return isa >= CpuIsa::kAvx2;
-    case W8a8Kernel::kAvx2Vnni: return isa >= CpuIsa::kAvx2 && f.avx_vnni;
-    case W8a8Kernel::kAvx512: return isa >= CpuIsa::kAvx512;
-    case W8a8Kernel::kAvx512Vnni: return isa >= CpuIsa::kAvx512 && f.avx512vnni;
+    case W8a8Kernel::kAvx2: return isa >= cpu::Isa::kAvx2;
+    case W8a8Kernel::kAvx2Vnni: return isa >= cpu::Isa::kAvx2 && f.avx_vnni;
+    case W8a8Kernel::kAvx512: return isa >= cpu::Isa::kAvx512;
+    case W8a8Kernel::kAvx512Vnni: return isa >= cpu::Isa::kAvx512 && f.avx512vnni;
   }
   return false;
 }
@@ -203,8 +203,8 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   TORCH_CHECK_VALUE(k <= kMaxK, "w8a8_linear_cpu: K = ", k, " exceeds ", kMaxK,
                     ", past which int32 sums of int8 products could overflow");
   TORCH_CHECK_VALUE(w8a8_kernel_supported(kernel), "w8a8_linear_cpu: kernel ", to_string(kernel),
-                    " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu_isa()),
-                    "; features: ", cpu_features().describe(), ")");
+                    " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu::isa()),
+                    "; features: ", cpu::features().describe(), ")");
   // The VNNI sums of (x + 128) w would overflow first: larger K takes the sign kernel.
   if (is_vnni(kernel) && k > kMaxKVnni)
     kernel = kernel == W8a8Kernel::kAvx512Vnni ? W8a8Kernel::kAvx512 : W8a8Kernel::kAvx2;
@@ -229,7 +229,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   view.ld = k;
   view.scale = ws.data_ptr<float>();
   view.row_sum = sums.defined() ? sums.data_ptr<int32_t>() : nullptr;
-  count_kernel(std::string("w8a8/") + to_string(kernel));  // the benchmarks' kernel column
+  cpu::count_kernel(std::string("w8a8/") + to_string(kernel));  // the benchmarks' kernel column
   const float* xsp = xs.data_ptr<float>();
   float* out = y.data_ptr<float>();
   const int64_t units = (n + kUnitRows - 1) / kUnitRows;

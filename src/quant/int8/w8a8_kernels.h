@@ -6,7 +6,7 @@
 // in float32, in that order (the order of the reference epilogue, so y matches it bit
 // for bit: integer sums do not depend on their order).
 //
-// Code paths (W8a8Kernel), chosen at run time from cpu_isa() and the CPU's VNNI flags:
+// Code paths (W8a8Kernel), chosen at run time from cpu::isa() and the CPU's VNNI flags:
 // - kAvx2, kAvx512 (no VNNI): vpmaddubsw multiplies u8 x s8 pairs into saturating
 //   int16 sums. With u = |w| (0..128) and s = x carrying w's sign (vpsignb; |x| <= 127)
 //   every pair sum is at most 2 * 128 * 127 = 32512 < 32767, so nothing saturates for
@@ -41,7 +41,7 @@ enum class W8a8Kernel { kScalar, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
 const char* to_string(W8a8Kernel kernel);
 /// Whether this CPU can run `kernel` (also under the TP_CPU_ISA cap).
 bool w8a8_kernel_supported(W8a8Kernel kernel);
-/// The fastest kernel cpu_isa() and the CPU's features allow.
+/// The fastest kernel cpu::isa() and the CPU's features allow.
 W8a8Kernel w8a8_best_kernel();
 
 /// An int8 weight as the kernels read it (a view; the caller owns the memory).

@@ -5,18 +5,18 @@
 
 #include <algorithm>
 
-#include "common/cpu_panel_gemm.h"
-#include "common/kernel_counts.h"
+#include "cpu/kernel_counts.h"
+#include "cpu/panel_gemm.h"
 
 namespace tp::detail {
 
 namespace {
 
-PanelDecodeFn decoder(CpuIsa isa) {
+cpu::PanelDecodeFn decoder(cpu::Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return int8_wo_decode_panels_avx512;
-    case CpuIsa::kAvx2: return int8_wo_decode_panels_avx2;
-    case CpuIsa::kScalar: break;
+    case cpu::Isa::kAvx512: return int8_wo_decode_panels_avx512;
+    case cpu::Isa::kAvx2: return int8_wo_decode_panels_avx2;
+    case cpu::Isa::kScalar: break;
   }
   return int8_wo_decode_panels_scalar;
 }
@@ -47,17 +47,18 @@ Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale) {
   Int8WoCpuWeight w;
   w.n = n;
   w.k = k;
-  w.panels = (n + kPanelWidth - 1) / kPanelWidth;
+  w.panels = (n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   w.codes = q.cpu().contiguous();  // no copy for the layer's own (contiguous, CPU) weight
-  w.scales = at::constant_pad_nd(scale.cpu().reshape({n}).to(at::kFloat), {0, w.panels * kPanelWidth - n}).contiguous();
+  w.scales =
+      at::constant_pad_nd(scale.cpu().reshape({n}).to(at::kFloat), {0, w.panels * cpu::kPanelWidth - n}).contiguous();
   return w;
 }
 
 void int8_wo_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                   int64_t ld_buf) {
   const auto& w = *static_cast<const Int8WoCpuView*>(view);
-  for (int64_t j = 0; j < np * kPanelWidth; ++j) {
-    const int64_t n = p * kPanelWidth + j;
+  for (int64_t j = 0; j < np * cpu::kPanelWidth; ++j) {
+    const int64_t n = p * cpu::kPanelWidth + j;
     for (int64_t kk = 0; kk < kc; ++kk) {
       buf[kk * ld_buf + j] = n < w.n ? static_cast<float>(w.codes[n * w.k + k0 + kk]) * w.scales[n] : 0.0f;
     }
@@ -65,8 +66,8 @@ void int8_wo_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64
 }
 
 void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuWeight& w, float* y, int64_t ld_y,
-                        CpuIsa isa) {
-  check_cpu_isa(isa, "int8_wo_cpu_linear");
+                        cpu::Isa isa) {
+  cpu::check_isa(isa, "int8_wo_cpu_linear");
   TORCH_INTERNAL_ASSERT(w.codes.defined(), "int8_wo_cpu_linear: the weight is not packed");
   if (m == 0 || w.n == 0) return;
   if (w.k == 0) {
@@ -74,29 +75,29 @@ void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpu
     return;
   }
   const Int8WoCpuView v = int8_wo_cpu_view(w);
-  const bool small = isa != CpuIsa::kScalar && m <= kInt8WoSmallM;
-  count_kernel(std::string(small ? "int8wo rows/" : "int8wo panel/") +
-               to_string(isa));  // the benchmarks' kernel column
+  const bool small = isa != cpu::Isa::kScalar && m <= kInt8WoSmallM;
+  cpu::count_kernel(std::string(small ? "int8wo rows/" : "int8wo panel/") +
+                    to_string(isa));  // the benchmarks' kernel column
   if (small) {
-    const auto rows = isa == CpuIsa::kAvx512 ? int8_wo_rows_avx512 : int8_wo_rows_avx2;
+    const auto rows = isa == cpu::Isa::kAvx512 ? int8_wo_rows_avx512 : int8_wo_rows_avx2;
     // Chunks in whole steps of the rows kernel's widest panel group.
-    parallel_over_panels(w.panels, m, w.k, isa == CpuIsa::kAvx512 ? 4 : 2,
-                         [&](int64_t p0, int64_t p1) { rows(x, m, ld_x, v, y, ld_y, p0, p1); });
+    cpu::parallel_over_panels(w.panels, m, w.k, isa == cpu::Isa::kAvx512 ? 4 : 2,
+                              [&](int64_t p0, int64_t p1) { rows(x, m, ld_x, v, y, ld_y, p0, p1); });
     return;
   }
-  panel_gemm_parallel(x, m, ld_x, PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
+  cpu::panel_gemm_parallel(x, m, ld_x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
 }
 
-at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, CpuIsa isa) {
-  return linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
+at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu::Isa isa) {
+  return cpu::linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int8_wo_cpu_linear(x2, m, w.k, w, y, w.n, isa);
   });
 }
 
-at::Tensor int8_wo_cpu_decode(const Int8WoCpuWeight& w, CpuIsa isa) {
-  check_cpu_isa(isa, "int8_wo_cpu_decode");
+at::Tensor int8_wo_cpu_decode(const Int8WoCpuWeight& w, cpu::Isa isa) {
+  cpu::check_isa(isa, "int8_wo_cpu_decode");
   const Int8WoCpuView v = int8_wo_cpu_view(w);
-  return panel_decode_all(PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, isa);
+  return cpu::panel_decode_all(cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, isa);
 }
 
 }  // namespace tp::detail

@@ -10,7 +10,7 @@
 // copy: int8_wo_cpu_pack keeps a reference to it when it is contiguous, so the layer's
 // registered weight and the kernels share one buffer (a repacked copy would double
 // the memory of an int8 layer). Scales f32 [panels * 16], padded with zeros, where
-// panels = ceil(N / 16) (kPanelWidth).
+// panels = ceil(N / 16) (cpu::kPanelWidth).
 //
 // Kernels (chosen per call by the dispatcher in weight_only_cpu_kernels.cpp):
 // - M <= kInt8WoSmallM, AVX2 / AVX-512 ("rows" kernel, dot-product form): a block of
@@ -20,7 +20,7 @@
 //   products q * x are exact; only the float32 accumulation and the final product
 //   with the scale round.
 // - every other M, and the scalar path for all M: the panel GEMM
-//   (common/cpu_panel_gemm.h) with a decoder that transposes 16 rows x 16 k of bytes
+//   (cpu/panel_gemm.h) with a decoder that transposes 16 rows x 16 k of bytes
 //   in registers and writes float32(q) * scale: bit for bit tp::dequantize_weight's
 //   arithmetic.
 
@@ -28,7 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
 namespace tp::detail {
 
@@ -59,20 +59,20 @@ Int8WoCpuWeight int8_wo_cpu_pack(const at::Tensor& q, const at::Tensor& scale);
 
 /// y = x W^T. x: [..., K] float32, bfloat16 or float16 on the CPU; y: [..., N] in x's
 /// dtype (16-bit x is converted to float32 first, exactly; the output is rounded once).
-at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, CpuIsa isa = cpu_isa());
+at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu::Isa isa = cpu::isa());
 
 /// The same over raw float32 buffers: x [m, K] (row stride ld_x), y [m, N] (ld_y).
-/// Threads over N with at::parallel_for. `isa` above cpu_max_isa() is an error.
+/// Threads over N with at::parallel_for. `isa` above cpu::max_isa() is an error.
 void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuWeight& w, float* y, int64_t ld_y,
-                        CpuIsa isa);
+                        cpu::Isa isa);
 
 /// The decoded float32 weight [N, K] as the panel GEMM's decoder of `isa` writes it
 /// (for tests: it must equal tp::dequantize_weight bit for bit).
-at::Tensor int8_wo_cpu_decode(const Int8WoCpuWeight& w, CpuIsa isa);
+at::Tensor int8_wo_cpu_decode(const Int8WoCpuWeight& w, cpu::Isa isa);
 
 // ---- Per-ISA entry points (weight_only_cpu_kernels{,_avx2,_avx512}.cpp)
 
-/// PanelDecodeFn over an Int8WoCpuView (`view`): panels [p, p + np), k in [k0, k0 + kc).
+/// cpu::PanelDecodeFn over an Int8WoCpuView (`view`): panels [p, p + np), k in [k0, k0 + kc).
 void int8_wo_decode_panels_scalar(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                   int64_t ld_buf);
 void int8_wo_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,

@@ -8,7 +8,7 @@
 
 #include <immintrin.h>
 
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 
 namespace tp::detail {
@@ -100,9 +100,9 @@ void transpose16(const __m128i v[16], __m128i t[16]) {
 
 void int8_wo_rows_avx2(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_t ld_y,
                        int64_t p0, int64_t p1) {
-  const int64_t n1 = p1 * kPanelWidth < w.n ? p1 * kPanelWidth : w.n;
+  const int64_t n1 = p1 * cpu::kPanelWidth < w.n ? p1 * cpu::kPanelWidth : w.n;
   const int block = kBlock[m];
-  int64_t n = p0 * kPanelWidth;
+  int64_t n = p0 * cpu::kPanelWidth;
   for (; n + block <= n1; n += block) kFull[m](x, ld_x, w, y, ld_y, n);
   for (; n < n1; ++n) kOne[m](x, ld_x, w, y, ld_y, n);
 }
@@ -112,13 +112,13 @@ void int8_wo_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t
   const auto& w = *static_cast<const Int8WoCpuView*>(view);
   const int64_t k16 = kc / 16 * 16;
   for (int64_t j = 0; j < np; ++j) {
-    const int64_t first = (p + j) * kPanelWidth;
+    const int64_t first = (p + j) * cpu::kPanelWidth;
     // Rows past N read row `first` again: their scale is 0 and the GEMM never stores
     // their columns.
-    const int8_t* row[kPanelWidth];
-    for (int64_t r = 0; r < kPanelWidth; ++r) row[r] = w.codes + (first + r < w.n ? first + r : first) * w.k + k0;
+    const int8_t* row[cpu::kPanelWidth];
+    for (int64_t r = 0; r < cpu::kPanelWidth; ++r) row[r] = w.codes + (first + r < w.n ? first + r : first) * w.k + k0;
     const __m256 s0 = _mm256_loadu_ps(w.scales + first), s1 = _mm256_loadu_ps(w.scales + first + 8);
-    float* col = buf + kPanelWidth * j;
+    float* col = buf + cpu::kPanelWidth * j;
     for (int64_t kk = 0; kk < k16; kk += 16) {
       __m128i v[16], t[16];
       for (int r = 0; r < 16; ++r) v[r] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[r] + kk));

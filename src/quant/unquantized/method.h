@@ -1,12 +1,12 @@
 #pragma once
 // The unquantized method: weights in the layer's dtype. On CPU the GEMM is whichever of
-// CpuGemm's backends (cpu_gemm.h: at::linear, oneDNN or MKL with a packed weight, own
+// cpu::DenseGemm's backends (cpu/dense/gemm.h: at::linear, oneDNN or MKL with a packed weight, own
 // AVX2/AVX-512 kernels) is fastest for the call; on CUDA cuBLASLt; other dtypes
 // at::linear, the reference every other format is judged against.
 
 #include <memory>
 
-#include "quant/unquantized/cpu_gemm.h"
+#include "cpu/dense/gemm.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
@@ -22,7 +22,7 @@ class UnquantizedMethod final : public QuantMethod {
   void reset_parameters(int64_t global_in_features) override;
   void load(const Checkpoint& checkpoint, const std::vector<WeightPart>& parts, ShardMode mode,
             const std::string& layer) override;
-  /// Packs the CPU weight for the backend the table picks (cpu_gemm.h); later in-place
+  /// Packs the CPU weight for the backend the table picks (cpu/dense/gemm.h); later in-place
   /// edits of a normal tensor re-pack on the next call by themselves.
   void finalize() override;
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override;
@@ -32,11 +32,11 @@ class UnquantizedMethod final : public QuantMethod {
   at::Device weight_device() const override { return weight_.device(); }
 
   /// The CPU GEMM's view of the weight (tests, benchmarks: backend_for, counts).
-  const CpuGemm& cpu_gemm() const { return cpu_gemm_; }
+  const cpu::DenseGemm& cpu_gemm() const { return cpu_gemm_; }
 
  private:
-  at::Tensor weight_;  // [out_local, in_local], registered on the layer as "weight"
-  CpuGemm cpu_gemm_;   // bound to weight_; packs made by finalize() or on first use
+  at::Tensor weight_;        // [out_local, in_local], registered on the layer as "weight"
+  cpu::DenseGemm cpu_gemm_;  // bound to weight_; packs made by finalize() or on first use
 };
 
 // The format table's row for kNone.

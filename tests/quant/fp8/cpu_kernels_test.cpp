@@ -17,14 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
-using tp::detail::CpuIsa;
+using tp::cpu::Isa;
 namespace td = tp::detail;
 using Catch::Contains;
 
@@ -33,19 +33,19 @@ namespace {
 constexpr int64_t kBlock = 128;
 
 // Every code path this machine can run, forced through the dispatcher's argument.
-std::vector<CpuIsa> isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(td::cpu_max_isa())) out.push_back(isa);
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
   return out;
 }
 
 using DecodeFn = void (*)(const uint8_t*, int64_t, float, bool, float*);
-DecodeFn decoder(CpuIsa isa) {
+DecodeFn decoder(Isa isa) {
   switch (isa) {
-    case CpuIsa::kScalar: return &td::fp8_decode_scalar;
-    case CpuIsa::kAvx2: return &td::fp8_decode_avx2;
-    case CpuIsa::kAvx512: return &td::fp8_decode_avx512;
+    case Isa::kScalar: return &td::fp8_decode_scalar;
+    case Isa::kAvx2: return &td::fp8_decode_avx2;
+    case Isa::kAvx512: return &td::fp8_decode_avx512;
   }
   return nullptr;
 }
@@ -105,8 +105,8 @@ void check_against_reference(const at::Tensor& y, const at::Tensor& xq, const at
   CHECK(worst <= 1.0);
 }
 
-std::string label(CpuIsa isa, QuantFormat format, int64_t m, int64_t n, int64_t k) {
-  return std::string(td::to_string(isa)) + " " + to_string(format) + " M=" + std::to_string(m) +
+std::string label(Isa isa, QuantFormat format, int64_t m, int64_t n, int64_t k) {
+  return std::string(tp::cpu::to_string(isa)) + " " + to_string(format) + " M=" + std::to_string(m) +
          " N=" + std::to_string(n) + " K=" + std::to_string(k);
 }
 
@@ -122,12 +122,12 @@ TEST_CASE("fp8 decode matches c10's E4M3 -> float bit for bit on all 256 codes",
   for (int rep = 0; rep < 3; ++rep)
     for (int b = 0; b < 256; ++b) codes.push_back(static_cast<uint8_t>((b * 7 + rep * 13) & 0xff));
   codes.resize(codes.size() - 19);  // not a multiple of any chunk
-  for (CpuIsa isa : isas()) {
+  for (Isa isa : isas()) {
     // Unit, ordinary, tiny, subnormal and huge scales (2^121: 256 * scale overflows, so
     // the kernels take their two-product path).
     for (float scale : {1.0f, 0.0123f, 3.5e-5f, 7.0e3f, 1.0e-40f, std::ldexp(1.0f, 121)}) {
       for (bool nan_codes : {true, false}) {
-        INFO(td::to_string(isa) << " scale " << scale << (nan_codes ? " (NaN-exact decode)" : ""));
+        INFO(tp::cpu::to_string(isa) << " scale " << scale << (nan_codes ? " (NaN-exact decode)" : ""));
         std::vector<float> out(codes.size(), -1.0f);
         decoder(isa)(codes.data(), static_cast<int64_t>(codes.size()), scale, nan_codes, out.data());
         int mismatches = 0;
@@ -144,7 +144,7 @@ TEST_CASE("fp8 decode matches c10's E4M3 -> float bit for bit on all 256 codes",
       }
     }
     // The NaN codes' exact patterns (c10: 0x7ff00000 | sign).
-    INFO(td::to_string(isa));
+    INFO(tp::cpu::to_string(isa));
     const uint8_t nans[2] = {0x7f, 0xff};
     float got[2];
     decoder(isa)(nans, 2, 1.0f, true, got);
@@ -256,7 +256,7 @@ TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu
       for (int64_t m : {1, 2, 3, 17, 37, 70, 90}) {
         const at::Tensor x = test::randn({m, k}, ++seed).to(at::kFloat);
         const at::Tensor xq = quantize_activation(x, c.tensors, c.config);
-        for (CpuIsa isa : isas()) {
+        for (Isa isa : isas()) {
           INFO(label(isa, format, m, n, k));
           const at::Tensor y = td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa);
           check_against_reference(y, xq, w_deq);
@@ -276,7 +276,7 @@ TEST_CASE("fp8 kernels match the float64 reference at Llama shapes", "[quant][cp
       const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
       for (int64_t m : {1, 16, 67, 100}) {
         const at::Tensor xq = quantize_activation(test::randn({m, k}, ++seed).to(at::kFloat), c.tensors, c.config);
-        for (CpuIsa isa : isas()) {
+        for (Isa isa : isas()) {
           INFO(label(isa, format, m, n, k));
           check_against_reference(td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa), xq,
                                   w_deq);
@@ -300,8 +300,8 @@ TEST_CASE("fp8 kernels turn NaN codes into NaN outputs of their rows only", "[qu
   for (int64_t m : {1, 5, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, k}, 8).to(at::kFloat), c.tensors, c.config);
     const at::Tensor ref = at::linear(xq.to(at::kDouble), w_deq.to(at::kDouble));
-    for (CpuIsa isa : isas()) {
-      INFO(td::to_string(isa) << " M=" << m);
+    for (Isa isa : isas()) {
+      INFO(tp::cpu::to_string(isa) << " M=" << m);
       const at::Tensor y = td::fp8_linear_cpu(xq, w, c.scale, c.group, true, isa);
       CHECK(at::equal(at::isnan(y), at::isnan(ref)));
       CHECK(at::isnan(y).sum().item<int64_t>() == 2 * m);
@@ -321,8 +321,8 @@ TEST_CASE("fp8 kernels take the scalar path for group sizes the SIMD chunks do n
     const at::Tensor scale = at::rand({n, groups}, at::kFloat) + 0.5;
     const at::Tensor w_deq = codes.to(at::kFloat) * scale.repeat_interleave(group, 1).narrow(1, 0, k);
     const at::Tensor xq = test::randn({3, k}, 22).to(at::kFloat);
-    for (CpuIsa isa : isas()) {
-      INFO(td::to_string(isa) << " group " << group);
+    for (Isa isa : isas()) {
+      INFO(tp::cpu::to_string(isa) << " group " << group);
       check_against_reference(td::fp8_linear_cpu(xq, codes, scale, group, false, isa), xq, w_deq);
     }
   }
@@ -333,8 +333,8 @@ TEST_CASE("fp8 kernels give the same bits at 1 and 2 threads", "[quant][cpu_kern
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 6, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, 384}, 32).to(at::kFloat), c.tensors, c.config);
-    for (CpuIsa isa : isas()) {
-      INFO(td::to_string(isa) << " M=" << m);
+    for (Isa isa : isas()) {
+      INFO(tp::cpu::to_string(isa) << " M=" << m);
       at::set_num_threads(1);
       const at::Tensor one = td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa);
       at::set_num_threads(2);

@@ -23,7 +23,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/packing.h"
 #include "support/test_util.h"
@@ -35,10 +35,10 @@ using Catch::Contains;
 
 namespace {
 
-std::vector<CpuIsa> isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(cpu_max_isa())) out.push_back(isa);
+std::vector<tp::cpu::Isa> isas() {
+  std::vector<tp::cpu::Isa> out;
+  for (tp::cpu::Isa isa : {tp::cpu::Isa::kScalar, tp::cpu::Isa::kAvx2, tp::cpu::Isa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
   return out;
 }
 
@@ -100,7 +100,7 @@ TEST_CASE("int4 CPU decoders reproduce dequantize_weight bit for bit (GPTQ, AWQ;
                   : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"), GptqFormat::kV1);
           const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, g);
           CHECK(packed.scales.scalar_type() == at::kHalf);
-          for (CpuIsa isa : isas()) {
+          for (tp::cpu::Isa isa : isas()) {
             INFO(to_string(config) << " [" << n << ", " << k << "] " << to_string(isa));
             CHECK(same_bits(int4_cpu_decode(packed, isa), expected));
           }
@@ -120,7 +120,7 @@ TEST_CASE("int4 CPU decoders with float32 scales (not float16 values) reproduce 
   REQUIRE(packed.scales.scalar_type() == at::kFloat);
   const auto expected = dequantize_unpacked(u, g);
   const auto x = at::randn({5, k}, gen, at::kDouble).to(at::kFloat);
-  for (CpuIsa isa : isas()) {
+  for (tp::cpu::Isa isa : isas()) {
     INFO(to_string(isa));
     CHECK(same_bits(int4_cpu_decode(packed, isa), expected));
     for (int64_t m : {1, 5}) {
@@ -141,7 +141,7 @@ TEST_CASE("int4 CPU kernels are exact on exactly representable data at edge shap
     for (int64_t m : kRows) {
       const auto x = exact_x(m, s.k, ++seed);
       const auto expected = reference(x, w).to(at::kFloat);
-      for (CpuIsa isa : isas()) {
+      for (tp::cpu::Isa isa : isas()) {
         INFO("[" << s.n << ", " << s.k << "] g" << s.g << " M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(x, packed, isa), expected));
         // 16-bit activations (these x are bfloat16 and float16 values): the exact result,
@@ -169,7 +169,7 @@ TEST_CASE("int4 CPU kernels match the float64 reference on random data (edge sha
       for (int64_t m : kRows) {
         const auto x = test::randn({m, s.k}, ++seed).to(at::kFloat);
         const auto expected = reference(x, w);
-        for (CpuIsa isa : isas()) {
+        for (tp::cpu::Isa isa : isas()) {
           INFO(to_string(config) << " [" << s.n << ", " << s.k << "] M " << m << " " << to_string(isa));
           CHECK(test::relative_error(int4_cpu_linear(x, packed, isa), expected) < test::tolerance(at::kFloat));
         }
@@ -195,8 +195,8 @@ TEST_CASE("int4 CPU kernels are exact at the Llama-3-8B shapes (float32 and bflo
     const auto expected = at::matmul(x.to(at::kDouble), w.t()).to(at::kFloat);
     for (int64_t m : {1, 3, 17}) {
       const auto xm = x.narrow(0, 0, m);
-      for (CpuIsa isa : isas()) {
-        if (isa == CpuIsa::kScalar && m > 1) continue;  // the portable path: one size is enough here
+      for (tp::cpu::Isa isa : isas()) {
+        if (isa == tp::cpu::Isa::kScalar && m > 1) continue;  // the portable path: one size is enough here
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(xm, packed, isa), expected.narrow(0, 0, m)));
         CHECK(
@@ -212,7 +212,7 @@ TEST_CASE("int4 CPU kernels give the same bits on 1 and 2 threads", "[quant][cpu
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 4, 17}) {
     const auto x = test::randn({m, 512}, 401 + m).to(at::kFloat);
-    for (CpuIsa isa : isas()) {
+    for (tp::cpu::Isa isa : isas()) {
       INFO("M " << m << " " << to_string(isa));
       at::set_num_threads(1);
       const auto one = int4_cpu_linear(x, packed, isa);
@@ -228,7 +228,7 @@ TEST_CASE("int4 CPU kernels: empty inputs, shapes [..., K], and errors", "[quant
   const auto u = exact_weights(24, 64, 32, 500);
   const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, 32);
   const auto w = dequantize_unpacked(u, 32);
-  for (CpuIsa isa : isas()) {
+  for (tp::cpu::Isa isa : isas()) {
     INFO(to_string(isa));
     CHECK(int4_cpu_linear(at::empty({0, 64}), packed, isa).sizes() == at::IntArrayRef({0, 24}));
     const auto x = exact_x(6, 64, 501).view({2, 3, 64});
@@ -243,8 +243,8 @@ TEST_CASE("int4 CPU kernels: empty inputs, shapes [..., K], and errors", "[quant
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero, 48), Contains("multiple of 8 that divides K"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale, u.zero + 0.5, 32), Contains("integers in 0..255"));
   REQUIRE_THROWS_WITH(int4_cpu_pack(u.codes, u.scale.t(), u.zero, 32), Contains("[K/g, N]"));
-  if (cpu_max_isa() != CpuIsa::kAvx512) {
-    REQUIRE_THROWS_WITH(int4_cpu_linear(exact_x(1, 64, 1), packed, CpuIsa::kAvx512),
+  if (tp::cpu::max_isa() != tp::cpu::Isa::kAvx512) {
+    REQUIRE_THROWS_WITH(int4_cpu_linear(exact_x(1, 64, 1), packed, tp::cpu::Isa::kAvx512),
                         Contains("cannot run on this CPU"));
   }
 }

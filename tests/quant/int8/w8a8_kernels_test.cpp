@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
@@ -216,12 +216,12 @@ TEST_CASE("w8a8 kernel choice follows the CPU and the TP_CPU_ISA cap", "[quant][
   const W8a8Kernel best = td::w8a8_best_kernel();
   CHECK(td::w8a8_kernel_supported(best));
   CHECK(td::w8a8_kernel_supported(W8a8Kernel::kScalar));
-  const bool avx2 = td::cpu_isa() >= td::CpuIsa::kAvx2, avx512 = td::cpu_isa() >= td::CpuIsa::kAvx512;
+  const bool avx2 = tp::cpu::isa() >= tp::cpu::Isa::kAvx2, avx512 = tp::cpu::isa() >= tp::cpu::Isa::kAvx512;
   CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx2) == avx2);
   CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx512) == avx512);
-  CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx512Vnni) == (avx512 && td::cpu_features().avx512vnni));
-  CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx2Vnni) == (avx2 && td::cpu_features().avx_vnni));
-  if (avx512 && td::cpu_features().avx512vnni) CHECK(best == W8a8Kernel::kAvx512Vnni);
+  CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx512Vnni) == (avx512 && tp::cpu::features().avx512vnni));
+  CHECK(td::w8a8_kernel_supported(W8a8Kernel::kAvx2Vnni) == (avx2 && tp::cpu::features().avx_vnni));
+  if (avx512 && tp::cpu::features().avx512vnni) CHECK(best == W8a8Kernel::kAvx512Vnni);
   CHECK(std::string(td::to_string(W8a8Kernel::kAvx2Vnni)) == "avx2_vnni");
 }
 

@@ -23,7 +23,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
 #include "support/test_util.h"
 #include "tp/quant/quantize.h"
@@ -36,10 +36,10 @@ namespace {
 
 const QuantConfig kWeightOnly{QuantFormat::kInt8WeightOnly};
 
-std::vector<CpuIsa> isas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(cpu_max_isa())) out.push_back(isa);
+std::vector<tp::cpu::Isa> isas() {
+  std::vector<tp::cpu::Isa> out;
+  for (tp::cpu::Isa isa : {tp::cpu::Isa::kScalar, tp::cpu::Isa::kAvx2, tp::cpu::Isa::kAvx512})
+    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
   return out;
 }
 
@@ -92,7 +92,7 @@ TEST_CASE("int8_weight_only CPU decoders reproduce dequantize_weight bit for bit
     const auto tensors = quantize_weight(float_weight(n, k, ++seed), kWeightOnly);
     const auto expected = dequantize_weight(tensors, kWeightOnly);
     const auto packed = int8_wo_cpu_pack(tensors.at("weight"), tensors.at("weight_scale"));
-    for (CpuIsa isa : isas()) {
+    for (tp::cpu::Isa isa : isas()) {
       INFO("[" << n << ", " << k << "] " << to_string(isa));
       CHECK(same_bits(int8_wo_cpu_decode(packed, isa), expected));
     }
@@ -108,7 +108,7 @@ TEST_CASE("int8_weight_only CPU kernels are exact on exactly representable data 
     for (int64_t m : kRows) {
       const auto x = exact_x(m, k, ++seed);
       const auto expected = reference(x, e.w).to(at::kFloat);
-      for (CpuIsa isa : isas()) {
+      for (tp::cpu::Isa isa : isas()) {
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int8_wo_cpu_linear(x, packed, isa), expected));
         CHECK(at::equal(int8_wo_cpu_linear(x.to(at::kBFloat16), packed, isa), expected.to(at::kBFloat16)));
@@ -127,7 +127,7 @@ TEST_CASE("int8_weight_only CPU kernels match the float64 reference on random da
     for (int64_t m : kRows) {
       const auto x = test::randn({m, k}, ++seed).to(at::kFloat);
       const auto expected = reference(x, w);
-      for (CpuIsa isa : isas()) {
+      for (tp::cpu::Isa isa : isas()) {
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(test::relative_error(int8_wo_cpu_linear(x, packed, isa), expected) < test::tolerance(at::kFloat));
       }
@@ -146,8 +146,8 @@ TEST_CASE("int8_weight_only CPU kernels are exact at the Llama-3-8B shapes (floa
     const auto expected = reference(x, e.w).to(at::kFloat);
     for (int64_t m : {1, 3, 17}) {
       const auto xm = x.narrow(0, 0, m);
-      for (CpuIsa isa : isas()) {
-        if (isa == CpuIsa::kScalar && m > 1) continue;  // the portable path: one size is enough here
+      for (tp::cpu::Isa isa : isas()) {
+        if (isa == tp::cpu::Isa::kScalar && m > 1) continue;  // the portable path: one size is enough here
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int8_wo_cpu_linear(xm, packed, isa), expected.narrow(0, 0, m)));
         CHECK(at::equal(int8_wo_cpu_linear(xm.to(at::kBFloat16), packed, isa),
@@ -163,7 +163,7 @@ TEST_CASE("int8_weight_only CPU kernels give the same bits on 1 and 2 threads", 
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 4, 17}) {
     const auto x = test::randn({m, 520}, 401 + m).to(at::kFloat);
-    for (CpuIsa isa : isas()) {
+    for (tp::cpu::Isa isa : isas()) {
       INFO("M " << m << " " << to_string(isa));
       at::set_num_threads(1);
       const auto one = int8_wo_cpu_linear(x, packed, isa);
@@ -187,7 +187,7 @@ TEST_CASE(
   const auto packed = int8_wo_cpu_pack(e.q, e.scale);
   // The kernels read the layer's own weight: no copy.
   CHECK(packed.codes.const_data_ptr() == e.q.const_data_ptr());
-  for (CpuIsa isa : isas()) {
+  for (tp::cpu::Isa isa : isas()) {
     INFO(to_string(isa));
     CHECK(int8_wo_cpu_linear(at::empty({0, 40}), packed, isa).sizes() == at::IntArrayRef({0, 24}));
     const auto x = exact_x(6, 40, 501).view({3, 2, 40});
@@ -200,8 +200,8 @@ TEST_CASE(
                       Contains("float32, bfloat16 or float16"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q.to(at::kInt), e.scale), Contains("int8 [N, K]"));
   REQUIRE_THROWS_WITH(int8_wo_cpu_pack(e.q, e.scale.narrow(0, 0, 23)), Contains("[N] or [N, 1]"));
-  if (cpu_max_isa() != CpuIsa::kAvx512) {
-    REQUIRE_THROWS_WITH(int8_wo_cpu_linear(exact_x(1, 40, 1), packed, CpuIsa::kAvx512),
+  if (tp::cpu::max_isa() != tp::cpu::Isa::kAvx512) {
+    REQUIRE_THROWS_WITH(int8_wo_cpu_linear(exact_x(1, 40, 1), packed, tp::cpu::Isa::kAvx512),
                         Contains("cannot run on this CPU"));
   }
 }

@@ -1,10 +1,10 @@
-// The panels backend's register tile on AVX2 (cpu_gemm_kernels.h,
+// The panels backend's register tile on AVX2 (cpu/dense/kernels.h,
 // panel_quarter_tile_{f32,bf16}_avx2): 4, 5 or 6 rows of x against one 16-column panel
 // of float32 or bfloat16, the K block's four interleaved quarters in one loop, as
 // hand-written assembly. With 12 accumulators, two weight vectors and a broadcast the
 // 6-row tile needs 15 of the 16 ymm registers (bfloat16 reads its mask from memory);
 // GCC 12 kept accumulators, the mask and the prefetch addresses on the stack in the
-// intrinsics kernel (panel_gemm_avx2.cpp), reloading and storing them every iteration.
+// intrinsics kernel (cpu/dense/panels_avx2.cpp), reloading and storing them every iteration.
 // Compiled with the AVX2 flags; nothing but the exported function leaves the anonymous
 // namespace (ODR, as in the other *_avx2.cpp files).
 
@@ -12,9 +12,9 @@
 
 #include <cstdint>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -32,7 +32,7 @@ namespace {
 #define TP_ROWS_6(X) TP_ROWS_5(X) TP_ROW(X, 5, 10, 11, 15)
 
 // The 16 weights of one panel row (W addresses it) into ymm12 (columns 0-7) and ymm13
-// (8-15): float32 as stored; bfloat16 from AVX2's interleaved halves (cpu_gemm_kernels.h),
+// (8-15): float32 as stored; bfloat16 from AVX2's interleaved halves (cpu/dense/kernels.h),
 // one load split by a shift and a mask (%[mask]), exact.
 #define TP_WEIGHTS_F32(W)                     \
   "vmovups " W ", %%ymm12\n\t"                \
@@ -131,7 +131,7 @@ void tile(const PanelQuarterTileArgs& a) {
 
 template <bool kBf16>
 void tile_rows(const PanelQuarterTileArgs& a) {
-  // 4, 5 or 6 rows (cpu_gemm_kernels.h): the caller keeps the intrinsics for fewer.
+  // 4, 5 or 6 rows (cpu/dense/kernels.h): the caller keeps the intrinsics for fewer.
   switch (a.rows) {
     case 6: return a.stream ? tile<6, kBf16, true>(a) : tile<6, kBf16, false>(a);
     case 5: return a.stream ? tile<5, kBf16, true>(a) : tile<5, kBf16, false>(a);
@@ -144,4 +144,4 @@ void tile_rows(const PanelQuarterTileArgs& a) {
 void panel_quarter_tile_f32_avx2(const PanelQuarterTileArgs& a) { tile_rows<false>(a); }
 void panel_quarter_tile_bf16_avx2(const PanelQuarterTileArgs& a) { tile_rows<true>(a); }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,8 +1,8 @@
-// The panels backend's large-M register tile on AVX-512 (cpu_gemm_kernels.h,
+// The panels backend's large-M register tile on AVX-512 (cpu/dense/kernels.h,
 // panel_pair_tile_f32_avx512): 10, 11 or 12 rows of x against two neighbouring float32
 // panels, 24 accumulators, as hand-written assembly. GCC 12 does not keep 24
 // accumulators, two weight vectors and the broadcasts in the 32 zmm registers of the
-// intrinsics kernel (panel_gemm_avx512.cpp): it hoists all of a step's broadcasts and
+// intrinsics kernel (cpu/dense/panels_avx512.cpp): it hoists all of a step's broadcasts and
 // spills accumulators to the stack, so every step reloads and stores some of them.
 // Compiled with the AVX-512 flags; nothing but the exported function leaves the
 // anonymous namespace (ODR, as in the other *_avx512.cpp files).
@@ -11,9 +11,9 @@
 
 #include <cstdint>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -104,7 +104,7 @@ void tile(const PanelTileArgs& a) {
 }  // namespace
 
 void panel_pair_tile_f32_avx512(const PanelTileArgs& a) {
-  // 10, 11 or 12 rows (cpu_gemm_kernels.h): the caller takes chunk_panels for fewer.
+  // 10, 11 or 12 rows (cpu/dense/kernels.h): the caller takes chunk_panels for fewer.
   if (a.rows == 12)
     tile<12>(a);
   else if (a.rows == 11)
@@ -113,4 +113,4 @@ void panel_pair_tile_f32_avx512(const PanelTileArgs& a) {
     tile<10>(a);
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

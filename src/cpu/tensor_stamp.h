@@ -14,7 +14,7 @@
 #include <initializer_list>
 #include <vector>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 class TensorStamp {
  public:
@@ -56,4 +56,4 @@ class TensorStamp {
   std::vector<Key> keys_;
 };
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -7,7 +7,7 @@
 // decoder instead of a BLAS packing routine. The blocking, the register microkernels
 // and the threading do not depend on the format, so INT4 and INT8 (and any other
 // weight-only format that decodes exactly to float32) plug in a decoder and reuse the
-// rest; like cpu_features.h, it is a CPU building block, not a format.
+// rest; like cpu/features.h, it is a CPU building block, not a format.
 //
 // The weight W [N, K] (y = x W^T) is cut into panels of kPanelWidth = 16 output
 // columns. For each panel (two at a time on AVX-512) and each chunk of K, the
@@ -20,8 +20,8 @@
 // in float32 in k order (one accumulator per output element).
 //
 // Entry points are plain functions over raw pointers; the per-ISA ones live in
-// cpu_panel_gemm_avx2.cpp / _avx512.cpp (compiled with those ISA flags) and must only
-// be called when cpu_isa() allows it.
+// cpu/panel_gemm_avx2.cpp / _avx512.cpp (compiled with those ISA flags) and must only
+// be called when cpu::isa() allows it.
 
 #include <cstdint>
 #include <functional>
@@ -29,9 +29,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 /// Output columns per weight panel in every CPU weight-only layout.
 inline constexpr int64_t kPanelWidth = 16;
@@ -54,26 +54,26 @@ struct PanelWeight {
 
 /// Rows of x the microkernel of `isa` holds in registers (1 scalar, 6 AVX2, 8
 /// AVX-512), and panels it takes at a time (1, or 2 on AVX-512).
-int64_t panel_rows_per_tile(CpuIsa isa);
-int64_t panel_gemm_panels_per_step(CpuIsa isa);
+int64_t panel_rows_per_tile(Isa isa);
+int64_t panel_gemm_panels_per_step(Isa isa);
 
 /// x [m, K] (row stride ld_x) repacked for the microkernels of `isa`: blocks of
 /// R = panel_rows_per_tile(isa) rows, each [K, R] (the R rows of one k side by
 /// side, so a tile's broadcasts read one contiguous stream), the last block padded
 /// with zero rows. Returns ceil(m / R) * K * R floats.
-std::vector<float> panel_pack_x(const float* x, int64_t m, int64_t ld_x, int64_t k, CpuIsa isa);
+std::vector<float> panel_pack_x(const float* x, int64_t m, int64_t ld_x, int64_t k, Isa isa);
 
 /// y[r, c] = sum_k x[r, k] * W[c, k] for r < m and the columns of panels [p0, p1)
 /// (those below N). xp: x [m, K] packed by panel_pack_x for `isa`; y: [m, N] with row
 /// stride ld_y. Single-threaded: callers split panels across threads. `isa` selects
 /// the microkernel and must be the ISA `w.decode` was written for.
 void panel_gemm(const float* xp, int64_t m, const PanelWeight& w, float* y, int64_t ld_y, int64_t p0, int64_t p1,
-                CpuIsa isa);
+                Isa isa);
 
 /// panel_gemm over all `panels` of w for x [m, K] (row stride ld_x, packed here),
 /// threaded over N with at::parallel_for.
 void panel_gemm_parallel(const float* x, int64_t m, int64_t ld_x, const PanelWeight& w, float* y, int64_t ld_y,
-                         int64_t panels, CpuIsa isa);
+                         int64_t panels, Isa isa);
 
 /// Runs fn(p0, p1) over chunks covering panels [0, panels) on ATen's intra-op
 /// threads (at::parallel_for; this file is compiled with -fopenmp, without which
@@ -85,10 +85,10 @@ void parallel_over_panels(int64_t panels, int64_t m, int64_t k, int64_t align,
                           const std::function<void(int64_t p0, int64_t p1)>& fn);
 
 /// The float32 weight [N, K] as w.decode writes it (for tests and checks).
-at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, CpuIsa isa);
+at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, Isa isa);
 
 /// Throws (naming `what`) unless this CPU can run `isa`'s kernels.
-void check_cpu_isa(CpuIsa isa, const char* what);
+void check_isa(Isa isa, const char* what);
 
 /// The tensor side of a weight-only linear: checks x ([..., k], float32, bfloat16 or
 /// float16, CPU), converts it to contiguous float32 [m, k] (exactly), calls
@@ -108,4 +108,4 @@ void panel_microkernel_avx2(const float* xp, int64_t m, int64_t ld_block, const 
 void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t np, int64_t kc,
                               int64_t ld_buf, float* y, int64_t ld_y, int64_t ncols, bool accumulate);
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

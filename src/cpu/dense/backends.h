@@ -1,16 +1,16 @@
 #pragma once
 // The unquantized method's CPU GEMM backends over tensors, one function each: what
-// CpuGemm (cpu_gemm.h) dispatches to. Every product is y = x W^T with
+// DenseGemm (cpu/dense/gemm.h) dispatches to. Every product is y = x W^T with
 //   x: [M, K] contiguous, W: [N, K] with unit-stride rows, y: [M, N] float32 or W's dtype.
-// Validation is the caller's (CpuGemm::serves); these only compute.
+// Validation is the caller's (DenseGemm::serves); these only compute.
 
 #include <ATen/core/Tensor.h>
 
 #include <optional>
 
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 // ---- oneDNN (ATen's mkldnn ops, registered in libtorch_cpu) ----------------------------
 
@@ -38,13 +38,13 @@ at::Tensor mkl_pack(const at::Tensor& w);
 /// y = x W^T by cblas_sgemm_compute on the pack; float32.
 at::Tensor mkl_packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n);
 
-// ---- own kernels (cpu_gemm_kernels.h), threaded over N with ATen's pool ------------------
+// ---- own kernels (cpu/dense/kernels.h), threaded over N with ATen's pool ------------------
 
 /// y = x W^T by the small-M kernel of `isa`; y float32 (x is widened if bfloat16).
-at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, CpuIsa isa);
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, Isa isa);
 /// W (float32 or bfloat16) packed into 16-column panels for `isa`'s kernel
-/// (cpu_gemm_kernels.h): [ceil(N / 16), K, 16] in W's dtype.
-at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa);
+/// (cpu/dense/kernels.h): [ceil(N / 16), K, 16] in W's dtype.
+at::Tensor panels_pack(const at::Tensor& w, Isa isa);
 /// Where panels_linear starts to cut K into blocks: when x (M x K float32) is larger
 /// than this, each block's slice of x is about this size. On Intel (2 MiB L2 on
 /// Sapphire Rapids) a 512 KiB slice stays in L2 while the panels pass over it. On Zen 4
@@ -56,11 +56,11 @@ constexpr int64_t kPanelXBlockBytes = int64_t{512} << 10;
 constexpr int64_t kPanelXBlockBytesAmd = int64_t{2} << 20;
 /// y = x W^T on panels packed for `isa` by its panel kernel (AVX2 or AVX-512; x
 /// contiguous rows, widened to float32 if bfloat16); y float32 [M, n].
-at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n, CpuIsa isa,
+at::Tensor panels_linear(const at::Tensor& x, const at::Tensor& panels, int64_t n, Isa isa,
                          int64_t x_block_bytes = kPanelXBlockBytes);
 /// y = x W^T for a bfloat16 W: tiles of rows widened to float32 by `isa`'s kernel and
 /// multiplied in float32 by MKL's SGEMM into y's columns (at::mm where LibTorch does not
 /// export it); y float32.
-at::Tensor bf16_tiles_linear(const at::Tensor& x, const at::Tensor& w, CpuIsa isa);
+at::Tensor bf16_tiles_linear(const at::Tensor& x, const at::Tensor& w, Isa isa);
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

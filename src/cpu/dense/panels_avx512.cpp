@@ -1,7 +1,7 @@
 // The panels backend's chunk kernels, AVX-512 code path: up to 16 rows of x against a
 // K block of one 16-column panel of W, float32 or bfloat16 (widened in registers:
-// exact), or up to 12 rows against two panels (layouts in cpu_gemm_kernels.h). Compiled with
-// the AVX-512 flags; entered only when cpu_isa() allows AVX-512.
+// exact), or up to 12 rows against two panels (layouts in cpu/dense/kernels.h). Compiled with
+// the AVX-512 flags; entered only when cpu::isa() allows AVX-512.
 
 #include <immintrin.h>
 
@@ -14,13 +14,13 @@
 
 #include <cstdint>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
-constexpr int kStreams = 4;  // interleaved quarters of the K block (cpu_gemm_kernels.h)
+constexpr int kStreams = 4;  // interleaved quarters of the K block (cpu/dense/kernels.h)
 // Prefetch distance along each stream when the panel comes from memory: 32 lines
 // (the hardware prefetcher alone left the reads at ~70 % of the machine's rate).
 constexpr int64_t kPrefetchRows = 32;
@@ -92,7 +92,7 @@ void chunk_panels(const PanelTask& t) {
       }
   };
   const int64_t q = t.kc / kStreams;
-  // The next task's panels (cpu_gemm_kernels.h), spread evenly over the quarter steps.
+  // The next task's panels (cpu/dense/kernels.h), spread evenly over the quarter steps.
   const char* next = static_cast<const char*>(t.prefetch_next);
   const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
   const int64_t next_stride = t.panel_stride * static_cast<int64_t>(sizeof(W));
@@ -187,4 +187,4 @@ void panel_pair_bf16_avx512(const PanelTask& t) { kPairBf16[t.rows - 1](t); }
 void panel_chunk_f32_avx512(const PanelTask& t) { kChunkF32[t.rows - 1](t); }
 void panel_chunk_bf16_avx512(const PanelTask& t) { kChunkBf16[t.rows - 1](t); }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,4 +1,4 @@
-// AVX-512 microkernel of the panel GEMM (cpu_panel_gemm.h): 8 rows x 32 columns of
+// AVX-512 microkernel of the panel GEMM (cpu/panel_gemm.h): 8 rows x 32 columns of
 // accumulators (16 of the 32 zmm registers) for a pair of panels (8 x 16 for a last
 // single one); every x element is a broadcast memory operand of its FMA.
 
@@ -6,13 +6,13 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 
 // No templates or inline functions shared with other translation units here (no
 // std::min, no c10 checks): the linker could keep this file's AVX-512 copy of one for
 // every caller. Everything local is in the anonymous namespace.
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -74,4 +74,4 @@ void panel_microkernel_avx512(const float* xp, int64_t m, int64_t ld_block, cons
   }
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -10,21 +10,21 @@
 
 #include <string>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 /// Instruction-set levels the CPU kernels are written for, in increasing order.
-enum class CpuIsa {
+enum class Isa {
   kScalar,  ///< portable C++ (the reference path; any x86-64 or other CPU)
   kAvx2,    ///< AVX2 + FMA + F16C (Haswell, Zen 1-4)
   kAvx512,  ///< AVX-512 F, BW, VL, DQ (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4-5)
 };
 
 /// "scalar", "avx2", "avx512".
-const char* to_string(CpuIsa isa);
+const char* to_string(Isa isa);
 
 /// The raw feature bits the kernels care about; each true only when the OS also
 /// saves the registers it needs (XGETBV), so a flag here is safe to use.
-struct CpuFeatures {
+struct Features {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
@@ -44,16 +44,16 @@ struct CpuFeatures {
 };
 
 /// This CPU's features (read once).
-const CpuFeatures& cpu_features();
+const Features& features();
 
 /// The best level this CPU supports.
-CpuIsa cpu_max_isa();
+Isa max_isa();
 
-/// The level kernels dispatch to: cpu_max_isa(), capped by TP_CPU_ISA when set (read
+/// The level kernels dispatch to: max_isa(), capped by TP_CPU_ISA when set (read
 /// once). TP_CPU_ISA above what the CPU has, or an unknown name, is a c10::Error.
-CpuIsa cpu_isa();
+Isa isa();
 
 /// Parses "scalar", "avx2", "avx512" (case-insensitive); c10::ValueError otherwise.
-CpuIsa parse_cpu_isa(const std::string& name);
+Isa parse_isa(const std::string& name);
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

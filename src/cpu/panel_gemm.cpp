@@ -1,4 +1,4 @@
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -8,7 +8,7 @@
 #include <atomic>
 #include <vector>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -18,18 +18,18 @@ constexpr int64_t kChunkK = 256;
 
 }  // namespace
 
-int64_t panel_gemm_panels_per_step(CpuIsa isa) { return isa == CpuIsa::kAvx512 ? 2 : 1; }
+int64_t panel_gemm_panels_per_step(Isa isa) { return isa == Isa::kAvx512 ? 2 : 1; }
 
-int64_t panel_rows_per_tile(CpuIsa isa) {
+int64_t panel_rows_per_tile(Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return 8;
-    case CpuIsa::kAvx2: return 6;
-    case CpuIsa::kScalar: break;
+    case Isa::kAvx512: return 8;
+    case Isa::kAvx2: return 6;
+    case Isa::kScalar: break;
   }
   return 1;
 }
 
-std::vector<float> panel_pack_x(const float* x, int64_t m, int64_t ld_x, int64_t k, CpuIsa isa) {
+std::vector<float> panel_pack_x(const float* x, int64_t m, int64_t ld_x, int64_t k, Isa isa) {
   const int64_t rows = panel_rows_per_tile(isa), blocks = (m + rows - 1) / rows;
   std::vector<float> xp(blocks * k * rows, 0.0f);
   for (int64_t r = 0; r < m; ++r) {
@@ -59,11 +59,11 @@ void panel_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, cons
 }
 
 void panel_gemm(const float* xp, int64_t m, const PanelWeight& w, float* y, int64_t ld_y, int64_t p0, int64_t p1,
-                CpuIsa isa) {
+                Isa isa) {
   TORCH_INTERNAL_ASSERT(w.decode != nullptr && p0 >= 0 && p0 <= p1 && p1 * kPanelWidth < w.n + kPanelWidth);
-  const auto micro = isa == CpuIsa::kAvx512 ? panel_microkernel_avx512
-                     : isa == CpuIsa::kAvx2 ? panel_microkernel_avx2
-                                            : panel_microkernel_scalar;
+  const auto micro = isa == Isa::kAvx512 ? panel_microkernel_avx512
+                     : isa == Isa::kAvx2 ? panel_microkernel_avx2
+                                         : panel_microkernel_scalar;
   const int64_t step = panel_gemm_panels_per_step(isa), rows = panel_rows_per_tile(isa);
   const int64_t ld_buf = kPanelWidth * step;
   alignas(64) float buf[kChunkK * 2 * kPanelWidth];
@@ -80,7 +80,7 @@ void panel_gemm(const float* xp, int64_t m, const PanelWeight& w, float* y, int6
 }
 
 void panel_gemm_parallel(const float* x, int64_t m, int64_t ld_x, const PanelWeight& w, float* y, int64_t ld_y,
-                         int64_t panels, CpuIsa isa) {
+                         int64_t panels, Isa isa) {
   const std::vector<float> xp = panel_pack_x(x, m, ld_x, w.k, isa);
   parallel_over_panels(panels, m, w.k, panel_gemm_panels_per_step(isa),
                        [&](int64_t p0, int64_t p1) { panel_gemm(xp.data(), m, w, y, ld_y, p0, p1, isa); });
@@ -108,7 +108,7 @@ void parallel_over_panels(int64_t panels, int64_t m, int64_t k, int64_t align,
   });
 }
 
-at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, CpuIsa isa) {
+at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, Isa isa) {
   const int64_t step = panel_gemm_panels_per_step(isa), ld = kPanelWidth * step;
   auto out = at::empty({panels * kPanelWidth, w.k}, at::kFloat);
   std::vector<float> buf(std::max<int64_t>(w.k, 1) * ld);
@@ -122,10 +122,10 @@ at::Tensor panel_decode_all(const PanelWeight& w, int64_t panels, CpuIsa isa) {
   return out.narrow(0, 0, w.n).contiguous();
 }
 
-void check_cpu_isa(CpuIsa isa, const char* what) {
-  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(cpu_max_isa()), what, ": the ", to_string(isa),
-                    " kernels cannot run on this CPU (it supports up to ", to_string(cpu_max_isa()),
-                    "; features: ", cpu_features().describe(), ")");
+void check_isa(Isa isa, const char* what) {
+  TORCH_CHECK_VALUE(static_cast<int>(isa) <= static_cast<int>(max_isa()), what, ": the ", to_string(isa),
+                    " kernels cannot run on this CPU (it supports up to ", to_string(max_isa()),
+                    "; features: ", features().describe(), ")");
 }
 
 at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const char* what,
@@ -146,4 +146,4 @@ at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const c
   return y.to(x.scalar_type()).view(out_shape);
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

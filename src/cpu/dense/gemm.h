@@ -1,8 +1,8 @@
 #pragma once
 // The unquantized method's CPU GEMM: y = x W^T (+ bias) for float32 and bfloat16
 // layers, by whichever backend is fastest for the call's shape, dtype, ISA and thread
-// count. The choice is a pure function of those (select_cpu_gemm), observable
-// (CpuGemm::counts, CpuGemm::backend_for) and forcible (TP_CPU_GEMM=<name>).
+// count. The choice is a pure function of those (select_dense_backend), observable
+// (DenseGemm::counts, DenseGemm::backend_for) and forcible (TP_CPU_GEMM=<name>).
 //
 //   backend      what runs                                          prepacked weight
 //   at_linear    at::linear (MKL sgemm; ATen's / oneDNN's bf16 GEMM)  -
@@ -11,9 +11,9 @@
 //   mkl_packed   MKL's packed SGEMM (cblas_sgemm_pack / _compute,    a copy of W in MKL's
 //                exported by LibTorch's MKL, found at run time)      panels (1.15-1.3x W)
 //   gemv         own AVX2 / AVX-512 kernel for small M, threaded      -
-//                over N (cpu_gemm_kernels.h): reads W once
+//                over N (cpu/dense/kernels.h): reads W once
 //   panels       own AVX2 / AVX-512 outer-product kernel, threaded     a copy of W in 16-column
-//                over N (cpu_gemm_kernels.h): W read once per call   k-major panels (1.0x W)
+//                over N (cpu/dense/kernels.h): W read once per call   k-major panels (1.0x W)
 //   bf16_tiles   bfloat16 W widened to float32 one tile of rows at    -
 //                a time, float32 GEMM (at::mm) on the tile (machines
 //                without bf16 arithmetic)
@@ -42,13 +42,13 @@
 #include <optional>
 #include <string>
 
-#include "common/cpu_features.h"
-#include "quant/tensor_stamp.h"
+#include "cpu/features.h"
+#include "cpu/tensor_stamp.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 /// The CPU GEMM backends of the unquantized method.
-enum class CpuGemmBackend {
+enum class DenseBackend {
   kAtLinear,   ///< at::linear
   kOneDnn,     ///< oneDNN inner product with a weight reordered once ("onednn")
   kGemv,       ///< own small-M kernel, AVX2 / AVX-512 / portable ("gemv")
@@ -56,50 +56,50 @@ enum class CpuGemmBackend {
   kMklPacked,  ///< MKL's packed SGEMM with the weight packed once ("mkl_packed")
   kPanels,     ///< own AVX2 / AVX-512 kernel on W packed once into 16-column panels ("panels")
 };
-constexpr int kCpuGemmBackendCount = 6;
+constexpr int kDenseBackendCount = 6;
 
 /// "at_linear", "onednn", "gemv", "bf16_tiles", "mkl_packed", "panels".
-const char* to_string(CpuGemmBackend backend);
+const char* to_string(DenseBackend backend);
 
 /// Parses the names above (case-insensitive); c10::ValueError naming the valid ones otherwise.
-CpuGemmBackend parse_cpu_gemm_backend(const std::string& name);
+DenseBackend parse_dense_backend(const std::string& name);
 
 /// What the choice of a backend depends on.
-struct CpuGemmProblem {
+struct DenseProblem {
   int64_t m = 0, n = 0, k = 0;        ///< x: [m, k], W: [n, k]
   at::ScalarType dtype = at::kFloat;  ///< of x and W (float32 or bfloat16)
-  CpuIsa isa = CpuIsa::kScalar;       ///< cpu_isa(): what own kernels may use
+  Isa isa = Isa::kScalar;             ///< cpu::isa(): what own kernels may use
   bool native_bf16 = false;           ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
   bool amx_bf16 = false;              ///< of which AMX's bf16 tiles (Intel, Sapphire Rapids on)
   bool amd = false;                   ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
-  int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu_gemm.cpp)
+  int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu/dense/gemm.cpp)
   bool onednn = false;                ///< ATen's oneDNN ops take this dtype here
   bool mkl_packed = false;            ///< MKL's packed SGEMM found (float32 only)
   bool allow_packs = true;            ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
 };
 
-/// The problem for a call made now: cpu_isa(), cpu_features(), at::get_num_threads(),
+/// The problem for a call made now: cpu::isa(), features(), at::get_num_threads(),
 /// the libraries' capabilities and TP_CPU_GEMM_PACK.
-CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype);
+DenseProblem dense_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype);
 
 /// Whether `backend` can compute `p` at all here (dtype; oneDNN's bf16 support; MKL's
 /// packed SGEMM found). at_linear can compute everything.
-bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p);
+bool dense_supports(DenseBackend backend, const DenseProblem& p);
 
 /// The built-in table's choice: a pure function of `p` (no environment, no state), from
-/// the measurements quoted in cpu_gemm.cpp.
-CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p);
+/// the measurements quoted in cpu/dense/gemm.cpp.
+DenseBackend select_dense_backend(const DenseProblem& p);
 
 /// The backend forced by TP_CPU_GEMM (read once; unset, empty or "auto": none). An
 /// unknown name is a c10::ValueError.
-std::optional<CpuGemmBackend> forced_cpu_gemm();
+std::optional<DenseBackend> forced_dense_backend();
 
-/// Calls per backend over every CpuGemm in the process since it started (what ran,
+/// Calls per backend over every DenseGemm in the process since it started (what ran,
 /// after any fallback): benchmarks diff it around a row to name the kernel, as they do
 /// Communicator::all_reduce_counts for strategies.
-std::map<CpuGemmBackend, int64_t> cpu_gemm_counts();
+std::map<DenseBackend, int64_t> dense_backend_counts();
 
-/// The table's crossovers (cpu_gemm.cpp):
+/// The table's crossovers (cpu/dense/gemm.cpp):
 /// - gemv (one streaming pass over W) up to kCpuGemvMaxM rows, except where the layer
 ///   keeps its packed copy and the panels win from M = 2: float32 on Intel and bfloat16
 ///   without bf16 arithmetic worth taking on AMD to kCpuGemvMaxMPacked; bfloat16
@@ -120,7 +120,7 @@ constexpr int64_t kCpuBf16LinearMaxM = 16;
 
 /// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may
 /// run concurrently; a stale prepacked weight is rebuilt under a lock.
-class CpuGemm {
+class DenseGemm {
  public:
   /// Binds `weight` ([N, K], the layer's parameter: shares its storage) and prepacks it
   /// for the backend the table picks for it on this machine. Calling it again re-binds
@@ -141,14 +141,14 @@ class CpuGemm {
 
   /// The same by `backend` (tests and benchmarks force each one). A backend that
   /// cannot compute the call, or a call that needs autograd, runs at_linear.
-  at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, CpuGemmBackend backend) const;
+  at::Tensor linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, DenseBackend backend) const;
 
   /// The backend linear(x, bias) runs: at_linear for calls that need autograd or that
-  /// serves() refuses, else TP_CPU_GEMM when set and able, else select_cpu_gemm.
-  CpuGemmBackend backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias = std::nullopt) const;
+  /// serves() refuses, else TP_CPU_GEMM when set and able, else select_dense_backend.
+  DenseBackend backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias = std::nullopt) const;
 
   /// Calls per backend since prepare() (what ran, after any fallback).
-  std::map<CpuGemmBackend, int64_t> counts() const;
+  std::map<DenseBackend, int64_t> counts() const;
 
   /// How many times the oneDNN weight was (re)packed since prepare(): 1 after a pack,
   /// +1 each time a changed weight made it stale (tests).
@@ -160,9 +160,9 @@ class CpuGemm {
  private:
   bool can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const;  // else at::linear
   // The current pack for `backend` (kOneDnn or kMklPacked), made or re-made when stale.
-  at::Tensor packed(CpuGemmBackend backend) const;
-  at::Tensor make_pack(CpuGemmBackend backend) const;
-  at::Tensor run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const;
+  at::Tensor packed(DenseBackend backend) const;
+  at::Tensor make_pack(DenseBackend backend) const;
+  at::Tensor run(DenseBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const;
 
   struct Pack {
     at::Tensor data;  // undefined: none
@@ -170,9 +170,9 @@ class CpuGemm {
   };
   at::Tensor weight_;  // [N, K], shares the layer's parameter
   mutable std::mutex mutex_;
-  mutable std::array<Pack, kCpuGemmBackendCount> packs_by_backend_;
+  mutable std::array<Pack, kDenseBackendCount> packs_by_backend_;
   mutable std::atomic<int64_t> packs_{0};
-  mutable std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts_{};
+  mutable std::array<std::atomic<int64_t>, kDenseBackendCount> counts_{};
 };
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 void gemv_f32_scalar(const float* x, int64_t m, int64_t k, int64_t ld_x, const float* w, int64_t ld_w, float* y,
                      int64_t ld_y, int64_t n0, int64_t n1);
@@ -51,8 +51,8 @@ void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const 
 // streams of W (one stream left the DRAM reads at ~20 GB/s of ~37). The first chunk
 // streams the panel from memory (prefetched ahead); later chunks find it in L2. When
 // all of x would not stay in L2 (large M), K is cut into blocks that do (panels_linear,
-// cpu_gemm_backends.cpp), and each block's partial sums are added into y.
-// Why not common/cpu_panel_gemm.h (the weight-only formats' GEMM, which decodes 256-k
+// cpu/dense/backends.cpp), and each block's partial sums are added into y.
+// Why not cpu/panel_gemm.h (the weight-only formats' GEMM, which decodes 256-k
 // chunks into an L1 buffer): with a copying "decoder" over these same panels it ran
 // 1.0-1.5x at::linear at M = 8-64 (11008 x 4096, AVX-512, 2 threads), this kernel
 // 1.2-3.2x: there each thread reads one stream, 16 KB at a time, and y is re-read
@@ -71,7 +71,7 @@ void pack_panels_f32(const float* w, int64_t n, int64_t k, int64_t ld_w, float* 
 void pack_panels_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t ld_w, uint16_t* panels, int64_t p0, int64_t p1,
                       bool halves_interleaved);
 /// x[m, k] (row stride ld_x) into the chunked layout above, max_rows rows per chunk.
-/// (Not common/cpu_panel_gemm.h's panel_pack_x: that one cuts fixed blocks of its own
+/// (Not cpu/panel_gemm.h's panel_pack_x: that one cuts fixed blocks of its own
 /// tile's 6 / 8 rows, zero-padding the last; these chunks are 16 / 12 / 6 rows, balanced.)
 void pack_panel_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t max_rows, float* out);
 
@@ -113,7 +113,7 @@ void panel_pair_f32_avx512(const PanelTask& t);
 void panel_pair_bf16_avx512(const PanelTask& t);
 
 /// The pair kernel's float32 register tile for 10-12 rows, in assembly
-/// (panel_tile_avx512.cpp): tile[r, j] += sum over `steps` k of x[kk * rows + r] *
+/// (cpu/dense/panel_tile_avx512.cpp): tile[r, j] += sum over `steps` k of x[kk * rows + r] *
 /// w[kk * 16 + j] (j < 16) or w[panel_stride + kk * 16 + j - 16] (j >= 16), for the
 /// tile's rows x 32 floats; meanwhile one 64-byte line at `prefetch` (and panel_stride
 /// floats on) per two steps goes to L2, the address advancing prefetch_inc bytes.
@@ -129,7 +129,7 @@ struct PanelTileArgs {
 };
 void panel_pair_tile_f32_avx512(const PanelTileArgs& a);
 
-/// The AVX2 chunk kernel's register tile for 4-6 rows, in assembly (panel_tile_avx2.cpp):
+/// The AVX2 chunk kernel's register tile for 4-6 rows, in assembly (cpu/dense/panel_tile_avx2.cpp):
 /// tile[r, j] += sum over `steps` steps i and quarters s < 4 of x[kk * rows + r] *
 /// w[kk * 16 + j] with kk = s * quarter + i, for the tile's rows x 16 floats; with
 /// `stream` it prefetches 32 rows ahead along every quarter, and each step sends one
@@ -154,4 +154,4 @@ void bf16_to_f32_scalar(const uint16_t* src, int64_t rows, int64_t cols, int64_t
 void bf16_to_f32_avx2(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst);
 void bf16_to_f32_avx512(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst);
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

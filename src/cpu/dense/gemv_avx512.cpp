@@ -2,7 +2,7 @@
 // M <= kCpuGemvMaxM rows of x, W float32 or bfloat16 [N, K] row-major. Memory-bound
 // (every weight element is read once per call and used M times), so the loop
 // streams W rows and keeps x in L1/L2. Compiled with the AVX-512 flags (see
-// docs on per-ISA translation units); entered only when cpu_isa() allows it.
+// docs on per-ISA translation units); entered only when cpu::isa() allows it.
 
 #include <immintrin.h>
 
@@ -15,9 +15,9 @@
 
 #include <cstdint>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -156,4 +156,4 @@ void bf16_to_f32_avx512(const uint16_t* src, int64_t rows, int64_t cols, int64_t
   }
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,8 +1,8 @@
-#include "common/kernel_counts.h"
+#include "cpu/kernel_counts.h"
 
 #include <mutex>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -39,4 +39,4 @@ std::string kernels_between(const std::map<std::string, int64_t>& before, const 
   return out.empty() ? "-" : out;
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,15 +1,15 @@
 // The small-M GEMM of the unquantized method, AVX2 + FMA code path (see
-// cpu_gemm_kernels.h for the contract). Compiled with -mavx2 -mfma -mf16c; entered
-// only when cpu_isa() allows it.
+// cpu/dense/kernels.h for the contract). Compiled with -mavx2 -mfma -mf16c; entered
+// only when cpu::isa() allows it.
 
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -142,4 +142,4 @@ void bf16_to_f32_avx2(const uint16_t* src, int64_t rows, int64_t cols, int64_t l
   }
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,15 +1,15 @@
-// AVX2 + FMA microkernel of the panel GEMM (cpu_panel_gemm.h): 6 rows x 16 columns of
+// AVX2 + FMA microkernel of the panel GEMM (cpu/panel_gemm.h): 6 rows x 16 columns of
 // accumulators (12 of the 16 ymm registers), the classic SGEMM register tile.
 
 #include <immintrin.h>
 
-#include "common/cpu_panel_gemm.h"
+#include "cpu/panel_gemm.h"
 
 // No templates or inline functions shared with other translation units here (no
 // std::min, no c10 checks): the linker could keep this file's AVX2 copy of one for
 // every caller. Everything local is in the anonymous namespace.
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -67,4 +67,4 @@ void panel_microkernel_avx2(const float* xp, int64_t m, int64_t ld_block, const 
   }
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,4 +1,4 @@
-#include "quant/unquantized/cpu_gemm.h"
+#include "cpu/dense/gemm.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,19 +14,19 @@
 #include <cpuid.h>
 #endif
 
-#include "common/kernel_counts.h"
-#include "quant/unquantized/cpu_gemm_backends.h"
+#include "cpu/dense/backends.h"
+#include "cpu/kernel_counts.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
-constexpr std::array<CpuGemmBackend, kCpuGemmBackendCount> kAllBackends{
-    CpuGemmBackend::kAtLinear,  CpuGemmBackend::kOneDnn,    CpuGemmBackend::kGemv,
-    CpuGemmBackend::kBf16Tiles, CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels};
+constexpr std::array<DenseBackend, kDenseBackendCount> kAllBackends{DenseBackend::kAtLinear,  DenseBackend::kOneDnn,
+                                                                    DenseBackend::kGemv,      DenseBackend::kBf16Tiles,
+                                                                    DenseBackend::kMklPacked, DenseBackend::kPanels};
 
-std::array<std::atomic<int64_t>, kCpuGemmBackendCount>& global_counts() {
-  static std::array<std::atomic<int64_t>, kCpuGemmBackendCount> counts{};
+std::array<std::atomic<int64_t>, kDenseBackendCount>& global_counts() {
+  static std::array<std::atomic<int64_t>, kDenseBackendCount> counts{};
   return counts;
 }
 
@@ -53,34 +53,34 @@ std::string lower(std::string s) {
 }
 
 // The name benchmarks print: the backend, with the ISA for the own kernels.
-std::string kernel_name(CpuGemmBackend b) {
+std::string kernel_name(DenseBackend b) {
   std::string name = to_string(b);
-  if (b == CpuGemmBackend::kGemv || b == CpuGemmBackend::kBf16Tiles || b == CpuGemmBackend::kPanels)
-    name += std::string("/") + to_string(cpu_isa());
+  if (b == DenseBackend::kGemv || b == DenseBackend::kBf16Tiles || b == DenseBackend::kPanels)
+    name += std::string("/") + to_string(cpu::isa());
   return name;
 }
 
-bool packed_backend(CpuGemmBackend b) {
-  return b == CpuGemmBackend::kOneDnn || b == CpuGemmBackend::kMklPacked || b == CpuGemmBackend::kPanels;
+bool packed_backend(DenseBackend b) {
+  return b == DenseBackend::kOneDnn || b == DenseBackend::kMklPacked || b == DenseBackend::kPanels;
 }
 
 }  // namespace
 
 // ---- names, problem, table ---------------------------------------------------------------
 
-const char* to_string(CpuGemmBackend backend) {
+const char* to_string(DenseBackend backend) {
   switch (backend) {
-    case CpuGemmBackend::kAtLinear: return "at_linear";
-    case CpuGemmBackend::kOneDnn: return "onednn";
-    case CpuGemmBackend::kGemv: return "gemv";
-    case CpuGemmBackend::kBf16Tiles: return "bf16_tiles";
-    case CpuGemmBackend::kMklPacked: return "mkl_packed";
-    case CpuGemmBackend::kPanels: return "panels";
+    case DenseBackend::kAtLinear: return "at_linear";
+    case DenseBackend::kOneDnn: return "onednn";
+    case DenseBackend::kGemv: return "gemv";
+    case DenseBackend::kBf16Tiles: return "bf16_tiles";
+    case DenseBackend::kMklPacked: return "mkl_packed";
+    case DenseBackend::kPanels: return "panels";
   }
   return "unknown";
 }
 
-CpuGemmBackend parse_cpu_gemm_backend(const std::string& name) {
+DenseBackend parse_dense_backend(const std::string& name) {
   const std::string l = lower(name);
   for (const auto b : kAllBackends)
     if (l == to_string(b)) return b;
@@ -88,14 +88,14 @@ CpuGemmBackend parse_cpu_gemm_backend(const std::string& name) {
                     "'; expected auto, at_linear, onednn, mkl_packed, panels, gemv or bf16_tiles");
 }
 
-CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
-  CpuGemmProblem p;
+DenseProblem dense_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
+  DenseProblem p;
   p.m = m, p.n = n, p.k = k, p.dtype = dtype;
-  p.isa = cpu_isa();
-  const auto& f = cpu_features();
+  p.isa = cpu::isa();
+  const auto& f = features();
   // TP_CPU_ISA=avx2 stands for a machine without AVX-512, hence without its bf16 too.
-  p.native_bf16 = p.isa == CpuIsa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
-  p.amx_bf16 = p.isa == CpuIsa::kAvx512 && f.amx_bf16;
+  p.native_bf16 = p.isa == Isa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
+  p.amx_bf16 = p.isa == Isa::kAvx512 && f.amx_bf16;
   p.amd = amd_cpu();
   p.threads = at::get_num_threads();
   p.onednn = onednn_supports(dtype);
@@ -108,15 +108,15 @@ CpuGemmProblem cpu_gemm_problem(int64_t m, int64_t n, int64_t k, at::ScalarType 
   return p;
 }
 
-bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
+bool dense_supports(DenseBackend backend, const DenseProblem& p) {
   const bool floating = p.dtype == at::kFloat || p.dtype == at::kBFloat16;
   switch (backend) {
-    case CpuGemmBackend::kAtLinear: return true;
-    case CpuGemmBackend::kOneDnn: return floating && p.onednn;
-    case CpuGemmBackend::kGemv: return floating;
-    case CpuGemmBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
-    case CpuGemmBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
-    case CpuGemmBackend::kPanels: return floating && p.isa != CpuIsa::kScalar;
+    case DenseBackend::kAtLinear: return true;
+    case DenseBackend::kOneDnn: return floating && p.onednn;
+    case DenseBackend::kGemv: return floating;
+    case DenseBackend::kBf16Tiles: return p.dtype == at::kBFloat16;
+    case DenseBackend::kMklPacked: return p.dtype == at::kFloat && p.mkl_packed;
+    case DenseBackend::kPanels: return floating && p.isa != Isa::kScalar;
   }
   return false;
 }
@@ -142,7 +142,7 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     1.3x, 1.1x, 1.05x; MKL's packed SGEMM and oneDNN 0.9-1.08x).
 //   float32, M > 64, Intel: at::linear. oneDNN is 1.07-1.17x at M = 96-256 with AVX-512,
 //     but its copy of W would be a second one next to the panels (a layer keeps one:
-//     cpu_gemm.h), and the panels kernel is 0.9-1.05x there. Capped to AVX2, at::linear
+//     cpu/dense/gemm.h), and the panels kernel is 0.9-1.05x there. Capped to AVX2, at::linear
 //     is at 97 % of the FMA ceiling at M = 256 (MKL's packed SGEMM 1.02x, oneDNN 0.86x).
 //   float32 on AMD (Zen 4 VM, 2 threads, 11008 x 4096 and 4096 x 14336, plus 4096 x
 //     4096 and 6144 x 4096 at M = 96 and 256; 2026-12-02): MKL's SGEMM is far behind
@@ -184,42 +184,42 @@ bool cpu_gemm_supports(CpuGemmBackend backend, const CpuGemmProblem& p) {
 //     panels' 1.15-1.48x at M = 96-512 (6144 x 4096, 28672 x 4096, 4096 x 14336), where
 //     bf16_tiles was 1.2-1.5x slower than the float32 layer (its panels) and the bf16
 //     panels level with it (0.96-1.12x).
-CpuGemmBackend select_cpu_gemm(const CpuGemmProblem& p) {
-  if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return CpuGemmBackend::kAtLinear;
+DenseBackend select_dense_backend(const DenseProblem& p) {
+  if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return DenseBackend::kAtLinear;
   // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
-  if (p.isa == CpuIsa::kScalar) return CpuGemmBackend::kAtLinear;
+  if (p.isa == Isa::kScalar) return DenseBackend::kAtLinear;
   // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
   const bool bf16_arithmetic = p.native_bf16 && (p.amx_bf16 || p.amd);
   int64_t gemv_max_m = kCpuGemvMaxM;
   if (p.allow_packs && p.dtype == at::kFloat && !p.amd) gemv_max_m = kCpuGemvMaxMPacked;
   if (p.allow_packs && p.dtype == at::kBFloat16 && !bf16_arithmetic) gemv_max_m = p.amd ? kCpuGemvMaxMPacked : 0;
-  if (p.m <= gemv_max_m) return CpuGemmBackend::kGemv;
+  if (p.m <= gemv_max_m) return DenseBackend::kGemv;
   const bool onednn = p.onednn && p.allow_packs;
   if (p.dtype == at::kBFloat16) {
     if (bf16_arithmetic) {
-      if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return CpuGemmBackend::kAtLinear;
-      return CpuGemmBackend::kOneDnn;
+      if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return DenseBackend::kAtLinear;
+      return DenseBackend::kOneDnn;
     }
-    if (p.allow_packs && (p.m <= kCpuPanelsMaxM || p.amd)) return CpuGemmBackend::kPanels;
-    return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kBf16Tiles;
+    if (p.allow_packs && (p.m <= kCpuPanelsMaxM || p.amd)) return DenseBackend::kPanels;
+    return p.m <= kCpuGemvMaxMBlocked ? DenseBackend::kGemv : DenseBackend::kBf16Tiles;
   }
   // AMD: MKL's SGEMM trails every other backend there, at every M.
-  if (p.amd) return p.allow_packs ? CpuGemmBackend::kPanels : CpuGemmBackend::kGemv;
-  if (p.allow_packs) return p.m <= kCpuPanelsMaxM ? CpuGemmBackend::kPanels : CpuGemmBackend::kAtLinear;
-  return p.m <= kCpuGemvMaxMBlocked ? CpuGemmBackend::kGemv : CpuGemmBackend::kAtLinear;
+  if (p.amd) return p.allow_packs ? DenseBackend::kPanels : DenseBackend::kGemv;
+  if (p.allow_packs) return p.m <= kCpuPanelsMaxM ? DenseBackend::kPanels : DenseBackend::kAtLinear;
+  return p.m <= kCpuGemvMaxMBlocked ? DenseBackend::kGemv : DenseBackend::kAtLinear;
 }
 
-std::optional<CpuGemmBackend> forced_cpu_gemm() {
-  static const std::optional<CpuGemmBackend> forced = []() -> std::optional<CpuGemmBackend> {
+std::optional<DenseBackend> forced_dense_backend() {
+  static const std::optional<DenseBackend> forced = []() -> std::optional<DenseBackend> {
     const char* env = std::getenv("TP_CPU_GEMM");
     if (env == nullptr || *env == '\0' || lower(env) == "auto") return std::nullopt;
-    return parse_cpu_gemm_backend(env);
+    return parse_dense_backend(env);
   }();
   return forced;
 }
 
-std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
-  std::map<CpuGemmBackend, int64_t> out;
+std::map<DenseBackend, int64_t> dense_backend_counts() {
+  std::map<DenseBackend, int64_t> out;
   for (const auto b : kAllBackends) {
     const int64_t c = global_counts()[static_cast<int>(b)].load(std::memory_order_relaxed);
     if (c > 0) out[b] = c;
@@ -227,9 +227,9 @@ std::map<CpuGemmBackend, int64_t> cpu_gemm_counts() {
   return out;
 }
 
-// ---- CpuGemm ---------------------------------------------------------------------------
+// ---- DenseGemm ---------------------------------------------------------------------------
 
-void CpuGemm::bind(const at::Tensor& weight) {
+void DenseGemm::bind(const at::Tensor& weight) {
   TORCH_INTERNAL_ASSERT(weight.dim() == 2, "CpuGemm: weight must be [N, K], got ", weight.sizes());
   std::lock_guard<std::mutex> lock(mutex_);
   weight_ = weight;
@@ -238,37 +238,37 @@ void CpuGemm::bind(const at::Tensor& weight) {
   for (auto& c : counts_) c = 0;
 }
 
-void CpuGemm::prepare(const at::Tensor& weight) {
+void DenseGemm::prepare(const at::Tensor& weight) {
   bind(weight);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!serves(at::empty({0, weight.size(1)}, weight.options())) || weight.numel() == 0) return;
   // Pack now what the table (or TP_CPU_GEMM) picks for this weight at some M, so the
   // first forward does not pay for it.
-  std::vector<CpuGemmBackend> wanted;
-  if (const auto forced = forced_cpu_gemm()) wanted.push_back(*forced);
+  std::vector<DenseBackend> wanted;
+  if (const auto forced = forced_dense_backend()) wanted.push_back(*forced);
   for (int64_t m = 1; m <= 4096; m *= 2)
-    wanted.push_back(select_cpu_gemm(cpu_gemm_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
-  const auto p = cpu_gemm_problem(1, weight.size(0), weight.size(1), weight.scalar_type());
+    wanted.push_back(select_dense_backend(dense_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
+  const auto p = dense_problem(1, weight.size(0), weight.size(1), weight.scalar_type());
   for (const auto b : wanted) {
     auto& pack = packs_by_backend_[static_cast<int>(b)];
-    if (!packed_backend(b) || pack.data.defined() || !cpu_gemm_supports(b, p)) continue;
+    if (!packed_backend(b) || pack.data.defined() || !dense_supports(b, p)) continue;
     pack.data = make_pack(b);
     pack.key = TensorStamp::of({weight_});
     ++packs_;
   }
 }
 
-at::Tensor CpuGemm::make_pack(CpuGemmBackend backend) const {
+at::Tensor DenseGemm::make_pack(DenseBackend backend) const {
   at::NoGradGuard no_grad;
   switch (backend) {
-    case CpuGemmBackend::kOneDnn: return onednn_pack(weight_);
-    case CpuGemmBackend::kMklPacked: return mkl_pack(weight_);
-    case CpuGemmBackend::kPanels: return panels_pack(weight_, cpu_isa());
+    case DenseBackend::kOneDnn: return onednn_pack(weight_);
+    case DenseBackend::kMklPacked: return mkl_pack(weight_);
+    case DenseBackend::kPanels: return panels_pack(weight_, cpu::isa());
     default: TORCH_INTERNAL_ASSERT(false, "CpuGemm: ", to_string(backend), " keeps no packed weight");
   }
 }
 
-at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
+at::Tensor DenseGemm::packed(DenseBackend backend) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto& pack = packs_by_backend_[static_cast<int>(backend)];
   TensorStamp now = TensorStamp::of({weight_});
@@ -281,19 +281,19 @@ at::Tensor CpuGemm::packed(CpuGemmBackend backend) const {
   return pack.data;
 }
 
-int64_t CpuGemm::packed_bytes() const {
+int64_t DenseGemm::packed_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t bytes = 0;
-  const auto& onednn = packs_by_backend_[static_cast<int>(CpuGemmBackend::kOneDnn)].data;
+  const auto& onednn = packs_by_backend_[static_cast<int>(DenseBackend::kOneDnn)].data;
   if (onednn.defined()) bytes += onednn_packed_bytes(onednn);
-  for (const auto b : {CpuGemmBackend::kMklPacked, CpuGemmBackend::kPanels}) {
+  for (const auto b : {DenseBackend::kMklPacked, DenseBackend::kPanels}) {
     const auto& data = packs_by_backend_[static_cast<int>(b)].data;
     if (data.defined()) bytes += data.numel() * static_cast<int64_t>(data.element_size());
   }
   return bytes;
 }
 
-bool CpuGemm::serves(const at::Tensor& x) const {
+bool DenseGemm::serves(const at::Tensor& x) const {
   if (!weight_.defined() || !x.is_cpu() || !weight_.is_cpu()) return false;
   const auto t = weight_.scalar_type();
   if ((t != at::kFloat && t != at::kBFloat16) || x.scalar_type() != t) return false;
@@ -301,7 +301,7 @@ bool CpuGemm::serves(const at::Tensor& x) const {
   return weight_.stride(1) == 1 && weight_.stride(0) >= weight_.size(1);
 }
 
-bool CpuGemm::can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+bool DenseGemm::can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
   if (!serves(x)) return false;
   const bool has_bias = bias && bias->defined();
   // The backends here have no backward: a call that records a graph takes at::linear.
@@ -315,47 +315,47 @@ bool CpuGemm::can_run(const at::Tensor& x, const std::optional<at::Tensor>& bias
   return x.numel() > 0 && weight_.numel() > 0;
 }
 
-CpuGemmBackend CpuGemm::backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
-  if (!can_run(x, bias)) return CpuGemmBackend::kAtLinear;
-  const auto p = cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0), weight_.size(1), weight_.scalar_type());
-  if (const auto forced = forced_cpu_gemm(); forced && cpu_gemm_supports(*forced, p)) return *forced;
-  return select_cpu_gemm(p);
+DenseBackend DenseGemm::backend_for(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+  if (!can_run(x, bias)) return DenseBackend::kAtLinear;
+  const auto p = dense_problem(x.numel() / x.size(-1), weight_.size(0), weight_.size(1), weight_.scalar_type());
+  if (const auto forced = forced_dense_backend(); forced && dense_supports(*forced, p)) return *forced;
+  return select_dense_backend(p);
 }
 
-at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
+at::Tensor DenseGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {
   return linear(x, bias, backend_for(x, bias));
 }
 
-at::Tensor CpuGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, CpuGemmBackend backend) const {
-  if (backend != CpuGemmBackend::kAtLinear &&
-      (!can_run(x, bias) || !cpu_gemm_supports(backend, cpu_gemm_problem(x.numel() / x.size(-1), weight_.size(0),
-                                                                         weight_.size(1), weight_.scalar_type()))))
-    backend = CpuGemmBackend::kAtLinear;
+at::Tensor DenseGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias, DenseBackend backend) const {
+  if (backend != DenseBackend::kAtLinear &&
+      (!can_run(x, bias) || !dense_supports(backend, dense_problem(x.numel() / x.size(-1), weight_.size(0),
+                                                                   weight_.size(1), weight_.scalar_type()))))
+    backend = DenseBackend::kAtLinear;
   counts_[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
   global_counts()[static_cast<int>(backend)].fetch_add(1, std::memory_order_relaxed);
   count_kernel(kernel_name(backend));
-  if (backend == CpuGemmBackend::kAtLinear) return at::linear(x, weight_, bias);
+  if (backend == DenseBackend::kAtLinear) return at::linear(x, weight_, bias);
   const auto x2d = x.reshape({-1, x.size(-1)}).contiguous();
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = weight_.size(0);
   return run(backend, x2d, bias).view(out_sizes);
 }
 
-at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const {
+at::Tensor DenseGemm::run(DenseBackend backend, const at::Tensor& x2d, const std::optional<at::Tensor>& bias) const {
   const bool has_bias = bias && bias->defined();
   at::Tensor y;  // float32 unless the backend produced the layer's dtype
   switch (backend) {
-    case CpuGemmBackend::kOneDnn:
+    case DenseBackend::kOneDnn:
       return onednn_linear(x2d, packed(backend),
                            has_bias ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt);
-    case CpuGemmBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
-    case CpuGemmBackend::kPanels:
-      y = panels_linear(x2d, packed(backend), weight_.size(0), cpu_isa(),
+    case DenseBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
+    case DenseBackend::kPanels:
+      y = panels_linear(x2d, packed(backend), weight_.size(0), cpu::isa(),
                         amd_cpu() ? kPanelXBlockBytesAmd : kPanelXBlockBytes);
       break;
-    case CpuGemmBackend::kGemv: y = gemv_linear(x2d, weight_, cpu_isa()); break;
-    case CpuGemmBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu_isa()); break;
-    case CpuGemmBackend::kAtLinear: return at::linear(x2d, weight_, bias);
+    case DenseBackend::kGemv: y = gemv_linear(x2d, weight_, cpu::isa()); break;
+    case DenseBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu::isa()); break;
+    case DenseBackend::kAtLinear: return at::linear(x2d, weight_, bias);
   }
   if (has_bias) y.add_(*bias);
   if (y.scalar_type() == weight_.scalar_type()) return y.contiguous();
@@ -363,8 +363,8 @@ at::Tensor CpuGemm::run(CpuGemmBackend backend, const at::Tensor& x2d, const std
   return out.copy_(y);  // one rounding to the layer's dtype, into a contiguous result
 }
 
-std::map<CpuGemmBackend, int64_t> CpuGemm::counts() const {
-  std::map<CpuGemmBackend, int64_t> out;
+std::map<DenseBackend, int64_t> DenseGemm::counts() const {
+  std::map<DenseBackend, int64_t> out;
   for (const auto b : kAllBackends) {
     const int64_t c = counts_[static_cast<int>(b)].load(std::memory_order_relaxed);
     if (c > 0) out[b] = c;
@@ -372,4 +372,4 @@ std::map<CpuGemmBackend, int64_t> CpuGemm::counts() const {
   return out;
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

@@ -1,4 +1,4 @@
-#include "quant/unquantized/cpu_gemm_backends.h"
+#include "cpu/dense/backends.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Config.h>
@@ -14,9 +14,9 @@
 #include <cstring>
 #include <vector>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 // ---- portable kernels (the scalar ISA) ---------------------------------------------------
 
@@ -70,7 +70,7 @@ void bf16_to_f32_scalar(const uint16_t* src, int64_t rows, int64_t cols, int64_t
 
 namespace {
 
-// The panel kernels' chunks of x (cpu_gemm_kernels.h): ceil(m / max_rows) of them, sizes
+// The panel kernels' chunks of x (cpu/dense/kernels.h): ceil(m / max_rows) of them, sizes
 // differing by at most one; where chunk c begins.
 int64_t panel_chunks(int64_t m, int64_t max_rows) { return (m + max_rows - 1) / max_rows; }
 int64_t panel_chunk_begin(int64_t m, int64_t chunks, int64_t c) {
@@ -85,7 +85,7 @@ namespace {
 template <typename W>
 void pack_panels(const W* w, int64_t n, int64_t k, int64_t ld_w, W* panels, int64_t p0, int64_t p1,
                  bool halves_interleaved) {
-  // Where column j of a panel row is stored (cpu_gemm_kernels.h).
+  // Where column j of a panel row is stored (cpu/dense/kernels.h).
   int64_t slot[kPanelCols];
   for (int64_t j = 0; j < kPanelCols; ++j) slot[j] = halves_interleaved ? (j % 8) * 2 + j / 8 : j;
   for (int64_t p = p0; p < p1; ++p) {
@@ -298,27 +298,27 @@ using GemvBf16 = void (*)(const float*, int64_t, int64_t, int64_t, const uint16_
                           int64_t);
 using Bf16ToF32 = void (*)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t);
 
-GemvF32 gemv_f32_for(CpuIsa isa) {
+GemvF32 gemv_f32_for(Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return gemv_f32_avx512;
-    case CpuIsa::kAvx2: return gemv_f32_avx2;
-    case CpuIsa::kScalar: break;
+    case Isa::kAvx512: return gemv_f32_avx512;
+    case Isa::kAvx2: return gemv_f32_avx2;
+    case Isa::kScalar: break;
   }
   return gemv_f32_scalar;
 }
-GemvBf16 gemv_bf16_for(CpuIsa isa) {
+GemvBf16 gemv_bf16_for(Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return gemv_bf16_avx512;
-    case CpuIsa::kAvx2: return gemv_bf16_avx2;
-    case CpuIsa::kScalar: break;
+    case Isa::kAvx512: return gemv_bf16_avx512;
+    case Isa::kAvx2: return gemv_bf16_avx2;
+    case Isa::kScalar: break;
   }
   return gemv_bf16_scalar;
 }
-Bf16ToF32 bf16_to_f32_for(CpuIsa isa) {
+Bf16ToF32 bf16_to_f32_for(Isa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return bf16_to_f32_avx512;
-    case CpuIsa::kAvx2: return bf16_to_f32_avx2;
-    case CpuIsa::kScalar: break;
+    case Isa::kAvx512: return bf16_to_f32_avx512;
+    case Isa::kAvx2: return bf16_to_f32_avx2;
+    case Isa::kScalar: break;
   }
   return bf16_to_f32_scalar;
 }
@@ -333,7 +333,7 @@ int64_t bf16_tile_rows(int64_t k) {
 
 }  // namespace
 
-at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) {
+at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, Isa isa) {
   const auto x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), ld_w = w.stride(0);
   auto y = at::empty({m, n}, x.options());
@@ -353,7 +353,7 @@ at::Tensor gemv_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) 
   return y;
 }
 
-at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa) {
+at::Tensor panels_pack(const at::Tensor& w, Isa isa) {
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   TORCH_INTERNAL_ASSERT((bf16 || w.scalar_type() == at::kFloat) && w.stride(1) == 1,
                         "panels_pack: float32 / bf16 rows");
@@ -363,7 +363,7 @@ at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa) {
   if (bf16) {
     const auto* wp = reinterpret_cast<const uint16_t*>(w.const_data_ptr<at::BFloat16>());
     auto* op = reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>());
-    const bool interleaved = isa == CpuIsa::kAvx2;
+    const bool interleaved = isa == Isa::kAvx2;
     at::parallel_for(0, panels, 1,
                      [&](int64_t p0, int64_t p1) { pack_panels_bf16(wp, n, k, ld_w, op, p0, p1, interleaved); });
   } else {
@@ -374,12 +374,11 @@ at::Tensor panels_pack(const at::Tensor& w, CpuIsa isa) {
   return out;
 }
 
-at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t n, CpuIsa isa,
-                         int64_t x_block_bytes) {
-  TORCH_INTERNAL_ASSERT(isa != CpuIsa::kScalar, "panels_linear: AVX2 or AVX-512");
+at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64_t n, Isa isa, int64_t x_block_bytes) {
+  TORCH_INTERNAL_ASSERT(isa != Isa::kScalar, "panels_linear: AVX2 or AVX-512");
   const auto x = x_in.scalar_type() == at::kFloat ? x_in : x_in.to(at::kFloat);
   const int64_t m = x.size(0), k = x.size(1), count = panels.size(0);
-  const bool avx512 = isa == CpuIsa::kAvx512, bf16 = panels.scalar_type() == at::kBFloat16;
+  const bool avx512 = isa == Isa::kAvx512, bf16 = panels.scalar_type() == at::kBFloat16;
   // AVX-512 past one chunk of 16 rows: 12-row chunks against two panels at a time.
   const bool pairs = avx512 && m > kPanelRowsAvx512;
   const int64_t max_rows = pairs ? kPanelPairRowsAvx512 : avx512 ? kPanelRowsAvx512 : kPanelRowsAvx2;
@@ -459,7 +458,7 @@ at::Tensor panels_linear(const at::Tensor& x_in, const at::Tensor& panels, int64
   return y;
 }
 
-at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa isa) {
+at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, Isa isa) {
   const auto x = x_in.to(at::kFloat).contiguous();
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0), ld_w = w.stride(0);
   const int64_t rows = bf16_tile_rows(k);
@@ -494,4 +493,4 @@ at::Tensor bf16_tiles_linear(const at::Tensor& x_in, const at::Tensor& w, CpuIsa
   return blas ? out : out.t();
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

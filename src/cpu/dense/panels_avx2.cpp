@@ -1,20 +1,20 @@
 // The panels backend's chunk kernel, AVX2 code path: up to 6 rows of x against a
 // K block of one 16-column panel of W, float32 or bfloat16 (widened in registers:
-// exact; layouts in cpu_gemm_kernels.h); chunks of 4-6 rows run the assembly tile of
-// panel_tile_avx2.cpp. Compiled with the AVX2 flags; entered only when
-// cpu_isa() allows AVX2.
+// exact; layouts in cpu/dense/kernels.h); chunks of 4-6 rows run the assembly tile of
+// cpu/dense/panel_tile_avx2.cpp. Compiled with the AVX2 flags; entered only when
+// cpu::isa() allows AVX2.
 
 #include <immintrin.h>
 
 #include <cstdint>
 
-#include "quant/unquantized/cpu_gemm_kernels.h"
+#include "cpu/dense/kernels.h"
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
-constexpr int kStreams = 4;  // interleaved quarters of the K block (cpu_gemm_kernels.h)
+constexpr int kStreams = 4;  // interleaved quarters of the K block (cpu/dense/kernels.h)
 // Prefetch distance along each stream when the panel comes from memory: 32 lines
 // (the hardware prefetcher alone left the reads at ~70 % of the machine's rate).
 constexpr int64_t kPrefetchRows = 32;
@@ -103,11 +103,11 @@ void chunk_panel(const PanelTask& t) {
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const int64_t q = kc / kStreams;
-  // The next task's panel (cpu_gemm_kernels.h), spread evenly over the quarter steps.
+  // The next task's panel (cpu/dense/kernels.h), spread evenly over the quarter steps.
   const char* next = static_cast<const char*>(t.prefetch_next);
   const int64_t next_inc = next && q > 0 ? (t.prefetch_bytes + q - 1) / q : 0;
   if constexpr (MR >= 4) {
-    // The assembly tile (panel_tile_avx2.cpp), one block of kSumSteps steps at a time.
+    // The assembly tile (cpu/dense/panel_tile_avx2.cpp), one block of kSumSteps steps at a time.
     PanelQuarterTileArgs a;
     a.rows = MR;
     a.quarter = q;
@@ -149,4 +149,4 @@ constexpr ChunkFn kChunkBf16[kPanelRowsAvx2] = {&chunk_panel<1, uint16_t>, &chun
 void panel_chunk_f32_avx2(const PanelTask& t) { kChunkF32[t.rows - 1](t); }
 void panel_chunk_bf16_avx2(const PanelTask& t) { kChunkBf16[t.rows - 1](t); }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu

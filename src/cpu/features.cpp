@@ -1,4 +1,4 @@
-#include "common/cpu_features.h"
+#include "cpu/features.h"
 
 #include <c10/util/Exception.h>
 
@@ -14,7 +14,7 @@
 #define TP_X86 0
 #endif
 
-namespace tp::detail {
+namespace tp::cpu {
 
 namespace {
 
@@ -38,8 +38,8 @@ uint64_t xgetbv0() {
 bool bit(unsigned reg, int i) { return (reg >> i) & 1u; }
 #endif
 
-CpuFeatures detect() {
-  CpuFeatures f;
+Features detect() {
+  Features f;
 #if TP_X86
   const unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 7) return f;
@@ -71,24 +71,24 @@ CpuFeatures detect() {
   return f;
 }
 
-CpuIsa max_isa_of(const CpuFeatures& f) {
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c) return CpuIsa::kAvx512;
-  if (f.avx2 && f.fma && f.f16c) return CpuIsa::kAvx2;
-  return CpuIsa::kScalar;
+Isa max_isa_of(const Features& f) {
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c) return Isa::kAvx512;
+  if (f.avx2 && f.fma && f.f16c) return Isa::kAvx2;
+  return Isa::kScalar;
 }
 
 }  // namespace
 
-const char* to_string(CpuIsa isa) {
+const char* to_string(Isa isa) {
   switch (isa) {
-    case CpuIsa::kScalar: return "scalar";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kAvx512: return "avx512";
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
   }
   return "unknown";
 }
 
-std::string CpuFeatures::describe() const {
+std::string Features::describe() const {
   std::string out;
   const auto add = [&](bool on, const char* name) {
     if (!on) return;
@@ -111,34 +111,34 @@ std::string CpuFeatures::describe() const {
   return out.empty() ? "none" : out;
 }
 
-const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
+const Features& features() {
+  static const Features features = detect();
   return features;
 }
 
-CpuIsa cpu_max_isa() { return max_isa_of(cpu_features()); }
+Isa max_isa() { return max_isa_of(features()); }
 
-CpuIsa parse_cpu_isa(const std::string& name) {
+Isa parse_isa(const std::string& name) {
   std::string lower(name);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (lower == to_string(isa)) return isa;
   }
   TORCH_CHECK_VALUE(false, "unknown CPU ISA '", name, "'; expected scalar, avx2 or avx512");
 }
 
-CpuIsa cpu_isa() {
-  static const CpuIsa isa = [] {
-    const CpuIsa best = cpu_max_isa();
+Isa isa() {
+  static const Isa isa = [] {
+    const Isa best = max_isa();
     const char* env = std::getenv("TP_CPU_ISA");
     if (env == nullptr || *env == '\0') return best;
-    const CpuIsa asked = parse_cpu_isa(env);
+    const Isa asked = parse_isa(env);
     TORCH_CHECK_VALUE(static_cast<int>(asked) <= static_cast<int>(best), "TP_CPU_ISA=", env,
-                      " asks for more than this CPU supports (", to_string(best),
-                      "; features: ", cpu_features().describe(), ")");
+                      " asks for more than this CPU supports (", to_string(best), "; features: ", features().describe(),
+                      ")");
     return asked;
   }();
   return isa;
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu
