@@ -1,6 +1,7 @@
 #pragma once
 // Which kernels ran: a process-wide count of calls per kernel name, which the CPU
-// kernels bump and the benchmarks diff around a row to print its "kernel" column (as they diff Communicator::all_reduce_counts for the AllReduce strategy).
+// kernels bump and the benchmarks diff around a row to print its "kernel" column
+// (as they diff Communicator::all_reduce_counts for the AllReduce strategy).
 
 #include <cstdint>
 #include <map>
