@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
-#include <cstdlib>
+#include <cstring>
+
+#include "common/env.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -42,6 +44,12 @@ Features detect() {
   Features f;
 #if TP_X86
   const unsigned max_leaf = __get_cpuid_max(0, nullptr);
+  const Regs l0 = cpuid(0, 0);
+  char vendor[13] = {};
+  std::memcpy(vendor, &l0.b, 4);
+  std::memcpy(vendor + 4, &l0.d, 4);
+  std::memcpy(vendor + 8, &l0.c, 4);
+  f.amd = std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
   if (max_leaf < 7) return f;
   const Regs l1 = cpuid(1, 0);
   const bool osxsave = bit(l1.c, 27);
@@ -95,6 +103,7 @@ std::string Features::describe() const {
     if (!out.empty()) out += ' ';
     out += name;
   };
+  add(amd, "amd");
   add(avx2, "avx2");
   add(fma, "fma");
   add(f16c, "f16c");
@@ -130,10 +139,10 @@ Isa parse_isa(const std::string& name) {
 Isa isa() {
   static const Isa isa = [] {
     const Isa best = max_isa();
-    const char* env = std::getenv("TP_CPU_ISA");
-    if (env == nullptr || *env == '\0') return best;
-    const Isa asked = parse_isa(env);
-    TORCH_CHECK_VALUE(static_cast<int>(asked) <= static_cast<int>(best), "TP_CPU_ISA=", env,
+    const auto env = detail::env_value("TP_CPU_ISA");
+    if (!env) return best;
+    const Isa asked = parse_isa(*env);
+    TORCH_CHECK_VALUE(static_cast<int>(asked) <= static_cast<int>(best), "TP_CPU_ISA=", *env,
                       " asks for more than this CPU supports (", to_string(best), "; features: ", features().describe(),
                       ")");
     return asked;

@@ -25,6 +25,7 @@ const char* to_string(Isa isa);
 /// The raw feature bits the kernels care about; each true only when the OS also
 /// saves the registers it needs (XGETBV), so a flag here is safe to use.
 struct Features {
+  bool amd = false;  ///< AuthenticAMD or HygonGenuine: the GEMM table has rows of its own
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;

@@ -1,11 +1,12 @@
 #include "cpu/panel_gemm.h"
 
+#include "cpu/parallel.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <vector>
 
 namespace tp::cpu {
@@ -101,10 +102,8 @@ void parallel_over_panels(int64_t panels, int64_t m, int64_t k, int64_t align,
     fn(0, panels);
     return;
   }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, std::min(threads, chunks), 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
-      fn(c * chunk, std::min(panels, (c + 1) * chunk));
+  parallel_grabs(chunks, threads, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) fn(c * chunk, std::min(panels, (c + 1) * chunk));
   });
 }
 

@@ -5,16 +5,11 @@
 
 #include <sstream>
 
+#include "common/shape_str.h"
+
 namespace tp {
 
-namespace {
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  return os.str() + ']';
-}
-}  // namespace
+using detail::shape_str;
 
 at::Tensor TensorSource::read_all() const {
   const auto s = shape();

@@ -7,13 +7,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdlib>
-#include <cstring>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
+#include "common/env.h"
 #include "cpu/dense/backends.h"
 #include "cpu/kernel_counts.h"
 
@@ -28,23 +23,6 @@ constexpr std::array<DenseBackend, kDenseBackendCount> kAllBackends{DenseBackend
 std::array<std::atomic<int64_t>, kDenseBackendCount>& global_counts() {
   static std::array<std::atomic<int64_t>, kDenseBackendCount> counts{};
   return counts;
-}
-
-bool amd_cpu() {
-  static const bool amd = [] {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
-    char vendor[13] = {};
-    std::memcpy(vendor, &b, 4);
-    std::memcpy(vendor + 4, &d, 4);
-    std::memcpy(vendor + 8, &c, 4);
-    return std::strcmp(vendor, "AuthenticAMD") == 0 || std::strcmp(vendor, "HygonGenuine") == 0;
-#else
-    return false;
-#endif
-  }();
-  return amd;
 }
 
 std::string lower(std::string s) {
@@ -96,14 +74,11 @@ DenseProblem dense_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype
   // TP_CPU_ISA=avx2 stands for a machine without AVX-512, hence without its bf16 too.
   p.native_bf16 = p.isa == Isa::kAvx512 && (f.avx512bf16 || f.amx_bf16);
   p.amx_bf16 = p.isa == Isa::kAvx512 && f.amx_bf16;
-  p.amd = amd_cpu();
+  p.amd = f.amd;
   p.threads = at::get_num_threads();
   p.onednn = onednn_supports(dtype);
   p.mkl_packed = dtype == at::kFloat && mkl_packed_available();
-  static const bool allow_packs = [] {
-    const char* env = std::getenv("TP_CPU_GEMM_PACK");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool allow_packs = detail::env_value("TP_CPU_GEMM_PACK").value_or("1") != "0";
   p.allow_packs = allow_packs;
   return p;
 }
@@ -211,9 +186,9 @@ DenseBackend select_dense_backend(const DenseProblem& p) {
 
 std::optional<DenseBackend> forced_dense_backend() {
   static const std::optional<DenseBackend> forced = []() -> std::optional<DenseBackend> {
-    const char* env = std::getenv("TP_CPU_GEMM");
-    if (env == nullptr || *env == '\0' || lower(env) == "auto") return std::nullopt;
-    return parse_dense_backend(env);
+    const auto env = detail::env_value("TP_CPU_GEMM");
+    if (!env || lower(*env) == "auto") return std::nullopt;
+    return parse_dense_backend(*env);
   }();
   return forced;
 }
@@ -351,7 +326,7 @@ at::Tensor DenseGemm::run(DenseBackend backend, const at::Tensor& x2d, const std
     case DenseBackend::kMklPacked: y = mkl_packed_linear(x2d, packed(backend), weight_.size(0)); break;
     case DenseBackend::kPanels:
       y = panels_linear(x2d, packed(backend), weight_.size(0), cpu::isa(),
-                        amd_cpu() ? kPanelXBlockBytesAmd : kPanelXBlockBytes);
+                        features().amd ? kPanelXBlockBytesAmd : kPanelXBlockBytes);
       break;
     case DenseBackend::kGemv: y = gemv_linear(x2d, weight_, cpu::isa()); break;
     case DenseBackend::kBf16Tiles: y = bf16_tiles_linear(x2d, weight_, cpu::isa()); break;

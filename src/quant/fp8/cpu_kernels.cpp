@@ -17,6 +17,7 @@
 
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
+#include "cpu/parallel.h"
 #include "quant/abs_max.h"
 
 namespace tp::detail {
@@ -36,34 +37,15 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
-// Rows per unit of work handed to a thread: a multiple of every kernel's row blocking
-// (GEMV 4 rows, microkernels 3 / 6, panels 24), so no thread's range splits a panel.
+// Rows per unit of work handed to a thread (cpu::parallel_rows): a multiple of every
+// kernel's row blocking (GEMV 4 rows, microkernels 3 / 6, panels 24), so no thread's
+// range splits a panel.
 constexpr int64_t kUnitRows = 24;
-
-// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
-// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
-// cores run other work too) then delays the call by one grab, where a static split
-// makes every call wait for its slowest thread's whole share.
-template <class F>
-void parallel_units(int64_t units, const F& f) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
-  if (threads <= 1 || at::in_parallel_region()) {
-    f(0, units);
-    return;
-  }
-  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
-  });
-}
 
 }  // namespace
 
 void fp8_pack_x(const float* x, int64_t m, int64_t k, int64_t ld_x, int64_t chunk, int64_t ld_xp, float* xp) {
-  const int64_t kpad = round_up(k, chunk);
+  const int64_t kpad = cpu::round_up(k, chunk);
   const int64_t lanes = chunk / 4;
   for (int64_t i = 0; i < m; ++i) {
     const float* src = x + i * ld_x;
@@ -218,7 +200,7 @@ at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float inp
   };
   // Rows in parallel only when there are enough of them to pay for a parallel region.
   if (m * k >= (int64_t{1} << 20)) {
-    parallel_units(m, rows);
+    cpu::parallel_units(m, rows);
   } else {
     rows(0, m);
   }
@@ -266,27 +248,19 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   if (isa != cpu::Isa::kScalar && view.group < k && view.group % chunk != 0) isa = cpu::Isa::kScalar;
   cpu::count_kernel(std::string(m == 1 ? "fp8 gemv/" : "fp8 gemm/") + to_string(isa));  // the benchmarks' kernel column
   float* out = y.data_ptr<float>();
-  const int64_t units = (n + kUnitRows - 1) / kUnitRows;
-  const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
   if (isa == cpu::Isa::kScalar) {
     const float* xs = xc.data_ptr<float>();
-    parallel_units(units, [&](int64_t b, int64_t e) {
-      const auto [n0, n1] = rows(b, e);
-      fp8_gemm_scalar(xs, m, k, view, out, n, n0, n1);
-    });
+    cpu::parallel_rows(n, kUnitRows, [&](int64_t n0, int64_t n1) { fp8_gemm_scalar(xs, m, k, view, out, n, n0, n1); });
     return y;
   }
   // Packed rows 16 floats longer than the padded K: rows a multiple of 4 KB apart
   // would share L1 sets in the microkernels.
-  const int64_t kpad = round_up(k, chunk), ld_xp = kpad + 16;
+  const int64_t kpad = cpu::round_up(k, chunk), ld_xp = kpad + 16;
   at::Tensor xp = at::empty({m, ld_xp}, x.options());
   fp8_pack_x(xc.data_ptr<float>(), m, k, k, chunk, ld_xp, xp.data_ptr<float>());
   const float* xps = xp.data_ptr<float>();
   const auto kernel = isa == cpu::Isa::kAvx512 ? &fp8_gemm_avx512 : &fp8_gemm_avx2;
-  parallel_units(units, [&](int64_t b, int64_t e) {
-    const auto [n0, n1] = rows(b, e);
-    kernel(xps, m, ld_xp, view, out, n, n0, n1);
-  });
+  cpu::parallel_rows(n, kUnitRows, [&](int64_t n0, int64_t n1) { kernel(xps, m, ld_xp, view, out, n, n0, n1); });
   return y;
 }
 

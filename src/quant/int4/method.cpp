@@ -30,8 +30,9 @@
 #include <mutex>
 #include <vector>
 
+#include "common/shape_str.h"
+#include "cpu/kernel_cache.h"
 #include "cpu/panel_gemm.h"  // kPanelWidth: the rows of one kernel panel
-#include "cpu/tensor_stamp.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
@@ -70,12 +71,6 @@ Packing packing_of(QuantFormat format) {
 bool is_float_scale(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
 
 bool cpu_kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 class Int4Method final : public QuantMethod {
  public:
@@ -199,8 +194,7 @@ class Int4Method final : public QuantMethod {
   }
 
   void finalize() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    kernel_ = make_kernel();
+    kernels_.rebuild(stamp(), [&] { return make_kernel(); });
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
@@ -256,9 +250,8 @@ class Int4Method final : public QuantMethod {
   // What the kernels need, derived from the registered tensors: the CPU panels, or the
   // CUDA layout, or the dequantized weight where neither applies.
   struct Kernel {
-    cpu::TensorStamp made_from;  // of qweight_, qzeros_, scales_ when it was made
-    Int4CpuWeight cpu;           // the CPU kernels' panels (quant/int4/cpu_kernels.h)
-    at::Tensor dequantized;      // [N, K] in dtype_, when the CPU kernels do not apply
+    Int4CpuWeight cpu;       // the CPU kernels' panels (quant/int4/cpu_kernels.h)
+    at::Tensor dequantized;  // [N, K] in dtype_, when the CPU kernels do not apply
 #if TP_WITH_CUDA
     std::optional<cuda::Int4Prepared> cuda;  // when qweight is on CUDA
 #endif
@@ -268,7 +261,6 @@ class Int4Method final : public QuantMethod {
 
   std::shared_ptr<const Kernel> make_kernel() const {
     auto kernel = std::make_shared<Kernel>();
-    kernel->made_from = stamp();
     if (n_ == 0 || k_ == 0) return kernel;
 #if TP_WITH_CUDA
     if (qweight_.is_cuda()) {
@@ -296,12 +288,9 @@ class Int4Method final : public QuantMethod {
     return kernel;
   }
 
-  // The kernel side for the tensors as they are now: finalize()'s, or made again when
-  // a tensor was written in place since (load_state_dict, copy_, clone()).
+  // The kernel side for the tensors as they are now (cpu/kernel_cache.h).
   std::shared_ptr<const Kernel> current_kernel() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!kernel_ || kernel_->made_from != stamp()) kernel_ = make_kernel();
-    return kernel_;
+    return kernels_.get(stamp(), [&] { return make_kernel(); });
   }
 
   Int4Unpacked unpack() const { return unpack(0, n_); }
@@ -441,8 +430,7 @@ class Int4Method final : public QuantMethod {
   // "weight_zero_point" (asymmetric only; else undefined), "weight_scale" (float32).
   at::Tensor qweight_, qzeros_, scales_;
   // Kernel side: built by finalize(), rebuilt by current_kernel() when stale.
-  mutable std::mutex mutex_;
-  mutable std::shared_ptr<const Kernel> kernel_;
+  cpu::KernelCache<Kernel> kernels_;
 };
 
 }  // namespace

@@ -35,7 +35,8 @@
 #include <mutex>
 #include <utility>
 
-#include "cpu/tensor_stamp.h"
+#include "common/shape_str.h"
+#include "cpu/kernel_cache.h"
 #include "quant/int8/int8.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
@@ -58,12 +59,6 @@ std::pair<at::Tensor, at::Tensor> quantize_per_token(const at::Tensor& x) {
   const auto amax = x.abs().amax(-1, /*keepdim=*/true);
   const auto scale = at::where(amax > 0, amax / 127, at::ones_like(amax));
   return {at::round(x / scale).clamp(-127, 127).to(at::kChar), scale};
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 class Int8Method final : public QuantMethod {
@@ -134,8 +129,7 @@ class Int8Method final : public QuantMethod {
   }
 
   void finalize() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    kernel_ = make_kernel();
+    kernels_.rebuild(stamp(), [&] { return make_kernel(); });
   }
 
   at::Tensor apply(const at::Tensor& x, const std::optional<at::Tensor>& bias) const override {
@@ -186,10 +180,9 @@ class Int8Method final : public QuantMethod {
  private:
   // What the kernels need beyond the registered tensors, derived from them.
   struct Kernel {
-    cpu::TensorStamp made_from;  // of weight_ and weight_scale_ when it was made
-    at::Tensor row_scale;        // f32 [1, N], for the W8A8 epilogue
-    at::Tensor row_sums;         // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
-    Int8WoCpuWeight cpu_wo;      // weight-only CPU kernels: weight_ itself + f32 scales
+    at::Tensor row_scale;    // f32 [1, N], for the W8A8 epilogue
+    at::Tensor row_sums;     // i32 [N], sum_k weight[n, k], for the VNNI W8A8 kernels
+    Int8WoCpuWeight cpu_wo;  // weight-only CPU kernels: weight_ itself + f32 scales
 #if TP_WITH_CUDA
     std::optional<cuda::Int8Prepared> cuda;  // when the weight is on CUDA
 #endif
@@ -199,7 +192,6 @@ class Int8Method final : public QuantMethod {
 
   std::shared_ptr<const Kernel> make_kernel() const {
     auto kernel = std::make_shared<Kernel>();
-    kernel->made_from = stamp();
     kernel->row_scale = weight_scale_.reshape({1, -1}).to(at::kFloat).contiguous();
     const bool cpu_int8 = weight_.is_cpu() && weight_.scalar_type() == at::kChar;
     if (w8a8_ && cpu_int8) kernel->row_sums = w8a8_row_sums(weight_);
@@ -213,12 +205,9 @@ class Int8Method final : public QuantMethod {
     return kernel;
   }
 
-  // The kernel side for the tensors as they are now: finalize()'s, or made again when
-  // the weight or its scale was written in place or replaced since.
+  // The kernel side for the tensors as they are now (cpu/kernel_cache.h).
   std::shared_ptr<const Kernel> current_kernel() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!kernel_ || kernel_->made_from != stamp()) kernel_ = make_kernel();
-    return kernel_;
+    return kernels_.get(stamp(), [&] { return make_kernel(); });
   }
 
   // Module::to(dtype) converts every parameter, the int8 weight too: refuse rather
@@ -235,9 +224,7 @@ class Int8Method final : public QuantMethod {
   int64_t n_ = 0, k_ = 0;              // the local weight [N, K] = [out_local, in_local]
   at::Tensor weight_;                  // i8 [N, K], registered as "weight"
   at::Tensor weight_scale_;            // f32 [N, 1], registered as "weight_scale"
-  // Kernel side: built by finalize(), rebuilt by current_kernel() when stale.
-  mutable std::mutex mutex_;
-  mutable std::shared_ptr<const Kernel> kernel_;
+  cpu::KernelCache<Kernel> kernels_;   // built by finalize(), rebuilt when stale
 };
 
 }  // namespace

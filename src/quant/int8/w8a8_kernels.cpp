@@ -14,35 +14,16 @@
 
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
+#include "cpu/parallel.h"
 #include "quant/abs_max.h"
 
 namespace tp::detail {
 
 namespace {
 
-int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
-
-// Rows per unit of work handed to a thread: a multiple of every kernel's row tile
-// (2, 3, 4, 6, 8), so no thread's range splits one.
+// Rows per unit of work handed to a thread (cpu::parallel_rows): a multiple of every
+// kernel's row tile (2, 3, 4, 6, 8), so no thread's range splits one.
 constexpr int64_t kUnitRows = 24;
-
-// Runs f(u0, u1) over [0, units) on ATen's threads, handing out a few units at a time
-// (~32 grabs per thread) from a shared counter: a thread the OS preempts (2 shared
-// cores run other work too) then delays the call by one grab, where a static split
-// makes every call wait for its slowest thread's whole share.
-template <class F>
-void parallel_units(int64_t units, const F& f) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), units);
-  if (threads <= 1 || at::in_parallel_region()) {
-    f(0, units);
-    return;
-  }
-  const int64_t grab = std::max<int64_t>(1, units / (threads * 32));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
-  });
-}
 
 // Past these K the int32 sums could overflow (see the header).
 constexpr int64_t kMaxKVnni = 65536;
@@ -84,7 +65,7 @@ W8a8Kernel w8a8_best_kernel() {
 }
 
 void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offset, uint8_t* xp) {
-  const int64_t kpad = round_up(k, kW8a8KPad);
+  const int64_t kpad = cpu::round_up(k, kW8a8KPad);
   const uint8_t flip = offset ? 0x80 : 0x00;
   for (int64_t i = 0; i < m; ++i) {
     const int8_t* src = q + i * ld_q;
@@ -173,7 +154,7 @@ std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
     }
   };
   if (m * k >= (int64_t{1} << 20)) {
-    parallel_units(m, rows);
+    cpu::parallel_units(m, rows);
   } else {
     rows(0, m);
   }
@@ -232,18 +213,14 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   cpu::count_kernel(std::string("w8a8/") + to_string(kernel));  // the benchmarks' kernel column
   const float* xsp = xs.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  const int64_t units = (n + kUnitRows - 1) / kUnitRows;
-  const auto rows = [&](int64_t b, int64_t e) { return std::make_pair(b * kUnitRows, std::min(n, e * kUnitRows)); };
 
   if (kernel == W8a8Kernel::kScalar) {
     const int8_t* qp = qc.data_ptr<int8_t>();
-    parallel_units(units, [&](int64_t b, int64_t e) {
-      const auto [n0, n1] = rows(b, e);
-      w8a8_gemm_scalar(qp, m, k, xsp, view, out, n, n0, n1);
-    });
+    cpu::parallel_rows(n, kUnitRows,
+                       [&](int64_t n0, int64_t n1) { w8a8_gemm_scalar(qp, m, k, xsp, view, out, n, n0, n1); });
     return y;
   }
-  const int64_t kpad = round_up(std::max<int64_t>(k, 1), kW8a8KPad);
+  const int64_t kpad = cpu::round_up(std::max<int64_t>(k, 1), kW8a8KPad);
   at::Tensor xp = at::empty({m, kpad}, q.options().dtype(at::kByte));
   w8a8_pack_x(qc.data_ptr<int8_t>(), m, k, k, is_vnni(kernel), xp.data_ptr<uint8_t>());
   const uint8_t* xpp = xp.data_ptr<uint8_t>();
@@ -258,10 +235,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     case W8a8Kernel::kScalar: break;
   }
   TORCH_INTERNAL_ASSERT(fn != nullptr);
-  parallel_units(units, [&](int64_t b, int64_t e) {
-    const auto [n0, n1] = rows(b, e);
-    fn(xpp, m, kpad, xsp, view, out, n, n0, n1);
-  });
+  cpu::parallel_rows(n, kUnitRows, [&](int64_t n0, int64_t n1) { fn(xpp, m, kpad, xsp, view, out, n, n0, n1); });
   return y;
 }
 
