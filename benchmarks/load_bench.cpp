@@ -1,5 +1,5 @@
 // tp-load-bench: what loading one rank's shard from a safetensors file costs in
-// memory and time. See README "Loading benchmark".
+// memory and time. See docs/performance.md "Loading benchmark".
 //
 //   tp-load-bench                          # [16384, 16384] float32 (1 GiB), rank 1 of 4
 //   tp-load-bench --rows 8192 --cols 32768 --world 8 --rank 3 --dir /scratch

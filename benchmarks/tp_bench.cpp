@@ -1,5 +1,6 @@
 // tp-bench: what does tensor parallelism cost and buy, layer by layer, for this model
-// shape, format and strategy — and is it still correct? See README "Reading tp-bench".
+// shape, format and strategy — and is it still correct? See docs/performance.md
+// "Reading tp-bench".
 //
 //   tp-bench                                   # the built-in default block: TP 1,2; M 1,64
 //   tp-bench --preset llama3-8b --tp 1,2,4 --m 1,16 --json out.json

@@ -16,7 +16,7 @@ prepacked), and times each row's forward:
   gate_up  MergedColumnParallelLinear: x -> this rank's [gate|up] columns
   down     RowParallelLinear over this rank's intermediate slice -> AllReduce
   block    qkv -> Q (the attention stand-in) -> o -> AllReduce -> gate_up -> SiLU(gate)*up -> down
-           -> AllReduce: the linear chain only, as tp-bench's README defines it
+           -> AllReduce: the linear chain only, as docs/performance.md defines it
 
 Times: the median over the measured iterations after warm-up; every iteration starts at a
 barrier and counts the slowest rank. Each of N ranks gets 1/N of the machine's threads.

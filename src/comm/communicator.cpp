@@ -1,6 +1,6 @@
 // Communicator: construction (settings from options and the environment, the tuning
 // table, the host-id exchange) and the accessors. The collectives live in
-// all_reduce.cpp (with one file per algorithm) and collectives.cpp.
+// all_reduce/front_end.cpp (with one file per algorithm beside it) and collectives.cpp.
 
 #include "tp/comm/communicator.h"
 

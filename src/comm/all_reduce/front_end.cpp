@@ -1,7 +1,6 @@
 // all_reduce's front end: which strategy and wire precision a call takes, whether it
 // can run here, the bookkeeping that makes the choice observable, and the dispatch to
-// the algorithms (process_group_all_reduce.cpp, recursive_doubling.cpp,
-// shm_all_reduce.cpp).
+// the algorithms (process_group.cpp, recursive_doubling.cpp, shared_memory.cpp).
 
 #include <iostream>
 #include <sstream>

@@ -29,9 +29,9 @@ void all_reduce_process_group(const CommunicatorState& s, at::Tensor& t, const c
   if (!buf.is_same(t)) t.copy_(buf);
 }
 
-/// Every rank's message gathered, then summed in fp32 in rank order (comm/nccl.h), so
-/// the ranks agree bitwise and the sum keeps fp32 precision; only each rank's
-/// contribution is rounded to bf16.
+/// Every rank's message gathered, then summed in fp32 in rank order
+/// (comm/nccl/nccl_strategy.h), so the ranks agree bitwise and the sum keeps fp32
+/// precision; only each rank's contribution is rounded to bf16.
 void all_reduce_bf16_wire(const CommunicatorState& s, at::Tensor& t, const char* op) {
   // As bytes, so any backend moves it (not every one has a bf16 allgather).
   std::vector<at::Tensor> inputs{bf16_wire_message(t).view(at::kByte)};

@@ -101,7 +101,7 @@ bool dense_supports(DenseBackend backend, const DenseProblem& p) {
 // halves; ratios are at::linear's time / the backend's, same dtype, same run) on a
 // Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
 // (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-// MKL_ENABLE_INSTRUCTIONS=AVX2); README "CPU GEMM backends" has the tables.
+// MKL_ENABLE_INSTRUCTIONS=AVX2); docs/performance.md "CPU GEMM backends" has the tables.
 //   float32, M <= 4 (on Intel with a packed copy M = 1 only, next row): gemv, at
 //     at::linear's memory rate at M = 1 (0.9-1.04x on one thread; it also threads where
 //     MKL's GEMV does not), 1.4-1.9x at M = 4.

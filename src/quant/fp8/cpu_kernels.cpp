@@ -122,8 +122,8 @@ float e4m3_round(float v) {
   return static_cast<float>(c10::Float8_e4m3fn(c));
 }
 
-// The scale of an amax as fp8.cpp's scale_of: amax / 448 where amax > 0 (a NaN amax is
-// not), 1 elsewhere.
+// The scale of an amax as method.cpp's scale_of: amax / 448 where amax > 0 (a NaN amax
+// is not), 1 elsewhere.
 float scale_of(float amax) { return amax > 0.0f ? amax / kE4m3Max : 1.0f; }
 
 // e4m3_round without c10's scalar conversion (~8 ns an element: the activation's fake

@@ -100,9 +100,9 @@ void fp8_decode_avx512(const uint8_t* codes, int64_t count, float scale, bool na
 /// 0xff); computed once when a weight is prepared, for Fp8WeightView::nan_codes.
 bool fp8_has_nan_codes(const at::Tensor& codes);
 
-/// How an FP8 format quantizes activations (see src/quant/fp8.cpp): static with the
-/// layer's input_scale (fp8_tensor), per token (fp8_channel), per 1x128 group along K
-/// (fp8_block).
+/// How an FP8 format quantizes activations (see src/quant/fp8/method.cpp): static with
+/// the layer's input_scale (fp8_tensor), per token (fp8_channel), per 1x128 group along
+/// K (fp8_block).
 enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
 
 /// The activations' quantize-dequantize, bit for bit what quantize_activation computes

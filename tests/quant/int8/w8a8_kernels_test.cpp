@@ -173,7 +173,7 @@ TEST_CASE("w8a8_quantize_per_token equals the INT8 method's quantization bit for
     x[6][0] = std::numeric_limits<float>::infinity();
     x[7] *= 1e-40;
     INFO("K=" << k);
-    // int8.cpp's quantize_per_token.
+    // quant/int8/method.cpp's quantize_per_token.
     const at::Tensor amax = x.abs().amax(-1, true);
     const at::Tensor scale = at::where(amax > 0, amax / 127, at::ones_like(amax));
     const at::Tensor q = at::round(x / scale).clamp(-127, 127).to(at::kChar);
