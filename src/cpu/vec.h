@@ -48,12 +48,25 @@ struct Vec<Isa::kAvx512> {
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   /// c - a * b, one rounding.
   static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
-  static float reduce(F v) { return _mm512_reduce_add_ps(v); }
+  /// The lanes' sum, in _mm512_reduce_add_ps's order (halves, then pairs), spelled out:
+  /// GCC 12's own trips -Wuninitialized in its header.
+  static float reduce(F v) {
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
+  /// Whether a loop's tail is one masked vector step (else scalar code finishes it).
+  static constexpr bool kMaskedTail = true;
 
   /// kLanes bfloat16 at p, exactly (a bf16 is a float's high half).
   static F widen_bf16(const uint16_t* p) {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  /// The first n (0..kLanes) bfloat16 at p, zeros above; reads nothing past p + n.
+  static F widen_bf16_first(const uint16_t* p, int n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask(n), p)), 16));
   }
   /// kLanes IEEE halves at p, exactly.
   static F widen_f16(const uint16_t* p) {
@@ -116,11 +129,19 @@ struct Vec<Isa::kAvx2> {
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
   }
+  /// Whether a loop's tail is one masked vector step (else scalar code finishes it).
+  static constexpr bool kMaskedTail = false;
 
   /// kLanes bfloat16 at p, exactly (a bf16 is a float's high half).
   static F widen_bf16(const uint16_t* p) {
     return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  }
+  /// The first n (0..kLanes) bfloat16 at p, zeros above; reads nothing past p + n.
+  static F widen_bf16_first(const uint16_t* p, int n) {
+    alignas(16) uint16_t part[kLanes] = {};
+    for (int i = 0; i < n; ++i) part[i] = p[i];
+    return widen_bf16(part);
   }
   /// kLanes IEEE halves at p, exactly.
   static F widen_f16(const uint16_t* p) {
