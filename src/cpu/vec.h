@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/features.h"
 
@@ -87,6 +88,26 @@ struct Vec<Isa::kAvx512> {
   /// Each int32 lane shifted right by `bits`, zeros in.
   static I shift_right_i(I v, int bits) { return _mm512_srli_epi32(v, bits); }
   static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+
+  // fp8:
+  /// The first n (1..4 kLanes) bytes at p, zeros above; reads nothing past p + n.
+  static I load_i_first(const uint8_t* p, int n) {
+    return _mm512_maskz_loadu_epi8(static_cast<__mmask64>((~0ULL) >> (64 - n)), p);
+  }
+  /// v's 4 kLanes bytes at p (any alignment).
+  static void store_i(void* p, I v) { _mm512_storeu_si512(p, v); }
+  /// v in every int16 lane.
+  static I set1_i16(int16_t v) { return _mm512_set1_epi16(v); }
+  /// Each int16 lane shifted left by `bits`, zeros in.
+  static I shift_left_i16(I v, int bits) { return _mm512_slli_epi16(v, bits); }
+  /// Each int16 lane shifted right by `bits`, copies of its sign bit in.
+  static I shift_right_arith_i16(I v, int bits) { return _mm512_srai_epi16(v, bits); }
+  /// The sums of a, b, c, d in lanes 0..3: each folded to 256 bits (low + high half), then as AVX2's.
+  static __m128 reduce4(F a, F b, F c, F d) {
+    const auto fold = [](F v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold(a), fold(b)), _mm256_hadd_ps(fold(c), fold(d)));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  }
 
  private:
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
@@ -162,6 +183,27 @@ struct Vec<Isa::kAvx2> {
   /// Each int32 lane shifted right by `bits`, zeros in.
   static I shift_right_i(I v, int bits) { return _mm256_srli_epi32(v, bits); }
   static F to_float(I v) { return _mm256_cvtepi32_ps(v); }
+
+  // fp8:
+  /// The first n (1..4 kLanes) bytes at p, zeros above; reads nothing past p + n.
+  static I load_i_first(const uint8_t* p, int n) {
+    alignas(32) uint8_t part[4 * kLanes] = {};
+    std::memcpy(part, p, static_cast<size_t>(n));
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(part));
+  }
+  /// v's 4 kLanes bytes at p (any alignment).
+  static void store_i(void* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  /// v in every int16 lane.
+  static I set1_i16(int16_t v) { return _mm256_set1_epi16(v); }
+  /// Each int16 lane shifted left by `bits`, zeros in.
+  static I shift_left_i16(I v, int bits) { return _mm256_slli_epi16(v, bits); }
+  /// Each int16 lane shifted right by `bits`, copies of its sign bit in.
+  static I shift_right_arith_i16(I v, int bits) { return _mm256_srai_epi16(v, bits); }
+  /// The sums of a, b, c, d in lanes 0..3: two rounds of pairwise adds, then the 128-bit halves added.
+  static __m128 reduce4(F a, F b, F c, F d) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  }
 };
 
 #endif

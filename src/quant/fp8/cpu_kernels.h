@@ -22,18 +22,20 @@
 // once per call into that order ("packed x", fp8_pack_x): a dot product does not care
 // about the order of its terms.
 //
-// Kernels (per ISA, in cpu_kernels_avx2.cpp / cpu_kernels_avx512.cpp):
+// Kernels (one body over cpu::Vec, cpu_kernels_body.h, built per ISA by
+// cpu_kernels_avx2.cpp / cpu_kernels_avx512.cpp with their blocking tables):
 // - M = 1: GEMV over 4 weight rows at a time, software-pipelined: each chunk's float16
 //   patterns go to a two-slot L1 ring while the previous chunk is widened from it and
 //   multiplied with x; the row (or 128-column block) scale multiplies each row's
 //   partial sum. Per 64 codes: 5 integer ops, 4 conversions, 4 FMAs (17 vector ops),
 //   so with 2 cores it is compute- and memory-bound at once (~60 % of the read
 //   bandwidth at K = 4096).
-// - M >= 2: a panel of 24 weight rows x 512 (AVX2) / 1024 (AVX-512) columns is decoded
-//   once into an L2-resident float32 buffer with its scales folded in (w_deq exactly as
+// - M >= 2: a panel of 24 weight rows x 1024 columns is decoded once into an
+//   L2-resident float32 buffer with its scales folded in (w_deq exactly as
 //   dequantize_weight computes it: float(code) * scale), then a register-blocked
 //   microkernel (4 x-rows x 3 / 6 weight rows, vectors along K) multiplies every M row
-//   with it; partial sums are reduced into y after each panel.
+//   with it; partial sums are reduced into y after each panel. From a few dozen M rows
+//   on, an outer-product register tile on a transposed panel instead.
 // The scalar kernel (cpu_kernels.cpp) is the portable reference and the fallback.
 
 #include <cstdint>
