@@ -108,6 +108,29 @@ struct Vec<Isa::kAvx512> {
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(fold(a), fold(b)), _mm256_hadd_ps(fold(c), fold(d)));
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   }
+  // int8:
+  /// The low kLanes signed bytes of v as floats.
+  static F widen_i8(__m128i v) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)); }
+  /// The first n (0..kLanes) signed bytes at p as floats, zeros above; reads nothing past p + n.
+  static F widen_i8_first(const int8_t* p, int n) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask(n), p)));
+  }
+  static I zero_i() { return _mm512_setzero_si512(); }
+  /// Each int32 lane of a plus b's (wrapping).
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  /// The sum of the int32 lanes (wrapping).
+  static int32_t reduce_i(I v) { return _mm512_reduce_add_epi32(v); }
+  /// Each int8 lane's magnitude as a uint8 (-128 gives 128).
+  static I abs_i8(I v) { return _mm512_abs_epi8(v); }
+  /// What apply_sign_i8 keeps of w: the sign bits of its int8 lanes.
+  using SignI8 = __mmask64;
+  static SignI8 sign_i8(I w) { return _mm512_movepi8_mask(w); }
+  /// x's int8 lanes negated where w's are negative; where w is 0 x as is (no vpsignb: a masked 0 - x).
+  static I apply_sign_i8(I x, SignI8 w) { return _mm512_mask_sub_epi8(x, w, _mm512_setzero_si512(), x); }
+  /// uint8 lanes of u times int8 lanes of s, adjacent pairs summed into int16 lanes, saturating.
+  static I maddubs_i16(I u, I s) { return _mm512_maddubs_epi16(u, s); }
+  /// int16 lanes of a times b's, adjacent pairs summed into int32 lanes.
+  static I madd_i16(I a, I b) { return _mm512_madd_epi16(a, b); }
 
  private:
   static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1); }
@@ -204,6 +227,36 @@ struct Vec<Isa::kAvx2> {
     const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   }
+  // int8:
+  /// The low kLanes signed bytes of v as floats.
+  static F widen_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+  /// The first n (0..kLanes) signed bytes at p as floats, zeros above; reads nothing past p + n.
+  static F widen_i8_first(const int8_t* p, int n) {
+    alignas(16) int8_t part[16] = {};
+    for (int i = 0; i < n; ++i) part[i] = p[i];
+    return widen_i8(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+  }
+  static I zero_i() { return _mm256_setzero_si256(); }
+  /// Each int32 lane of a plus b's (wrapping).
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  /// The sum of the int32 lanes (wrapping).
+  static int32_t reduce_i(I v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+  /// Each int8 lane's magnitude as a uint8 (-128 gives 128).
+  static I abs_i8(I v) { return _mm256_abs_epi8(v); }
+  /// What apply_sign_i8 keeps of w: w itself (vpsignb reads its signs).
+  using SignI8 = I;
+  static SignI8 sign_i8(I w) { return w; }
+  /// x's int8 lanes negated where w's are negative; where w is 0, 0 (vpsignb).
+  static I apply_sign_i8(I x, SignI8 w) { return _mm256_sign_epi8(x, w); }
+  /// uint8 lanes of u times int8 lanes of s, adjacent pairs summed into int16 lanes, saturating.
+  static I maddubs_i16(I u, I s) { return _mm256_maddubs_epi16(u, s); }
+  /// int16 lanes of a times b's, adjacent pairs summed into int32 lanes.
+  static I madd_i16(I a, I b) { return _mm256_madd_epi16(a, b); }
 };
 
 #endif
