@@ -6,10 +6,14 @@
 // where a static split makes every call wait for its slowest thread's whole share.
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 namespace tp::cpu {
 
@@ -44,6 +48,39 @@ template <class F>
 void parallel_rows(int64_t n, int64_t unit_rows, const F& f) {
   parallel_units((n + unit_rows - 1) / unit_rows,
                  [&](int64_t b, int64_t e) { f(b * unit_rows, std::min(n, e * unit_rows)); });
+}
+
+/// Runs f(i, row) for every row i of the contiguous [M, K] float32, bfloat16 or
+/// float16 CPU tensor x, row its K values as float32 (a reduced-precision row widened
+/// exactly, as x.to(float) does, into a buffer per thread). In parallel only when
+/// there are enough values to pay for a parallel region.
+template <class F>
+void for_each_row_as_float(const at::Tensor& x, const F& f) {
+  const int64_t m = x.size(0), k = x.size(1);
+  const auto dtype = x.scalar_type();
+  const auto rows = [&](int64_t i0, int64_t i1) {
+    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* xi = nullptr;
+      if (dtype == at::kFloat) {
+        xi = x.const_data_ptr<float>() + i * k;
+      } else if (dtype == at::kBFloat16) {
+        const c10::BFloat16* src = x.const_data_ptr<c10::BFloat16>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      } else {
+        const c10::Half* src = x.const_data_ptr<c10::Half>() + i * k;
+        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
+        xi = wide.data();
+      }
+      f(i, xi);
+    }
+  };
+  if (m * k >= (int64_t{1} << 20)) {
+    parallel_units(m, rows);
+  } else {
+    rows(0, m);
+  }
 }
 
 }  // namespace tp::cpu

@@ -169,41 +169,19 @@ at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float inp
   const int64_t m = xc.size(0), k = xc.size(1);
   at::Tensor out = at::empty({m, k}, xc.options().dtype(at::kFloat));
   float* dst = out.data_ptr<float>();
-  const auto rows = [&](int64_t i0, int64_t i1) {
-    // A reduced-precision row is widened first (exactly, as x.to(float) does).
-    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* xi = nullptr;
-      if (dtype == at::kFloat) {
-        xi = xc.data_ptr<float>() + i * k;
-      } else if (dtype == at::kBFloat16) {
-        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
-        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
-        xi = wide.data();
-      } else {
-        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
-        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
-        xi = wide.data();
-      }
-      float* oi = dst + i * k;
-      switch (kind) {
-        case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;
-        case Fp8Activation::kPerToken: fake_quant_span(xi, k, scale_of(abs_max(xi, k)), oi); break;
-        case Fp8Activation::kGroup128:
-          for (int64_t c = 0; c < k; c += 128) {
-            const int64_t len = std::min<int64_t>(128, k - c);
-            fake_quant_span(xi + c, len, scale_of(abs_max(xi + c, len)), oi + c);
-          }
-          break;
-      }
+  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
+    float* oi = dst + i * k;
+    switch (kind) {
+      case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;
+      case Fp8Activation::kPerToken: fake_quant_span(xi, k, scale_of(abs_max(xi, k)), oi); break;
+      case Fp8Activation::kGroup128:
+        for (int64_t c = 0; c < k; c += 128) {
+          const int64_t len = std::min<int64_t>(128, k - c);
+          fake_quant_span(xi + c, len, scale_of(abs_max(xi + c, len)), oi + c);
+        }
+        break;
     }
-  };
-  // Rows in parallel only when there are enough of them to pay for a parallel region.
-  if (m * k >= (int64_t{1} << 20)) {
-    cpu::parallel_units(m, rows);
-  } else {
-    rows(0, m);
-  }
+  });
   return out;
 }
 

@@ -36,6 +36,7 @@
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/int4.h"
 #include "quant/int4/packing.h"
+#include "quant/linear_2d.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
 
@@ -203,20 +204,12 @@ class Int4Method final : public QuantMethod {
 #if TP_WITH_CUDA
     if (x.is_cuda() && kernel->cuda) return cuda::apply(*kernel->cuda, x, bias);
 #endif
-    auto out_shape = x.sizes().vec();
-    out_shape.back() = n_;
-    const auto x2 = x.reshape({-1, k_}).contiguous();
-    at::Tensor y;
-    if (x2.size(0) == 0 || n_ == 0) {
-      y = at::zeros({x2.size(0), n_}, x.options());
-    } else if (kernel->cpu.codes.defined() && x.device().is_cpu() && cpu_kernel_dtype(x.scalar_type())) {
-      y = int4_cpu_linear(x2, kernel->cpu);
-    } else {
+    return linear_2d(x, n_, k_, bias, [&](const at::Tensor& x2) {
+      if (kernel->cpu.codes.defined() && x.device().is_cpu() && cpu_kernel_dtype(x.scalar_type()))
+        return int4_cpu_linear(x2, kernel->cpu);
       const auto w = kernel->dequantized.defined() ? kernel->dequantized : dequantize_unpacked(unpack(), g_);
-      y = at::matmul(x2, w.to(x.device(), x.scalar_type()).t());
-    }
-    if (bias) y = y + *bias;
-    return y.view(out_shape);
+      return at::matmul(x2, w.to(x.device(), x.scalar_type()).t());
+    });
   }
 
   at::Tensor dequantized_weight() const override {

@@ -40,6 +40,7 @@
 #include "quant/int8/int8.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
+#include "quant/linear_2d.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
 
@@ -138,31 +139,26 @@ class Int8Method final : public QuantMethod {
 #if TP_WITH_CUDA
     if (x.is_cuda() && kernel->cuda) return cuda::apply(*kernel->cuda, x, bias);
 #endif
-    auto out_shape = x.sizes().vec();
-    out_shape.back() = n_;
-    const auto x2 = x.reshape({-1, k_}).contiguous();
-    at::Tensor y;
-    if (x2.size(0) == 0 || n_ == 0) {
-      y = at::zeros({x2.size(0), n_}, x.options());
-    } else if (w8a8_ && x.device().is_cpu() && k_ <= kW8a8MaxK) {
-      const auto xt = x2.scalar_type();
-      const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
-      const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
-      y = w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums).to(x.scalar_type());
-    } else if (w8a8_) {
-      const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
-      const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
-                                           : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
-      y = (acc * x_scale * kernel->row_scale).to(x.scalar_type());
-    } else if (x.device().is_cpu() && kernel->cpu_wo.codes.defined() &&
-               (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf)) {
-      y = int8_wo_cpu_linear(x2, kernel->cpu_wo);
-    } else {
+    return linear_2d(x, n_, k_, bias, [&](const at::Tensor& x2) {
+      if (w8a8_ && x.device().is_cpu() && k_ <= kW8a8MaxK) {
+        const auto xt = x2.scalar_type();
+        const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
+        const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
+        return w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums)
+            .to(x.scalar_type());
+      }
+      if (w8a8_) {
+        const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
+        const auto acc = x.device().is_cpu() ? at::_int_mm(q, weight_.t()).to(at::kFloat)
+                                             : at::matmul(q.to(at::kFloat), weight_.to(at::kFloat).t());
+        return (acc * x_scale * kernel->row_scale).to(x.scalar_type());
+      }
+      if (x.device().is_cpu() && kernel->cpu_wo.codes.defined() &&
+          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf))
+        return int8_wo_cpu_linear(x2, kernel->cpu_wo);
       const auto w = (weight_.to(at::kFloat) * weight_scale_.to(at::kFloat)).to(x.scalar_type());
-      y = at::matmul(x2, w.t());
-    }
-    if (bias) y = y + *bias;
-    return y.view(out_shape);
+      return at::matmul(x2, w.t());
+    });
   }
 
   // weight * weight_scale per output channel (dequantize_int8), not the kernels' bfloat16 scales.

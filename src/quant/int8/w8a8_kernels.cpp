@@ -128,36 +128,15 @@ std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
   at::Tensor scale = at::empty({m, 1}, xc.options().dtype(at::kFloat));
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = scale.data_ptr<float>();
-  const auto rows = [&](int64_t i0, int64_t i1) {
-    // A reduced-precision row is widened first (exactly, as x.to(float) does).
-    std::vector<float> wide(dtype == at::kFloat ? 0 : static_cast<size_t>(k));
-    for (int64_t i = i0; i < i1; ++i) {
-      const float* xi = nullptr;
-      if (dtype == at::kFloat) {
-        xi = xc.data_ptr<float>() + i * k;
-      } else if (dtype == at::kBFloat16) {
-        const c10::BFloat16* src = xc.data_ptr<c10::BFloat16>() + i * k;
-        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
-        xi = wide.data();
-      } else {
-        const c10::Half* src = xc.data_ptr<c10::Half>() + i * k;
-        for (int64_t c = 0; c < k; ++c) wide[static_cast<size_t>(c)] = static_cast<float>(src[c]);
-        xi = wide.data();
-      }
-      const float amax = abs_max(xi, k);
-      // where(amax > 0, amax / 127, 1): a NaN amax (at::amax propagates NaN) is not > 0.
-      const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
-      sp[i] = s;
-      int8_t* qi = qp + i * k;
-      const int64_t len = k;  // a local: int8 stores may alias the captured k
-      for (int64_t c = 0; c < len; ++c) qi[c] = quantize_int8(xi[c] / s);
-    }
-  };
-  if (m * k >= (int64_t{1} << 20)) {
-    cpu::parallel_units(m, rows);
-  } else {
-    rows(0, m);
-  }
+  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
+    const float amax = abs_max(xi, k);
+    // where(amax > 0, amax / 127, 1): a NaN amax (at::amax propagates NaN) is not > 0.
+    const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
+    sp[i] = s;
+    int8_t* qi = qp + i * k;
+    const int64_t len = k;  // a local: int8 stores may alias the captured k
+    for (int64_t c = 0; c < len; ++c) qi[c] = quantize_int8(xi[c] / s);
+  });
   return {q, scale};
 }
 
