@@ -12,6 +12,11 @@
 // to exceed twice the last-level cache, as a model's layers do, so memory-bound rows
 // read DRAM (--cold 0: one copy, which may stay in cache). Sides alternate in rounds;
 // medians are reported, with each row's fraction of the machine's limit.
+//
+// The table the choice reads (src/cpu/dense/table.h) is data: --print-table prints
+// the one in use; --tune FILE writes it with this machine's entries replaced by the
+// fastest backend per measured M (times summed over the shapes), for
+// TP_CPU_GEMM_TABLE=FILE.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,7 +27,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -31,6 +38,7 @@
 
 #include "bench_util.h"
 #include "cpu/dense/gemm.h"
+#include "cpu/dense/table.h"
 #include "machine_limits.h"
 
 using tp::bench::format;
@@ -57,6 +65,7 @@ struct Args {
   double limits_seconds = 1.5;
   int threads = 0;         // 0: ATen's default
   bool cpu_clock = false;  // time by the thread's CPU clock (1 thread only)
+  std::string tune;        // --tune FILE: write the recalibrated table there
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -74,6 +83,7 @@ std::vector<std::string> split_list(const std::string& s) {
                "                         [--backends at_linear,onednn,mkl_packed,panels,gemv,bf16_tiles] [--seconds S] "
                "[--cold 0|1]\n"
                "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
+               "                         [--tune FILE] [--print-table]\n"
                "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
                "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
                error.c_str());
@@ -85,6 +95,11 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") usage("the unquantized method's CPU GEMM backends side by side");
+    if (flag == "--print-table") {
+      const auto& table = tp::cpu::DenseTable::active();
+      std::printf("%s", table.to_json("read from " + table.source).c_str());
+      std::exit(0);
+    }
     if (i + 1 >= argc) usage("missing value after " + flag);
     const std::string v = argv[++i];
     try {
@@ -108,6 +123,8 @@ Args parse(int argc, char** argv) {
         a.cold = std::stoi(v) != 0;
       else if (flag == "--limits-seconds")
         a.limits_seconds = std::stod(v);
+      else if (flag == "--tune")
+        a.tune = v;
       else if (flag == "--threads")
         a.threads = std::stoi(v);
       else if (flag == "--clock") {
@@ -157,6 +174,57 @@ std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, d
   return out;
 }
 
+// This machine's entries (vendor, ISA in use, dtype, bf16 arithmetic; with and without
+// packed copies) from the measured winners, merged into the table in use: a rule per
+// run of M one backend won, up to the last M it won.
+void write_tuned_table(const std::string& path,
+                       const std::map<std::string, std::map<int64_t, std::map<std::string, double>>>& tuned,
+                       const Args& args) {
+  using tp::cpu::DenseBackend;
+  auto table = tp::cpu::DenseTable::active();
+  table.source = path;
+  for (const auto& [dtype_name, by_m] : tuned) {
+    const auto p = tp::cpu::dense_problem(1, 1, 1, dtype_of(dtype_name));
+    if (p.isa == tp::cpu::Isa::kScalar) {
+      std::printf("--tune: the portable ISA always takes at::linear; no entry for it\n");
+      continue;
+    }
+    for (const bool packs : {true, false}) {
+      tp::cpu::DenseTableEntry e;
+      e.vendor = tp::cpu::vendor_name(p.amd);
+      e.isa = tp::cpu::to_string(p.isa);
+      e.dtype = p.dtype;
+      e.bf16_arithmetic = p.dtype == at::kBFloat16 && p.bf16_arithmetic();
+      e.packs = packs;
+      for (const auto& [m, by_backend] : by_m) {
+        std::string best;
+        for (const auto& [name, ms] : by_backend) {
+          const auto b = tp::cpu::parse_dense_backend(name);
+          const bool packed = b == DenseBackend::kOneDnn || b == DenseBackend::kMklPacked || b == DenseBackend::kPanels;
+          if (packed && !packs) continue;
+          if (best.empty() || ms < by_backend.at(best)) best = name;
+        }
+        const auto b = tp::cpu::parse_dense_backend(best);
+        if (!e.rules.empty() && e.rules.back().backend == b)
+          e.rules.back().max_m = m;
+        else
+          e.rules.push_back({m, b});
+        if (packs) e.measured_ms[m] = by_backend;
+      }
+      e.rules.back().max_m = -1;
+      table.put(std::move(e));
+    }
+  }
+  table.validate();
+  std::string shapes;
+  for (const auto& s : args.shapes) shapes += (shapes.empty() ? "" : ", ") + s.name;
+  const std::string note = "tp-cpu-gemm-bench --tune on " + tp::bench::cpu_description() + "; shapes " + shapes;
+  std::ofstream out(path, std::ios::binary);
+  out << table.to_json(note);
+  TORCH_CHECK(out.good(), "tp-cpu-gemm-bench: could not write ", path);
+  std::printf("\nwrote %s (use it with TP_CPU_GEMM_TABLE=%s)\n", path.c_str(), path.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +250,8 @@ int main(int argc, char** argv) {
       {"shape", "N x K", "dtype", "M", "backend", "ms", "GB/s", "GFLOP/s", "limit", "x lin", "x f32", "err"});
   tp::bench::Table summary({"shape", "dtype", "M", "chosen", "fastest", "chosen ms", "at::linear ms", "x lin"});
   int wrong = 0, slower = 0;
+  // --tune: median ms per dtype, M and backend, summed over the shapes.
+  std::map<std::string, std::map<int64_t, std::map<std::string, double>>> tuned;
   for (const auto& shape : args.shapes) {
     for (const auto& dtype_name : args.dtypes) {
       const auto dtype = dtype_of(dtype_name);
@@ -268,6 +338,7 @@ int main(int argc, char** argv) {
             ++wrong;
           }
         }
+        for (size_t s = 1; s + 1 < names.size(); ++s) tuned[dtype_name][m][s == 1 ? "at_linear" : names[s]] += ms[s];
         const double auto_ms = ms.back();
         // 5 %: below that the sides' medians are within this machine's run-to-run noise.
         if (auto_ms > 1.05 * lin) ++slower;
@@ -279,5 +350,6 @@ int main(int argc, char** argv) {
   }
   std::printf("%s\n%s", table.str().c_str(), summary.str().c_str());
   std::printf("\nthe table's choice slower than at::linear by > 5%%: %d case(s)\n", slower);
+  if (!args.tune.empty()) write_tuned_table(args.tune, tuned, args);
   return wrong == 0 ? 0 : 1;
 }

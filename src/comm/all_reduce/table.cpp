@@ -1,15 +1,13 @@
 #include "tp/comm/all_reduce_table.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <tuple>
 
 #include <c10/util/Exception.h>
 
-#include "common/json_reader.h"
+#include "common/table_document.h"
 
 namespace tp {
 namespace {
@@ -160,43 +158,9 @@ AllReduceTable AllReduceTable::parse(const std::string& json, const std::string&
   AllReduceTable t;
   t.source = source;
   try {
-    detail::JsonReader in(json.data(), json.data() + json.size(), "all-reduce table");
-    bool have_format = false, have_entries = false;
-    in.expect('{');
-    if (in.peek() != '}') {
-      do {
-        const std::string key = in.string();
-        in.expect(':');
-        if (key == "format") {
-          have_format = true;
-          const std::string f = in.string();
-          if (f != "tp-allreduce-table") detail::fail("\"format\" is \"", f, "\"; expected \"tp-allreduce-table\"");
-        } else if (key == "version") {
-          const uint64_t v = in.uint("version");
-          if (v != 1) detail::fail("version ", v, " is not supported (this build reads version 1)");
-        } else if (key == "note") {
-          in.skip_value(0);
-        } else if (key == "entries") {
-          have_entries = true;
-          in.expect('[');
-          if (in.peek() == ']') {
-            in.expect(']');
-          } else {
-            do {
-              t.entries.push_back(parse_entry(in, "entries[" + std::to_string(t.entries.size()) + "]"));
-            } while (in.next_or_close(']'));
-          }
-        } else {
-          detail::fail("unknown top-level key \"", key, "\" (expected format, version, note, entries)");
-        }
-      } while (in.next_or_close('}'));
-    } else {
-      in.expect('}');
-    }
-    in.skip_ws();
-    if (!in.at_end()) in.fail_here("trailing text after the table");
-    if (!have_format) detail::fail("missing \"format\": \"tp-allreduce-table\"");
-    if (!have_entries) detail::fail("missing \"entries\"");
+    detail::read_table_document(
+        json, "all-reduce table", "tp-allreduce-table",
+        [&](detail::JsonReader& in, const std::string& where) { t.entries.push_back(parse_entry(in, where)); });
   } catch (const detail::FormatError& e) {
     bad_table(source, e.what());
   }
@@ -205,14 +169,12 @@ AllReduceTable AllReduceTable::parse(const std::string& json, const std::string&
 }
 
 AllReduceTable AllReduceTable::load(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  TORCH_CHECK_VALUE(file.good(), "all-reduce table ", path,
+  const auto text = detail::read_whole_file(path);
+  TORCH_CHECK_VALUE(text.has_value(), "all-reduce table ", path,
                     ": cannot be opened (check CommunicatorOptions::all_reduce_table or "
                     "TP_ALLREDUCE_TABLE; write one with tp-allreduce-bench --tune ",
                     path, ")");
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse(text.str(), path);
+  return parse(*text, path);
 }
 
 void AllReduceTable::validate() const {
@@ -263,45 +225,19 @@ const AllReduceTableEntry* AllReduceTable::find(int64_t world, bool same_host) c
 
 std::string AllReduceTable::to_json(const std::string& note) const {
   std::ostringstream out;
-  auto quoted = [](const std::string& s) {
-    std::string q = "\"";
-    for (char c : s) {
-      if (c == '"' || c == '\\') q += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) continue;
-      q += c;
-    }
-    return q + "\"";
-  };
-  out << "{\n  \"format\": \"tp-allreduce-table\",\n  \"version\": 1,\n";
-  if (!note.empty()) out << "  \"note\": " << quoted(note) << ",\n";
-  out << "  \"entries\": [";
+  detail::write_table_head(out, "tp-allreduce-table", note);
   for (size_t i = 0; i < entries.size(); ++i) {
     const AllReduceTableEntry& e = entries[i];
-    out << (i ? "," : "") << "\n    {\"device\": " << quoted(e.device) << ", \"world_size\": " << e.world_size
-        << ", \"same_host\": " << (e.same_host ? "true" : "false") << ",\n     \"rules\": [";
+    out << (i ? "," : "") << "\n    {\"device\": " << detail::json_quoted(e.device)
+        << ", \"world_size\": " << e.world_size << ", \"same_host\": " << (e.same_host ? "true" : "false")
+        << ",\n     \"rules\": [";
     for (size_t k = 0; k < e.rules.size(); ++k) {
       out << (k ? ", " : "") << "{\"max_bytes\": "
           << (e.rules[k].max_bytes < 0 ? std::string("null") : std::to_string(e.rules[k].max_bytes))
           << ", \"strategy\": \"" << to_string(e.rules[k].strategy) << "\"}";
     }
     out << "]";
-    if (!e.measured_us.empty()) {
-      out << ",\n     \"measured_us\": {";
-      bool first = true;
-      for (const auto& [bytes, by_strategy] : e.measured_us) {
-        out << (first ? "" : ",") << "\n       \"" << bytes << "\": {";
-        first = false;
-        bool first_s = true;
-        for (const auto& [name, us] : by_strategy) {
-          char num[64];
-          std::snprintf(num, sizeof(num), "%.2f", us);
-          out << (first_s ? "" : ", ") << quoted(name) << ": " << num;
-          first_s = false;
-        }
-        out << "}";
-      }
-      out << "}";
-    }
+    detail::write_measured(out, "measured_us", e.measured_us, "%.2f");
     out << "}";
   }
   out << "\n  ]\n}\n";

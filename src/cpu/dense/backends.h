@@ -46,12 +46,10 @@ at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, Isa isa);
 /// (cpu/dense/kernels.h): [ceil(N / 16), K, 16] in W's dtype.
 at::Tensor panels_pack(const at::Tensor& w, Isa isa);
 /// Where panels_linear starts to cut K into blocks: when x (M x K float32) is larger
-/// than this, each block's slice of x is about this size. On Intel (2 MiB L2 on
-/// Sapphire Rapids) a 512 KiB slice stays in L2 while the panels pass over it. On Zen 4
-/// (1 MiB L2) a 2 MiB slice was 4-6 % faster at M = 256 (fewer passes over y, longer K
-/// streams; the slice's sequential reads are prefetched from L3): 0.98-1.07x oneDNN's
-/// time against 1.06-1.14x (28672 x 4096, 4096 x 14336, 6144 x 4096, 2 threads), and
-/// level at M = 64.
+/// than this, each block's slice of x is about this size. On Intel a 512 KiB slice
+/// stays in L2 while the panels pass over it; on AMD the larger slice was faster
+/// (fewer passes over y, longer K streams): benchmarks/RESULTS.md, "The dense CPU
+/// GEMM's built-in table".
 constexpr int64_t kPanelXBlockBytes = int64_t{512} << 10;
 constexpr int64_t kPanelXBlockBytesAmd = int64_t{2} << 20;
 /// y = x W^T on panels packed for `isa` by its panel kernel (AVX2 or AVX-512; x

@@ -10,6 +10,7 @@
 
 #include "common/env.h"
 #include "cpu/dense/backends.h"
+#include "cpu/dense/table.h"
 #include "cpu/kernel_counts.h"
 
 namespace tp::cpu {
@@ -96,93 +97,7 @@ bool dense_supports(DenseBackend backend, const DenseProblem& p) {
   return false;
 }
 
-// The table. Measured with tp-cpu-gemm-bench (1 thread, thread CPU clock, cold weights,
-// Llama-3-8B layers at TP 1 and 2: 4096 x {6144, 4096, 28672}, 14336 x 4096 and their
-// halves; ratios are at::linear's time / the backend's, same dtype, same run) on a
-// Sapphire Rapids-class VM, natively (AVX-512, AMX) and capped to AVX2
-// (TP_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-// MKL_ENABLE_INSTRUCTIONS=AVX2); docs/performance.md "CPU GEMM backends" has the tables.
-//   float32, M <= 4 (on Intel with a packed copy M = 1 only, next row): gemv, at
-//     at::linear's memory rate at M = 1 (0.9-1.04x on one thread; it also threads where
-//     MKL's GEMV does not), 1.4-1.9x at M = 4.
-//   float32, 1 < M <= 4, Intel: panels (an Emerald Rapids VM, 2026-12-02, 2 threads, the
-//     four Llama shapes at TP 1 plus 4096 x 4096): 1.07-1.21x gemv natively, 1.03-1.43x
-//     capped to AVX2, both at or near the memory rate; at M = 1 level (0.98-1.03x), so
-//     gemv, which needs no packed copy. (The Sapphire Rapids rows below did not compare
-//     the two at M <= 4.)
-//   float32, 4 < M <= 64, Intel: panels (2 threads, 11008 x 4096, same run as
-//     at::linear, oneDNN and gemv): AVX-512 M = 8 3.0x, 16 2.35-2.65x, 32 1.6-1.8x,
-//     64 1.3-1.45x (oneDNN 1.7x, 1.4x, 1.2x, 1.2x; gemv 2.2x, 1.4-1.7x, 1.15x, 1.0x);
-//     capped to AVX2 M = 5 2.7x, 8 1.9x, 16 1.65x, 32 1.2x, 64 1.1x (gemv 1.6x, 1.5x,
-//     1.3x, 1.1x, 1.05x; MKL's packed SGEMM and oneDNN 0.9-1.08x).
-//   float32, M > 64, Intel: at::linear. oneDNN is 1.07-1.17x at M = 96-256 with AVX-512,
-//     but its copy of W would be a second one next to the panels (a layer keeps one:
-//     cpu/dense/gemm.h), and the panels kernel is 0.9-1.05x there. Capped to AVX2, at::linear
-//     is at 97 % of the FMA ceiling at M = 256 (MKL's packed SGEMM 1.02x, oneDNN 0.86x).
-//   float32 on AMD (Zen 4 VM, 2 threads, 11008 x 4096 and 4096 x 14336, plus 4096 x
-//     4096 and 6144 x 4096 at M = 96 and 256; 2026-12-02): MKL's SGEMM is far behind
-//     there (M = 4 42 ms where gemv takes 7.5 ms), so every row is an own kernel or
-//     oneDNN. Panels from M = 5 to any M, the layer's one packed copy: AVX-512 M = 8
-//     3.0-4.95x at::linear, 16 3.5-5.1x, 64 2.2-2.5x (oneDNN 2.4-4.6x, 2.5-3.8x,
-//     2.1-2.8x), M = 96 level with oneDNN, M = 256 1.4-1.85x (oneDNN 2-7 % faster with
-//     AMD's 2 MiB x slices, kPanelXBlockBytesAmd; 5-11 % with 512 KiB); capped to AVX2,
-//     panels 1.1-4.2x at::linear at M = 8-256, level with or ahead of oneDNN (capped
-//     too: 0.9-1.5x) in all but one run at M = 256. Without packs, gemv at every M:
-//     1.2-1.55x at::linear at M = 96-256 in both ISAs.
-//   bfloat16 with bf16 arithmetic (AMX): gemv up to M = 4 (1.2-2.4x); at M = 8-16 the
-//     packed oneDNN weight is 0.8-1.5x (slower on o and qkv/2), so at::linear (ATen's
-//     oneDNN on the plain weight); above, oneDNN packed, 1.05-2.3x.
-//   bfloat16 without it: at::linear (ATen's bf16 GEMM) is 2-6x slower than float32;
-//     gemv to M = 4 (on Intel with packs the panels from M = 1, below); the panels
-//     kernel (bf16 panels, half the bytes, widened in registers) to M = 64: against
-//     float32 at::linear 1.9x at M = 8, 1.55-1.6x at 16,
-//     1.2-1.3x at 32, 0.95x at 64, level with float32 panels (11008 x 4096, 2 threads,
-//     capped to AVX2; gemv was 1.1-1.3x at M = 8-16, bf16_tiles 0.8x at 32);
-//     then bf16_tiles (3-5.8x at::linear bf16; 0.7-0.9x at::linear float32 at M >= 64).
-//     bf16 with AMX keeps at::linear to M = 16: there the panels kernel is 0.86-1.1x.
-//     On AMD with AVX512_BF16 (Zen 4) oneDNN's packed weight is ahead from M = 5: 1.36-
-//     1.59x at::linear at M = 16, 1.14-1.17x at 64, 1.06x at 256 (panels 1.1-1.2x at 16).
-//     On Intel with AVX512_BF16 but no AMX (an Emerald Rapids VM that does not expose
-//     AMX, 2026-12-02; Cooper Lake is the same ISA) the bf16 arithmetic does not pay:
-//     11008 x 4096 and 4096 x 14336, 2 threads, the panels kernel on bf16 panels was
-//     1.95-2.1x at::linear bf16 at M = 8-16, 1.4-1.6x at 32-64 (oneDNN 1.09-1.29x, gemv
-//     1.07-1.34x), and bf16_tiles / panels 1.3-1.5x at 256 (oneDNN 1.02-1.06x): the rows
-//     without bf16 arithmetic.
-//   bfloat16 without bf16 arithmetic, Intel, with packs: the panels from M = 1 (same VM,
-//     2 threads, the four Llama shapes at TP 1 plus 4096 x 4096, two runs each): gemv's
-//     time / the panels' 1.01-1.20x at M = 1-4 natively (one 0.96), 1.07-1.41x capped to
-//     AVX2. On AMD (the Zen 4 VM capped to AVX2, i.e. a Zen 3's ISA; 2026-12-02, same
-//     shapes, 2 threads) gemv's time / the panels' was 0.90-1.01x at M = 1, 1.02-1.11x
-//     at 2, 0.98-1.28x at 3, 1.14-1.33x at 4: gemv at M = 1 only, as for float32 on
-//     Intel. (float32 there: gemv ahead natively at M <= 4, level capped to AVX2.)
-//     Past M = 64 the panels stay on AMD, as for float32 there: bf16_tiles' time / the
-//     panels' 1.15-1.48x at M = 96-512 (6144 x 4096, 28672 x 4096, 4096 x 14336), where
-//     bf16_tiles was 1.2-1.5x slower than the float32 layer (its panels) and the bf16
-//     panels level with it (0.96-1.12x).
-DenseBackend select_dense_backend(const DenseProblem& p) {
-  if (p.dtype != at::kFloat && p.dtype != at::kBFloat16) return DenseBackend::kAtLinear;
-  // The portable ISA (TP_CPU_ISA=scalar, or a CPU without AVX2): ATen's own choice.
-  if (p.isa == Isa::kScalar) return DenseBackend::kAtLinear;
-  // bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's alone is not).
-  const bool bf16_arithmetic = p.native_bf16 && (p.amx_bf16 || p.amd);
-  int64_t gemv_max_m = kCpuGemvMaxM;
-  if (p.allow_packs && p.dtype == at::kFloat && !p.amd) gemv_max_m = kCpuGemvMaxMPacked;
-  if (p.allow_packs && p.dtype == at::kBFloat16 && !bf16_arithmetic) gemv_max_m = p.amd ? kCpuGemvMaxMPacked : 0;
-  if (p.m <= gemv_max_m) return DenseBackend::kGemv;
-  const bool onednn = p.onednn && p.allow_packs;
-  if (p.dtype == at::kBFloat16) {
-    if (bf16_arithmetic) {
-      if (!onednn || (p.m <= kCpuBf16LinearMaxM && !p.amd)) return DenseBackend::kAtLinear;
-      return DenseBackend::kOneDnn;
-    }
-    if (p.allow_packs && (p.m <= kCpuPanelsMaxM || p.amd)) return DenseBackend::kPanels;
-    return p.m <= kCpuGemvMaxMBlocked ? DenseBackend::kGemv : DenseBackend::kBf16Tiles;
-  }
-  // AMD: MKL's SGEMM trails every other backend there, at every M.
-  if (p.amd) return p.allow_packs ? DenseBackend::kPanels : DenseBackend::kGemv;
-  if (p.allow_packs) return p.m <= kCpuPanelsMaxM ? DenseBackend::kPanels : DenseBackend::kAtLinear;
-  return p.m <= kCpuGemvMaxMBlocked ? DenseBackend::kGemv : DenseBackend::kAtLinear;
-}
+DenseBackend select_dense_backend(const DenseProblem& p) { return DenseTable::builtin().select(p); }
 
 std::optional<DenseBackend> forced_dense_backend() {
   static const std::optional<DenseBackend> forced = []() -> std::optional<DenseBackend> {
@@ -205,7 +120,7 @@ std::map<DenseBackend, int64_t> dense_backend_counts() {
 // ---- DenseGemm ---------------------------------------------------------------------------
 
 void DenseGemm::bind(const at::Tensor& weight) {
-  TORCH_INTERNAL_ASSERT(weight.dim() == 2, "CpuGemm: weight must be [N, K], got ", weight.sizes());
+  TORCH_INTERNAL_ASSERT(weight.dim() == 2, "DenseGemm: weight must be [N, K], got ", weight.sizes());
   std::lock_guard<std::mutex> lock(mutex_);
   weight_ = weight;
   for (auto& p : packs_by_backend_) p = Pack{};
@@ -222,7 +137,8 @@ void DenseGemm::prepare(const at::Tensor& weight) {
   std::vector<DenseBackend> wanted;
   if (const auto forced = forced_dense_backend()) wanted.push_back(*forced);
   for (int64_t m = 1; m <= 4096; m *= 2)
-    wanted.push_back(select_dense_backend(dense_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
+    wanted.push_back(
+        DenseTable::active().select(dense_problem(m, weight.size(0), weight.size(1), weight.scalar_type())));
   const auto p = dense_problem(1, weight.size(0), weight.size(1), weight.scalar_type());
   for (const auto b : wanted) {
     auto& pack = packs_by_backend_[static_cast<int>(b)];
@@ -239,7 +155,7 @@ at::Tensor DenseGemm::make_pack(DenseBackend backend) const {
     case DenseBackend::kOneDnn: return onednn_pack(weight_);
     case DenseBackend::kMklPacked: return mkl_pack(weight_);
     case DenseBackend::kPanels: return panels_pack(weight_, cpu::isa());
-    default: TORCH_INTERNAL_ASSERT(false, "CpuGemm: ", to_string(backend), " keeps no packed weight");
+    default: TORCH_INTERNAL_ASSERT(false, "DenseGemm: ", to_string(backend), " keeps no packed weight");
   }
 }
 
@@ -294,7 +210,7 @@ DenseBackend DenseGemm::backend_for(const at::Tensor& x, const std::optional<at:
   if (!can_run(x, bias)) return DenseBackend::kAtLinear;
   const auto p = dense_problem(x.numel() / x.size(-1), weight_.size(0), weight_.size(1), weight_.scalar_type());
   if (const auto forced = forced_dense_backend(); forced && dense_supports(*forced, p)) return *forced;
-  return select_dense_backend(p);
+  return DenseTable::active().select(p);
 }
 
 at::Tensor DenseGemm::linear(const at::Tensor& x, const std::optional<at::Tensor>& bias) const {

@@ -72,10 +72,14 @@ struct DenseProblem {
   bool native_bf16 = false;           ///< bf16 dot products in hardware (AVX512_BF16 / AMX), within isa
   bool amx_bf16 = false;              ///< of which AMX's bf16 tiles (Intel, Sapphire Rapids on)
   bool amd = false;                   ///< an AMD (or Hygon) CPU, where MKL's kernels trail oneDNN's
-  int threads = 1;                    ///< at::get_num_threads() (the table does not need it: see cpu/dense/gemm.cpp)
+  int threads = 1;                    ///< at::get_num_threads() (no table row needs it yet)
   bool onednn = false;                ///< ATen's oneDNN ops take this dtype here
   bool mkl_packed = false;            ///< MKL's packed SGEMM found (float32 only)
   bool allow_packs = true;            ///< TP_CPU_GEMM_PACK is not 0: a packed copy of W may be kept
+
+  /// bf16 arithmetic worth taking: AMX, or AMD's AVX512_BF16 (Intel's AVX512_BF16
+  /// alone does not pay: benchmarks/RESULTS.md, "The dense CPU GEMM's built-in table").
+  bool bf16_arithmetic() const { return native_bf16 && (amx_bf16 || amd); }
 };
 
 /// The problem for a call made now: cpu::isa(), features(), at::get_num_threads(),
@@ -86,8 +90,9 @@ DenseProblem dense_problem(int64_t m, int64_t n, int64_t k, at::ScalarType dtype
 /// packed SGEMM found). at_linear can compute everything.
 bool dense_supports(DenseBackend backend, const DenseProblem& p);
 
-/// The built-in table's choice: a pure function of `p` (no environment, no state), from
-/// the measurements quoted in cpu/dense/gemm.cpp.
+/// The built-in table's choice (cpu/dense/table.h): a pure function of `p` (no
+/// environment, no state). DenseGemm asks DenseTable::active(), which
+/// TP_CPU_GEMM_TABLE may replace.
 DenseBackend select_dense_backend(const DenseProblem& p);
 
 /// The backend forced by TP_CPU_GEMM (read once; unset, empty or "auto": none). An
@@ -98,25 +103,6 @@ std::optional<DenseBackend> forced_dense_backend();
 /// after any fallback): benchmarks diff it around a row to name the kernel, as they do
 /// Communicator::all_reduce_counts for strategies.
 std::map<DenseBackend, int64_t> dense_backend_counts();
-
-/// The table's crossovers (cpu/dense/gemm.cpp):
-/// - gemv (one streaming pass over W) up to kCpuGemvMaxM rows, except where the layer
-///   keeps its packed copy and the panels win from M = 2: float32 on Intel and bfloat16
-///   without bf16 arithmetic worth taking on AMD to kCpuGemvMaxMPacked; bfloat16
-///   without it on Intel not at all (the panels from M = 1);
-/// - then the panels kernel up to kCpuPanelsMaxM rows (on AMD: every M, float32 and
-///   bfloat16 without bf16 arithmetic);
-/// - where no packed copy may be kept (and for bfloat16 without bf16 arithmetic past
-///   the panels' rows), gemv up to kCpuGemvMaxMBlocked (W blocks reused from L2);
-/// - with AMX, at::linear up to kCpuBf16LinearMaxM.
-/// MKL's packed SGEMM is no longer in the table (the panels kernel beats it wherever
-/// it was); it stays for forcing and comparison.
-constexpr int64_t kCpuGemvMaxM = 4;
-/// Where a packed copy is kept and the panels win from M = 2: gemv at M = 1 only.
-constexpr int64_t kCpuGemvMaxMPacked = 1;
-constexpr int64_t kCpuPanelsMaxM = 64;
-constexpr int64_t kCpuGemvMaxMBlocked = 16;
-constexpr int64_t kCpuBf16LinearMaxM = 16;
 
 /// One layer's weight with what the CPU GEMMs need prepared. Thread-safe: linear() may
 /// run concurrently; a stale prepacked weight is rebuilt under a lock.
