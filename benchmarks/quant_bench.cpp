@@ -34,11 +34,16 @@ using tp::bench::format;
 
 namespace {
 
+std::vector<std::string> every_format() {
+  std::vector<std::string> out;
+  for (const QuantFormat f : all_quant_formats()) out.push_back(to_string(QuantConfig{f}));
+  return out;
+}
+
 struct Args {
   int64_t k = 4096, n = 11008;
   std::vector<int64_t> m = {1, 16, 256};
-  std::vector<std::string> formats = {"none",      "fp8_tensor",       "fp8_channel",    "fp8_block",
-                                      "int8_w8a8", "int8_weight_only", "int4_gptq:g128", "int4_awq:g128"};
+  std::vector<std::string> formats = every_format();  // each at its default options
   std::vector<std::string> dtypes = {"float32", "bfloat16"};
   double seconds = 0.5;  // measuring per side and M
 };

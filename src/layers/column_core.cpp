@@ -124,7 +124,7 @@ at::Tensor ColumnCore::gather(const at::Tensor& y_local, int64_t dim) const {
 }
 
 std::pair<at::Tensor, at::Tensor> ColumnCore::gather_parameters() const {
-  TORCH_CHECK_VALUE(method_->name() == "none", layer_, ": gather_weights needs an unquantized layer; this one is ",
+  TORCH_CHECK_VALUE(method_->trainable(), layer_, ": gather_weights needs an unquantized layer; this one is ",
                     method_->name(), ", whose weights are frozen (they are still the checkpoint's)");
   at::NoGradGuard no_grad;
   at::Tensor w = gather(weight_, 0);
@@ -165,7 +165,7 @@ void ColumnCore::load_parts(const Checkpoint& checkpoint, const std::vector<Weig
   for (const auto& part : parts) prefixes.push_back(part.prefix);
   // Collective: a failure on any rank (a bad slice only it reads) fails every rank.
   run_collectively(comm_, layer_ + ".load_weights", [&] {
-    load_strictly(checkpoint, prefixes, {what, bias_.defined(), method_->name()},
+    load_strictly(checkpoint, prefixes, {what, bias_.defined(), method_->name(), method_->trainable()},
                   [&](const Checkpoint& ckpt) { load_local(ckpt, parts, what); });
   });
 }

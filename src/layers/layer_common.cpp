@@ -90,7 +90,7 @@ void print_tail(std::ostream& stream, bool bias, bool gather_output, const Quant
   stream << ", bias=" << (bias ? "true" : "false");
   if (gather_output) stream << ", gather_output=true";
   if (sequence_parallel) stream << ", sequence_parallel=true";
-  if (method.name() != "none") stream << ", quant=" << method.name();
+  if (!method.trainable()) stream << ", quant=" << method.name();
   stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 

@@ -97,7 +97,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
 }
 
 std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const std::string& prefix) const {
-  TORCH_CHECK_VALUE(method_->name() == "none", kLayer, ": gather_weights needs an unquantized layer; this one is ",
+  TORCH_CHECK_VALUE(method_->trainable(), kLayer, ": gather_weights needs an unquantized layer; this one is ",
                     method_->name(), ", whose weights are frozen (they are still the checkpoint's)");
   at::NoGradGuard no_grad;
   std::vector<int64_t> sizes;
@@ -112,15 +112,17 @@ void RowParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
   // Strict (every tensor under `prefix` is read) and collective (an error on one rank is
   // thrown on every rank): docs/DESIGN.md, "Loading is strict and collective".
   run_collectively(comm, std::string(kLayer) + ".load_weights", [&] {
-    detail::load_strictly(checkpoint, {prefix}, {kLayer, bias.defined(), method_->name()}, [&](const Checkpoint& ckpt) {
-      method_->load(ckpt, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
-      method_->finalize();
-      if (!bias.defined()) return;
-      const auto& source = ckpt.get(prefix + ".bias", kLayer);
-      detail::check_bias(kLayer, source, options.out_features());
-      at::NoGradGuard no_grad;
-      bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
-    });
+    detail::load_strictly(
+        checkpoint, {prefix}, {kLayer, bias.defined(), method_->name(), method_->trainable()},
+        [&](const Checkpoint& ckpt) {
+          method_->load(ckpt, {WeightPart{prefix, range_, 0, options.in_features()}}, ShardMode::kRow, kLayer);
+          method_->finalize();
+          if (!bias.defined()) return;
+          const auto& source = ckpt.get(prefix + ".bias", kLayer);
+          detail::check_bias(kLayer, source, options.out_features());
+          at::NoGradGuard no_grad;
+          bias.copy_(load_shard(source, ShardMode::kRow, range_, {}, kLayer));
+        });
   });
 }
 

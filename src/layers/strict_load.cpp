@@ -51,8 +51,9 @@ std::string reason(const LayerFacts& facts, const std::string& prefix, const std
     return "the layer was built with bias=false, so it reads no bias. Build it with bias=true (Qwen2's q/k/v "
            "projections have a bias; config.json's attention_bias / mlp_bias say which layers have one)";
   }
-  if (is_quant_tensor(suffix) && facts.quant == "none") {
-    return "it belongs to a quantized format, but the layer's quant format is none, which reads " + reads +
+  if (is_quant_tensor(suffix) && facts.trainable) {
+    return "it belongs to a quantized format, but the layer's quant format is " + facts.quant + ", which reads " +
+           reads +
            " and would use quantized codes as weights. Build the layer with the format the checkpoint's "
            "config.json quantization_config names (quant=...)";
   }

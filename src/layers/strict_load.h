@@ -15,9 +15,10 @@ namespace tp::detail {
 
 /// What a layer is, for the fix in an error about a tensor it would leave unread.
 struct LayerFacts {
-  std::string layer;  // "ColumnParallelLinear", with the checkpoint layout for a fused one
-  bool bias = false;  // whether it was built with a bias
-  std::string quant;  // QuantMethod::name(): "none", "fp8_block", "int4_gptq:g128", ...
+  std::string layer;       // "ColumnParallelLinear", with the checkpoint layout for a fused one
+  bool bias = false;       // whether it was built with a bias
+  std::string quant;       // QuantMethod::name(): "none", "fp8_block", "int4_gptq:g128", ...
+  bool trainable = false;  // QuantMethod::trainable(): plain weights, which read no quantized tensor
 };
 
 /// Runs `load(view)`, `view` a view of `checkpoint` that records what the load reads,

@@ -40,9 +40,8 @@ void DecoderLayerImpl::reset() {
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   // gate_up (column) and down (row) must cut the intermediate dimension alike: one
   // granularity that satisfies both formats' alignments.
-  const auto split = SplitPolicy{}.with_granularity(
-      combine_granularity(make_quant_method(opts.gate_up.quant())->tp_alignment(ShardMode::kColumn),
-                          make_quant_method(opts.down.quant())->tp_alignment(ShardMode::kRow)));
+  const auto split = SplitPolicy{}.with_granularity(combine_granularity(
+      tp_alignment(opts.gate_up.quant(), ShardMode::kColumn), tp_alignment(opts.down.quant(), ShardMode::kRow)));
   gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up.split(split), comm));
   down_proj = register_module("down_proj", RowParallelLinear(opts.down.split(split), comm));
   TORCH_CHECK_VALUE(gate_up->local_range() == down_proj->local_range(), p, ": gate_up's intermediate slice ",

@@ -116,4 +116,8 @@ std::shared_ptr<QuantMethod> make_quant_method(const QuantConfig& config) {
   return detail::format_entry(config.format).make_method(config);
 }
 
+int64_t tp_alignment(const QuantConfig& config, ShardMode mode) {
+  return detail::format_entry(config.format).alignment(config, mode);
+}
+
 }  // namespace tp

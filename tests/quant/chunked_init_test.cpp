@@ -16,6 +16,7 @@
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/packing.h"
 #include "quant/random_weight.h"
+#include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
@@ -29,9 +30,7 @@ TEST_CASE("quantized layers large enough for several init chunks hold one well-p
   const int64_t n = 2056, k = 2048;
   REQUIRE(n * k > tp::detail::kRandomInitChunkElements);
   const double bound = 1.0 / std::sqrt(static_cast<double>(k));
-  for (const std::string name :
-       {"int4_gptq:g128", "int4_awq:g64:asym", "int4_pack_quantized:g32:asym", "int4_pack_quantized:g128",
-        "int8_weight_only", "int8_w8a8", "fp8_tensor", "fp8_channel", "fp8_block"}) {
+  for (const std::string& name : test::quantized_format_variants()) {
     INFO(name);
     const QuantConfig config = parse_quant_config(name);
     torch::nn::Module layer;

@@ -16,6 +16,7 @@
 
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
+#include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 
@@ -40,9 +41,7 @@ void make(Layer& l, const QuantConfig& config, int64_t n, int64_t k, at::ScalarT
 TEST_CASE("quantized tensors written in place after finalize() are what the next forward uses",
           "[quant][cpu_kernels]") {
   const int64_t n = 64, k = 256;
-  for (const std::string name :
-       {"int4_gptq:g64", "int4_gptq:g64:v2", "int4_gptq:g32:asym", "int4_awq:g128", "int4_pack_quantized:g32:asym",
-        "int8_weight_only", "int8_w8a8", "fp8_tensor", "fp8_channel", "fp8_block"}) {
+  for (const std::string& name : test::quantized_format_variants()) {
     for (const auto dtype : {at::kFloat, at::kBFloat16}) {
       INFO(name << " " << c10::toString(dtype));
       const QuantConfig config = parse_quant_config(name);

@@ -4,9 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include "support/quant_formats.h"
 #include "support/quant_layer_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 
 using namespace tp;
@@ -46,6 +48,26 @@ TEST_CASE("quant configs compare only the options their format takes", "[quant]"
   CHECK(g1 != g2);
   CHECK(QuantConfig{QuantFormat::kInt4Awq, 64} != QuantConfig{QuantFormat::kInt4Awq, 128});
   CHECK(QuantConfig{QuantFormat::kInt4Awq} != QuantConfig{QuantFormat::kInt4PackQuantized});
+}
+
+TEST_CASE("the format table answers what layers and models ask without building a method", "[quant]") {
+  std::vector<std::string> names = test::quantized_format_variants();
+  names.insert(names.begin(), "none");
+  for (const auto& name : names) {
+    INFO(name);
+    const QuantConfig config = parse_quant_config(name);
+    const auto method = make_quant_method(config);
+    for (const auto mode : {ShardMode::kColumn, ShardMode::kRow}) {
+      CHECK(tp_alignment(config, mode) == method->tp_alignment(mode));
+      CHECK(tp_alignment(config, mode) >= 1);
+    }
+    // Only plain weights are trainable; every stored format's codes are frozen.
+    CHECK(method->trainable() == (config.format == QuantFormat::kNone));
+  }
+  // The alignments a model combines (decoder_layer.cpp): a quant block, a packed element.
+  CHECK(tp_alignment(parse_quant_config("fp8_block"), ShardMode::kRow) == 128);
+  CHECK(tp_alignment(parse_quant_config("int4_gptq:g64"), ShardMode::kRow) % 64 == 0);
+  CHECK(tp_alignment(parse_quant_config("none"), ShardMode::kColumn) == 1);
 }
 
 TEST_CASE("unknown quant names are errors listing what is accepted", "[quant][errors]") {

@@ -29,6 +29,10 @@ class QuantMethod {
   virtual ~QuantMethod() = default;
   /// The format's name, for pretty_print and errors ("none", "fp8_block", ...).
   virtual std::string name() const = 0;
+  /// Whether weight() is a plain parameter in the layer's dtype that training updates
+  /// (the unquantized format): gather_weights reads it, and a checkpoint's quantized
+  /// tensors would be misread by it. Quantized formats store frozen codes: false.
+  virtual bool trainable() const { return false; }
   /// Every shard boundary of the split dimension must be a multiple of this many
   /// elements (a quant block, a packed element); 1 when anything goes.
   virtual int64_t tp_alignment(ShardMode mode) const = 0;
@@ -83,5 +87,9 @@ class QuantMethod {
 
 /// The method for `config`; a format this build cannot run is an error naming it.
 std::shared_ptr<QuantMethod> make_quant_method(const QuantConfig& config);
+
+/// make_quant_method(config)->tp_alignment(mode), read from the format table without
+/// building a method (a model combining two layers' alignments before it builds them).
+int64_t tp_alignment(const QuantConfig& config, ShardMode mode);
 
 }  // namespace tp

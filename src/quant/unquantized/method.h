@@ -16,6 +16,7 @@ namespace tp::detail {
 class UnquantizedMethod final : public QuantMethod {
  public:
   std::string name() const override { return "none"; }
+  bool trainable() const override { return true; }
   int64_t tp_alignment(ShardMode) const override { return 1; }
   void create_weights(torch::nn::Module& layer, int64_t out_local, int64_t in_local,
                       const at::TensorOptions& options) override;
