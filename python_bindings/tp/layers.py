@@ -8,6 +8,8 @@ data of those tensors in place (as torch::nn::Module::to does), so both sides st
 in sync. Sizes are GLOBAL; parameters have this rank's LOCAL shapes.
 """
 
+import functools
+import inspect
 from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -40,6 +42,58 @@ def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
     if isinstance(quant, str):
         return _C.QuantConfig.parse(quant)  # "int4_gptq:g64:asym"; a ValueError lists the names
     raise TypeError(f"quant: expected None, a format name, QuantFormat or QuantConfig, got {type(quant).__name__}")
+
+
+# The keyword-only arguments the layers share, each (default, annotation), declared
+# once: _layer_keywords adds them to a layer's __init__ and to its signature, so help(),
+# IDEs and inspect.signature show every one, and a misspelt keyword is a TypeError that
+# lists them.
+_SEQUENCE_KEYWORDS = {
+    "sequence_parallel": (False, bool),
+    "sequence_dim": (0, int),
+}
+_GATHER_KEYWORDS = {"gather_output": (False, bool), **_SEQUENCE_KEYWORDS}
+_COMMON_KEYWORDS = {
+    "quant": (None, QuantLike),
+    "split": (None, Optional["_C.SplitPolicy"]),
+    "dtype": (None, Optional[torch.dtype]),
+    "device": (None, inspect.Parameter.empty),
+    "group": (None, Optional["dist.ProcessGroup"]),
+    "communicator": (None, Optional["_C.Communicator"]),
+}
+
+
+def _layer_keywords(*groups):
+    """Decorates ``__init__(self, ..., **keywords)``: it receives exactly the keywords
+    of ``groups`` beside its own, each filled with its default when not given."""
+    shared = {name: spec for group in groups for name, spec in group.items()}
+
+    def decorate(init):
+        own = inspect.signature(init)
+        params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        taken = {p.name for p in params}
+        params += [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            for name, (default, annotation) in shared.items()
+            if name not in taken
+        ]
+
+        @functools.wraps(init)
+        def wrapper(self, *args, **keywords):
+            unknown = sorted(set(keywords) - set(shared) - taken)
+            if unknown:
+                accepted = ", ".join(p.name for p in params[1:])
+                raise TypeError(
+                    f"{type(self).__name__}: unexpected keyword argument(s) {', '.join(unknown)}; it takes {accepted}"
+                )
+            for name, (default, _) in shared.items():
+                keywords.setdefault(name, default)
+            return init(self, *args, **keywords)
+
+        wrapper.__signature__ = own.replace(parameters=params)
+        return wrapper
+
+    return decorate
 
 
 class _ParallelLinear(nn.Module):
@@ -192,26 +246,10 @@ class ColumnParallelLinear(_ParallelLinear):
     _impl_type = _C.ColumnParallelLinear
     _options_type = _C.ColumnParallelLinearOptions
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        gather_output: bool = False,
-        sequence_parallel: bool = False,
-        sequence_dim: int = 0,
-        quant: QuantLike = None,
-        split: Optional["_C.SplitPolicy"] = None,
-        dtype: Optional[torch.dtype] = None,
-        device=None,
-        group: Optional["dist.ProcessGroup"] = None,
-        communicator: Optional["_C.Communicator"] = None,
-    ):
+    @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, **keywords):
         super().__init__(
-            _C.ColumnParallelLinear, _C.ColumnParallelLinearOptions(in_features, out_features),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
+            _C.ColumnParallelLinear, _C.ColumnParallelLinearOptions(in_features, out_features), bias=bias, **keywords
         )
 
     in_features = property(lambda self: self._impl.options.in_features)
@@ -243,6 +281,7 @@ class RowParallelLinear(_ParallelLinear):
     _impl_type = _C.RowParallelLinear
     _options_type = _C.RowParallelLinearOptions
 
+    @_layer_keywords(_SEQUENCE_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(
         self,
         in_features: int,
@@ -253,21 +292,12 @@ class RowParallelLinear(_ParallelLinear):
         reduce_output: bool = True,
         all_reduce: Union[str, "_C.AllReduceStrategy"] = "auto",
         wire: Union[str, "_C.WirePrecision"] = "default",
-        sequence_parallel: bool = False,
-        sequence_dim: int = 0,
-        quant: QuantLike = None,
-        split: Optional["_C.SplitPolicy"] = None,
-        dtype: Optional[torch.dtype] = None,
-        device=None,
-        group: Optional["dist.ProcessGroup"] = None,
-        communicator: Optional["_C.Communicator"] = None,
+        **keywords,
     ):
         super().__init__(
-            _C.RowParallelLinear, _C.RowParallelLinearOptions(in_features, out_features),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
+            _C.RowParallelLinear, _C.RowParallelLinearOptions(in_features, out_features), bias=bias,
             input_is_parallel=input_is_parallel, reduce_output=reduce_output,
-            all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire),
-            sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
+            all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire), **keywords,
         )
 
     in_features = property(lambda self: self._impl.options.in_features)
@@ -294,6 +324,7 @@ class QKVParallelLinear(_ParallelLinear):
     _impl_type = _C.QKVParallelLinear
     _options_type = _C.QKVParallelLinearOptions
 
+    @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(
         self,
         hidden_size: int,
@@ -301,22 +332,12 @@ class QKVParallelLinear(_ParallelLinear):
         num_heads: int,
         num_kv_heads: Optional[int] = None,
         bias: bool = False,
-        *,
-        gather_output: bool = False,
-        sequence_parallel: bool = False,
-        sequence_dim: int = 0,
-        quant: QuantLike = None,
-        split: Optional["_C.SplitPolicy"] = None,
-        dtype: Optional[torch.dtype] = None,
-        device=None,
-        group: Optional["dist.ProcessGroup"] = None,
-        communicator: Optional["_C.Communicator"] = None,
+        **keywords,
     ):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         super().__init__(
             _C.QKVParallelLinear, _C.QKVParallelLinearOptions(hidden_size, head_dim, num_heads, num_kv_heads),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
+            bias=bias, **keywords,
         )
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -343,26 +364,11 @@ class GateUpParallelLinear(_ParallelLinear):
     _impl_type = _C.GateUpParallelLinear
     _options_type = _C.GateUpParallelLinearOptions
 
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        bias: bool = False,
-        *,
-        gather_output: bool = False,
-        sequence_parallel: bool = False,
-        sequence_dim: int = 0,
-        quant: QuantLike = None,
-        split: Optional["_C.SplitPolicy"] = None,
-        dtype: Optional[torch.dtype] = None,
-        device=None,
-        group: Optional["dist.ProcessGroup"] = None,
-        communicator: Optional["_C.Communicator"] = None,
-    ):
+    @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, **keywords):
         super().__init__(
-            _C.GateUpParallelLinear, _C.GateUpParallelLinearOptions(hidden_size, intermediate_size),
-            bias=bias, quant=quant, split=split, dtype=dtype, device=device, group=group, communicator=communicator,
-            gather_output=gather_output, sequence_parallel=sequence_parallel, sequence_dim=sequence_dim,
+            _C.GateUpParallelLinear, _C.GateUpParallelLinearOptions(hidden_size, intermediate_size), bias=bias,
+            **keywords,
         )
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

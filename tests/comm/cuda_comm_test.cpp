@@ -9,10 +9,10 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/cuda.h>
 
 #include <vector>
 
+#include "support/gpu_test_util.h"
 #include "support/test_util.h"
 #include "tp/comm/nccl_communicator.h"
 #include "tp/tp.h"
@@ -25,13 +25,9 @@
 
 using namespace tp;
 using tp::test::randn;
+using tp::test::require_gpu;
 
 namespace {
-
-void require_gpu() {
-  if (!torch::cuda::is_available())
-    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
-}
 
 const at::Device kCuda(at::kCUDA, 0);
 

@@ -5,22 +5,16 @@
 #include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include <vector>
 
+#include "support/gpu_test_util.h"
 #include "support/test_util.h"
 #include "tp/tp.h"
 
 using namespace tp;
 using tp::test::randn;
-
-namespace {
-void require_gpu() {
-  if (!torch::cuda::is_available())
-    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
-}
-}  // namespace
+using tp::test::require_gpu;
 
 TEST_CASE("Column and Row layers on CUDA match the float64 reference", "[cuda][layers]") {
   require_gpu();

@@ -20,19 +20,16 @@
 #include <iostream>
 #include <sstream>
 
+#include "support/hf_fixtures.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/models/causal_lm.h"
 
 using namespace tp;
+using tp::test::fixture_dir;
 
 namespace {
-
-std::string fixture_dir() {
-  const char* env = std::getenv("TP_HF_FIXTURES");
-  return env && *env ? env : TP_HF_FIXTURE_DIR;
-}
 
 // The folder's tensors with every linear projection replaced by the producer's
 // dequantized weight (and bias) from the reference file, under the float names.

@@ -33,6 +33,7 @@
 #include <sstream>
 
 #include "common/json_value.h"
+#include "support/hf_fixtures.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/loader/checkpoint.h"
@@ -41,13 +42,9 @@
 
 using namespace tp;
 using tp::detail::JsonValue;
+using tp::test::fixture_dir;
 
 namespace {
-
-std::string fixture_dir() {
-  const char* env = std::getenv("TP_HF_FIXTURES");
-  return env && *env ? env : TP_HF_FIXTURE_DIR;
-}
 
 const JsonValue& manifest() {
   static const JsonValue m = [] {

@@ -2,6 +2,7 @@
 parameters are the C++ module's tensors, and PyTorch's module API keeps them so."""
 
 import copy
+import inspect
 import pickle
 
 import pytest
@@ -89,6 +90,30 @@ def test_options_and_helpers():
     row = tp.RowParallelLinear(8, 4, all_reduce="process_group")
     assert row.options.all_reduce == tp.AllReduceStrategy.process_group
     assert tp.ColumnParallelLinear(4, 4, quant="none").options.quant.format == tp.QuantFormat.none
+
+
+@pytest.mark.parametrize(
+    "layer, args, own",
+    [
+        (tp.ColumnParallelLinear, (8, 4), ["gather_output", "sequence_parallel", "sequence_dim"]),
+        (tp.RowParallelLinear, (8, 4), ["input_is_parallel", "reduce_output", "all_reduce", "wire",
+                                        "sequence_parallel", "sequence_dim"]),
+        (tp.QKVParallelLinear, (32, 8, 4, 2), ["gather_output", "sequence_parallel", "sequence_dim"]),
+        (tp.GateUpParallelLinear, (8, 16), ["gather_output", "sequence_parallel", "sequence_dim"]),
+    ],
+)
+def test_layers_take_the_shared_keywords_and_name_a_misspelt_one(layer, args, own):
+    shared = ["quant", "split", "dtype", "device", "group", "communicator"]
+    params = inspect.signature(layer).parameters
+    keyword_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == own + shared
+    assert params["quant"].default is None and params["sequence_dim"].default == 0
+    built = layer(*args, sequence_parallel=True, sequence_dim=1, dtype=torch.float64, quant="none")
+    assert built.options.sequence_parallel and built.options.sequence_dim == 1
+    assert built.options.dtype == torch.float64
+    assert built.options.bias == (layer in (tp.ColumnParallelLinear, tp.RowParallelLinear))  # the defaults
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) dtpye; it takes .*dtype"):
+        layer(*args, dtpye=torch.float64)
 
 
 def test_load_weights_from_dict_and_checkpoint():

@@ -10,20 +10,16 @@
 #include "support/tp_catch.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
+#include "support/gpu_test_util.h"
 #include "support/quant_layer_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_config.h"
 
 using namespace tp;
+using tp::test::require_gpu;
 
 namespace {
-
-void require_gpu() {
-  if (!torch::cuda::is_available())
-    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
-}
 
 void check_on_cuda(const QuantConfig& config, at::ScalarType dtype, double tolerance) {
   INFO(to_string(config) << " " << c10::toString(dtype));

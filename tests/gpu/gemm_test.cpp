@@ -10,23 +10,19 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/cuda.h>
 
 #include <optional>
 
 #include "gpu/gemm.h"
+#include "support/gpu_test_util.h"
 #include "support/test_util.h"
 
 using namespace tp;
 using tp::test::randn;
 using tp::test::relative_error;
+using tp::test::require_gpu;
 
 namespace {
-
-void require_gpu() {
-  if (!torch::cuda::is_available())
-    FAIL("no CUDA device: run this test only on a GPU machine (the runner excludes [cuda])");
-}
 
 const at::Device kCuda(at::kCUDA, 0);
 
