@@ -18,12 +18,14 @@
 #include "cpu/dense/gemm.h"
 #include "cpu/dense/kernels.h"
 #include "cpu/features.h"
+#include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 
 using tp::cpu::DenseBackend;
 using tp::cpu::DenseGemm;
 using tp::cpu::DenseProblem;
 using tp::cpu::Isa;
+using tp::test::isas_here;
 
 namespace {
 
@@ -53,13 +55,6 @@ void require_within_bound(const at::Tensor& y, const at::Tensor& x, const at::Te
   REQUIRE(excess <= 0.0);
   // Not trivially within the bound: the result has the reference's magnitude.
   REQUIRE(y.to(at::kDouble).abs().max().item<double>() > 0.5 * ref.abs().max().item<double>());
-}
-
-std::vector<Isa> isas_here() {
-  std::vector<Isa> out{Isa::kScalar};
-  if (static_cast<int>(tp::cpu::max_isa()) >= static_cast<int>(Isa::kAvx2)) out.push_back(Isa::kAvx2);
-  if (tp::cpu::max_isa() == Isa::kAvx512) out.push_back(Isa::kAvx512);
-  return out;
 }
 
 using GemvF32 = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t,

@@ -19,6 +19,7 @@
 
 #include "cpu/features.h"
 #include "quant/fp8/cpu_kernels.h"
+#include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
@@ -28,17 +29,11 @@ using tp::cpu::Isa;
 namespace td = tp::detail;
 using Catch::Contains;
 
+using tp::test::isas_here;
+
 namespace {
 
 constexpr int64_t kBlock = 128;
-
-// Every code path this machine can run, forced through the dispatcher's argument.
-std::vector<Isa> isas() {
-  std::vector<Isa> out;
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
-  return out;
-}
 
 using DecodeFn = void (*)(const uint8_t*, int64_t, float, bool, float*);
 DecodeFn decoder(Isa isa) {
@@ -122,7 +117,7 @@ TEST_CASE("fp8 decode matches c10's E4M3 -> float bit for bit on all 256 codes",
   for (int rep = 0; rep < 3; ++rep)
     for (int b = 0; b < 256; ++b) codes.push_back(static_cast<uint8_t>((b * 7 + rep * 13) & 0xff));
   codes.resize(codes.size() - 19);  // not a multiple of any chunk
-  for (Isa isa : isas()) {
+  for (Isa isa : isas_here()) {
     // Unit, ordinary, tiny, subnormal and huge scales (2^121: 256 * scale overflows, so
     // the kernels take their two-product path).
     for (float scale : {1.0f, 0.0123f, 3.5e-5f, 7.0e3f, 1.0e-40f, std::ldexp(1.0f, 121)}) {
@@ -256,7 +251,7 @@ TEST_CASE("fp8 kernels match the float64 reference at edge shapes", "[quant][cpu
       for (int64_t m : {1, 2, 3, 17, 37, 70, 90}) {
         const at::Tensor x = test::randn({m, k}, ++seed).to(at::kFloat);
         const at::Tensor xq = quantize_activation(x, c.tensors, c.config);
-        for (Isa isa : isas()) {
+        for (Isa isa : isas_here()) {
           INFO(label(isa, format, m, n, k));
           const at::Tensor y = td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa);
           check_against_reference(y, xq, w_deq);
@@ -276,7 +271,7 @@ TEST_CASE("fp8 kernels match the float64 reference at Llama shapes", "[quant][cp
       const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
       for (int64_t m : {1, 16, 67, 100}) {
         const at::Tensor xq = quantize_activation(test::randn({m, k}, ++seed).to(at::kFloat), c.tensors, c.config);
-        for (Isa isa : isas()) {
+        for (Isa isa : isas_here()) {
           INFO(label(isa, format, m, n, k));
           check_against_reference(td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa), xq,
                                   w_deq);
@@ -300,7 +295,7 @@ TEST_CASE("fp8 kernels turn NaN codes into NaN outputs of their rows only", "[qu
   for (int64_t m : {1, 5, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, k}, 8).to(at::kFloat), c.tensors, c.config);
     const at::Tensor ref = at::linear(xq.to(at::kDouble), w_deq.to(at::kDouble));
-    for (Isa isa : isas()) {
+    for (Isa isa : isas_here()) {
       INFO(tp::cpu::to_string(isa) << " M=" << m);
       const at::Tensor y = td::fp8_linear_cpu(xq, w, c.scale, c.group, true, isa);
       CHECK(at::equal(at::isnan(y), at::isnan(ref)));
@@ -321,7 +316,7 @@ TEST_CASE("fp8 kernels take the scalar path for group sizes the SIMD chunks do n
     const at::Tensor scale = at::rand({n, groups}, at::kFloat) + 0.5;
     const at::Tensor w_deq = codes.to(at::kFloat) * scale.repeat_interleave(group, 1).narrow(1, 0, k);
     const at::Tensor xq = test::randn({3, k}, 22).to(at::kFloat);
-    for (Isa isa : isas()) {
+    for (Isa isa : isas_here()) {
       INFO(tp::cpu::to_string(isa) << " group " << group);
       check_against_reference(td::fp8_linear_cpu(xq, codes, scale, group, false, isa), xq, w_deq);
     }
@@ -333,7 +328,7 @@ TEST_CASE("fp8 kernels give the same bits at 1 and 2 threads", "[quant][cpu_kern
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 6, 90}) {
     const at::Tensor xq = quantize_activation(test::randn({m, 384}, 32).to(at::kFloat), c.tensors, c.config);
-    for (Isa isa : isas()) {
+    for (Isa isa : isas_here()) {
       INFO(tp::cpu::to_string(isa) << " M=" << m);
       at::set_num_threads(1);
       const at::Tensor one = td::fp8_linear_cpu(xq, c.tensors.at("weight"), c.scale, c.group, false, isa);

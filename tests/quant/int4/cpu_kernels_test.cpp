@@ -26,6 +26,7 @@
 #include "cpu/features.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/packing.h"
+#include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
@@ -33,19 +34,10 @@ using namespace tp;
 using namespace tp::detail;
 using Catch::Contains;
 
+using tp::test::isas_here;
+using tp::test::same_bits;
+
 namespace {
-
-std::vector<tp::cpu::Isa> isas() {
-  std::vector<tp::cpu::Isa> out;
-  for (tp::cpu::Isa isa : {tp::cpu::Isa::kScalar, tp::cpu::Isa::kAvx2, tp::cpu::Isa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
-  return out;
-}
-
-// Bitwise equality of two float32 tensors (at::equal would let -0 == +0 pass).
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kInt), b.contiguous().view(at::kInt));
-}
 
 // A float weight [n, k] whose rows differ in magnitude over ~2 decades, as
 // quantize_weight sees real layers.
@@ -100,7 +92,7 @@ TEST_CASE("int4 CPU decoders reproduce dequantize_weight bit for bit (GPTQ, AWQ;
                   : unpack_gptq(tensors.at("qweight"), tensors.at("qzeros"), tensors.at("scales"), GptqFormat::kV1);
           const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, g);
           CHECK(packed.scales.scalar_type() == at::kHalf);
-          for (tp::cpu::Isa isa : isas()) {
+          for (tp::cpu::Isa isa : isas_here()) {
             INFO(to_string(config) << " [" << n << ", " << k << "] " << to_string(isa));
             CHECK(same_bits(int4_cpu_decode(packed, isa), expected));
           }
@@ -120,7 +112,7 @@ TEST_CASE("int4 CPU decoders with float32 scales (not float16 values) reproduce 
   REQUIRE(packed.scales.scalar_type() == at::kFloat);
   const auto expected = dequantize_unpacked(u, g);
   const auto x = at::randn({5, k}, gen, at::kDouble).to(at::kFloat);
-  for (tp::cpu::Isa isa : isas()) {
+  for (tp::cpu::Isa isa : isas_here()) {
     INFO(to_string(isa));
     CHECK(same_bits(int4_cpu_decode(packed, isa), expected));
     for (int64_t m : {1, 5}) {
@@ -141,7 +133,7 @@ TEST_CASE("int4 CPU kernels are exact on exactly representable data at edge shap
     for (int64_t m : kRows) {
       const auto x = exact_x(m, s.k, ++seed);
       const auto expected = reference(x, w).to(at::kFloat);
-      for (tp::cpu::Isa isa : isas()) {
+      for (tp::cpu::Isa isa : isas_here()) {
         INFO("[" << s.n << ", " << s.k << "] g" << s.g << " M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(x, packed, isa), expected));
         // 16-bit activations (these x are bfloat16 and float16 values): the exact result,
@@ -169,7 +161,7 @@ TEST_CASE("int4 CPU kernels match the float64 reference on random data (edge sha
       for (int64_t m : kRows) {
         const auto x = test::randn({m, s.k}, ++seed).to(at::kFloat);
         const auto expected = reference(x, w);
-        for (tp::cpu::Isa isa : isas()) {
+        for (tp::cpu::Isa isa : isas_here()) {
           INFO(to_string(config) << " [" << s.n << ", " << s.k << "] M " << m << " " << to_string(isa));
           CHECK(test::relative_error(int4_cpu_linear(x, packed, isa), expected) < test::tolerance(at::kFloat));
         }
@@ -195,7 +187,7 @@ TEST_CASE("int4 CPU kernels are exact at the Llama-3-8B shapes (float32 and bflo
     const auto expected = at::matmul(x.to(at::kDouble), w.t()).to(at::kFloat);
     for (int64_t m : {1, 3, 17}) {
       const auto xm = x.narrow(0, 0, m);
-      for (tp::cpu::Isa isa : isas()) {
+      for (tp::cpu::Isa isa : isas_here()) {
         if (isa == tp::cpu::Isa::kScalar && m > 1) continue;  // the portable path: one size is enough here
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int4_cpu_linear(xm, packed, isa), expected.narrow(0, 0, m)));
@@ -212,7 +204,7 @@ TEST_CASE("int4 CPU kernels give the same bits on 1 and 2 threads", "[quant][cpu
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 4, 17}) {
     const auto x = test::randn({m, 512}, 401 + m).to(at::kFloat);
-    for (tp::cpu::Isa isa : isas()) {
+    for (tp::cpu::Isa isa : isas_here()) {
       INFO("M " << m << " " << to_string(isa));
       at::set_num_threads(1);
       const auto one = int4_cpu_linear(x, packed, isa);
@@ -228,7 +220,7 @@ TEST_CASE("int4 CPU kernels: empty inputs, shapes [..., K], and errors", "[quant
   const auto u = exact_weights(24, 64, 32, 500);
   const auto packed = int4_cpu_pack(u.codes, u.scale, u.zero, 32);
   const auto w = dequantize_unpacked(u, 32);
-  for (tp::cpu::Isa isa : isas()) {
+  for (tp::cpu::Isa isa : isas_here()) {
     INFO(to_string(isa));
     CHECK(int4_cpu_linear(at::empty({0, 64}), packed, isa).sizes() == at::IntArrayRef({0, 24}));
     const auto x = exact_x(6, 64, 501).view({2, 3, 64});

@@ -25,6 +25,7 @@
 
 #include "cpu/features.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
+#include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quantize.h"
 
@@ -32,21 +33,12 @@ using namespace tp;
 using namespace tp::detail;
 using Catch::Contains;
 
+using tp::test::isas_here;
+using tp::test::same_bits;
+
 namespace {
 
 const QuantConfig kWeightOnly{QuantFormat::kInt8WeightOnly};
-
-std::vector<tp::cpu::Isa> isas() {
-  std::vector<tp::cpu::Isa> out;
-  for (tp::cpu::Isa isa : {tp::cpu::Isa::kScalar, tp::cpu::Isa::kAvx2, tp::cpu::Isa::kAvx512})
-    if (static_cast<int>(isa) <= static_cast<int>(tp::cpu::max_isa())) out.push_back(isa);
-  return out;
-}
-
-// Bitwise equality of two float32 tensors (at::equal would let -0 == +0 pass).
-bool same_bits(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::equal(a.contiguous().view(at::kInt), b.contiguous().view(at::kInt));
-}
 
 at::Tensor reference(const at::Tensor& x, const at::Tensor& w) {
   return at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
@@ -92,7 +84,7 @@ TEST_CASE("int8_weight_only CPU decoders reproduce dequantize_weight bit for bit
     const auto tensors = quantize_weight(float_weight(n, k, ++seed), kWeightOnly);
     const auto expected = dequantize_weight(tensors, kWeightOnly);
     const auto packed = int8_wo_cpu_pack(tensors.at("weight"), tensors.at("weight_scale"));
-    for (tp::cpu::Isa isa : isas()) {
+    for (tp::cpu::Isa isa : isas_here()) {
       INFO("[" << n << ", " << k << "] " << to_string(isa));
       CHECK(same_bits(int8_wo_cpu_decode(packed, isa), expected));
     }
@@ -108,7 +100,7 @@ TEST_CASE("int8_weight_only CPU kernels are exact on exactly representable data 
     for (int64_t m : kRows) {
       const auto x = exact_x(m, k, ++seed);
       const auto expected = reference(x, e.w).to(at::kFloat);
-      for (tp::cpu::Isa isa : isas()) {
+      for (tp::cpu::Isa isa : isas_here()) {
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int8_wo_cpu_linear(x, packed, isa), expected));
         CHECK(at::equal(int8_wo_cpu_linear(x.to(at::kBFloat16), packed, isa), expected.to(at::kBFloat16)));
@@ -127,7 +119,7 @@ TEST_CASE("int8_weight_only CPU kernels match the float64 reference on random da
     for (int64_t m : kRows) {
       const auto x = test::randn({m, k}, ++seed).to(at::kFloat);
       const auto expected = reference(x, w);
-      for (tp::cpu::Isa isa : isas()) {
+      for (tp::cpu::Isa isa : isas_here()) {
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(test::relative_error(int8_wo_cpu_linear(x, packed, isa), expected) < test::tolerance(at::kFloat));
       }
@@ -146,7 +138,7 @@ TEST_CASE("int8_weight_only CPU kernels are exact at the Llama-3-8B shapes (floa
     const auto expected = reference(x, e.w).to(at::kFloat);
     for (int64_t m : {1, 3, 17}) {
       const auto xm = x.narrow(0, 0, m);
-      for (tp::cpu::Isa isa : isas()) {
+      for (tp::cpu::Isa isa : isas_here()) {
         if (isa == tp::cpu::Isa::kScalar && m > 1) continue;  // the portable path: one size is enough here
         INFO("[" << n << ", " << k << "] M " << m << " " << to_string(isa));
         CHECK(at::equal(int8_wo_cpu_linear(xm, packed, isa), expected.narrow(0, 0, m)));
@@ -163,7 +155,7 @@ TEST_CASE("int8_weight_only CPU kernels give the same bits on 1 and 2 threads", 
   const int threads = at::get_num_threads();
   for (int64_t m : {1, 4, 17}) {
     const auto x = test::randn({m, 520}, 401 + m).to(at::kFloat);
-    for (tp::cpu::Isa isa : isas()) {
+    for (tp::cpu::Isa isa : isas_here()) {
       INFO("M " << m << " " << to_string(isa));
       at::set_num_threads(1);
       const auto one = int8_wo_cpu_linear(x, packed, isa);
@@ -187,7 +179,7 @@ TEST_CASE(
   const auto packed = int8_wo_cpu_pack(e.q, e.scale);
   // The kernels read the layer's own weight: no copy.
   CHECK(packed.codes.const_data_ptr() == e.q.const_data_ptr());
-  for (tp::cpu::Isa isa : isas()) {
+  for (tp::cpu::Isa isa : isas_here()) {
     INFO(to_string(isa));
     CHECK(int8_wo_cpu_linear(at::empty({0, 40}), packed, isa).sizes() == at::IntArrayRef({0, 24}));
     const auto x = exact_x(6, 40, 501).view({3, 2, 40});
