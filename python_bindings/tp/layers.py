@@ -230,7 +230,24 @@ class _ParallelLinear(nn.Module):
         )
 
 
-class ColumnParallelLinear(_ParallelLinear):
+class _SplitLinear(_ParallelLinear):
+    """Column and Row: one weight [out_features, in_features] split along one dimension
+    (the output rows for Column, the input columns for Row)."""
+
+    in_features = property(lambda self: self._impl.options.in_features)
+    out_features = property(lambda self: self._impl.options.out_features)
+
+    def local_range(self) -> Tuple[int, int]:
+        """This rank's (begin, end) of the split dimension: its rows of the output
+        (Column), or its columns of the weight, i.e. its slice of the input (Row)."""
+        return tuple(self._impl.local_range())
+
+    def ranges(self):
+        """Every rank's (begin, end) of the split dimension, in rank order."""
+        return [tuple(r) for r in self._impl.ranges()]
+
+
+class ColumnParallelLinear(_SplitLinear):
     """y = x W^T + b with W's rows (output features) split over ranks.
 
     Input [..., in_features] (the same on every rank); output [..., local out] (this
@@ -252,19 +269,8 @@ class ColumnParallelLinear(_ParallelLinear):
             _C.ColumnParallelLinear, _C.ColumnParallelLinearOptions(in_features, out_features), bias=bias, **keywords
         )
 
-    in_features = property(lambda self: self._impl.options.in_features)
-    out_features = property(lambda self: self._impl.options.out_features)
 
-    def local_range(self) -> Tuple[int, int]:
-        """This rank's rows of the global output, (begin, end)."""
-        return tuple(self._impl.local_range())
-
-    def ranges(self):
-        """Every rank's (begin, end), in rank order."""
-        return [tuple(r) for r in self._impl.ranges()]
-
-
-class RowParallelLinear(_ParallelLinear):
+class RowParallelLinear(_SplitLinear):
     """y = x W^T + b with W's columns (input features) split over ranks.
 
     Input: this rank's slice [..., local in] (input_is_parallel, the output of a
@@ -299,17 +305,6 @@ class RowParallelLinear(_ParallelLinear):
             input_is_parallel=input_is_parallel, reduce_output=reduce_output,
             all_reduce=all_reduce_strategy(all_reduce), wire=wire_precision(wire), **keywords,
         )
-
-    in_features = property(lambda self: self._impl.options.in_features)
-    out_features = property(lambda self: self._impl.options.out_features)
-
-    def local_range(self) -> Tuple[int, int]:
-        """This rank's columns of the global weight (its slice of the input), (begin, end)."""
-        return tuple(self._impl.local_range())
-
-    def ranges(self):
-        """Every rank's input (begin, end), in rank order."""
-        return [tuple(r) for r in self._impl.ranges()]
 
 
 class QKVParallelLinear(_ParallelLinear):
@@ -381,7 +376,7 @@ class GateUpParallelLinear(_ParallelLinear):
 
 
 _FUSED = (QKVParallelLinear, GateUpParallelLinear)
-_PLAIN = (ColumnParallelLinear, RowParallelLinear)
+_PLAIN = (_SplitLinear,)
 
 
 def gather_weights(module: nn.Module, prefix: str = "") -> Dict[str, torch.Tensor]:
