@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "cpu/amx.h"
 #include "cpu/features.h"
 
 namespace tp::bench {
@@ -260,10 +261,11 @@ std::string MachineLimits::describe() const {
 std::string cpu_description() {
   const auto isa = tp::cpu::isa();
   return format(
-      "cpu: %s; isa %s (TP_CPU_ISA=%s); features: %s; ATen %s (ATEN_CPU_CAPABILITY=%s); "
+      "cpu: %s; isa %s (TP_CPU_ISA=%s); features: %s; amx tiles %s (%s); ATen %s (ATEN_CPU_CAPABILITY=%s); "
       "ONEDNN_MAX_CPU_ISA=%s MKL_ENABLE_INSTRUCTIONS=%s; torch threads %d",
       machine_description().c_str(), tp::cpu::to_string(isa), env_or_dash("TP_CPU_ISA"),
-      tp::cpu::features().describe().c_str(), at::get_cpu_capability().c_str(), env_or_dash("ATEN_CPU_CAPABILITY"),
+      tp::cpu::features().describe().c_str(), tp::cpu::amx_status().usable ? "usable" : "not usable",
+      tp::cpu::amx_status().why.c_str(), at::get_cpu_capability().c_str(), env_or_dash("ATEN_CPU_CAPABILITY"),
       env_or_dash("ONEDNN_MAX_CPU_ISA"), env_or_dash("MKL_ENABLE_INSTRUCTIONS"), at::get_num_threads());
 }
 
