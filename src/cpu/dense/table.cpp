@@ -28,8 +28,9 @@ constexpr DenseBackend kTiles = DenseBackend::kBf16Tiles;
 // - then the panels kernel, to M = 64 on Intel and at every M on AMD (MKL's SGEMM
 //   trails there at every M); past it at::linear (float32) or bf16_tiles (bfloat16
 //   without bf16 arithmetic, where ATen's bf16 GEMM is 2-6x slower than float32);
-// - bf16 arithmetic worth taking (AMX; AMD's AVX512_BF16): at::linear to M = 16 on
-//   Intel, oneDNN's packed weight above (on AMD from M = 5);
+// - bf16 arithmetic worth taking (AMX; AMD's AVX512_BF16): gemv to M = 4, oneDNN's
+//   packed weight above (on Intel AMX from M = 5 since 2026-12-03, where it had been
+//   at::linear to M = 16);
 // - with no packed copy allowed (TP_CPU_GEMM_PACK=0): gemv to M = 16 (W blocks reused
 //   from L2) and at every M on AMD's float32, then at::linear or bf16_tiles.
 // MKL's packed SGEMM is in no row (the panels kernel beats it wherever it was); it
@@ -51,7 +52,7 @@ DenseTable make_builtin() {
   add("intel", f32, false, false, {{16, kGemv}, {-1, kAt}});
   add("amd", f32, false, true, {{4, kGemv}, {-1, kPanels}});
   add("amd", f32, false, false, {{-1, kGemv}});
-  add("intel", bf16, true, true, {{4, kGemv}, {16, kAt}, {-1, kOneDnn}});
+  add("intel", bf16, true, true, {{4, kGemv}, {-1, kOneDnn}});
   add("intel", bf16, true, false, {{4, kGemv}, {-1, kAt}});
   add("amd", bf16, true, true, {{4, kGemv}, {-1, kOneDnn}});
   add("amd", bf16, true, false, {{4, kGemv}, {-1, kAt}});

@@ -442,11 +442,10 @@ TEST_CASE("cpu_gemm: the table", "[quant][cpu_kernels]") {
   REQUIRE(pick(64, at::kBFloat16, Isa::kAvx512, true, true) == DenseBackend::kAtLinear);
   for (const int64_t m : {2, 16}) REQUIRE(pick(m, at::kBFloat16, Isa::kAvx2, false, true) == DenseBackend::kGemv);
   p.allow_packs = true;
-  // bf16 with bf16 arithmetic: at::linear to M = 16, oneDNN above; on AMD (AVX512_BF16,
-  // no AMX) oneDNN from M = 5.
-  REQUIRE(pick(8, at::kBFloat16, Isa::kAvx512, true) == DenseBackend::kAtLinear);
-  REQUIRE(pick(16, at::kBFloat16, Isa::kAvx512, true) == DenseBackend::kAtLinear);
-  REQUIRE(pick(32, at::kBFloat16, Isa::kAvx512, true) == DenseBackend::kOneDnn);
+  // bf16 with bf16 arithmetic (AMX, or AMD's AVX512_BF16): oneDNN's packed weight from
+  // M = 5.
+  for (const int64_t m : {5, 8, 16, 32, 256})
+    REQUIRE(pick(m, at::kBFloat16, Isa::kAvx512, true) == DenseBackend::kOneDnn);
   REQUIRE(pick(4, at::kBFloat16, Isa::kAvx512, true, true) == DenseBackend::kGemv);
   for (const int64_t m : {5, 16, 256})
     REQUIRE(pick(m, at::kBFloat16, Isa::kAvx512, true, true) == DenseBackend::kOneDnn);
