@@ -235,8 +235,15 @@ struct Reference {
     if (row == "o") return qlinear(in.attn, to);
     if (row == "gate_up") return at::cat({qlinear(in.hidden, tg), qlinear(in.hidden, tu)}, -1);
     if (row == "down") return qlinear(in.inter, td);
-    const auto h = qlinear(qlinear(in.hidden, tq), to);
-    return qlinear(at::silu(qlinear(h, tg)) * qlinear(h, tu), td);
+    // The block as its layers are specified to run it: each layer's output in the dtype
+    // under test (the layers return it so), which the next layer's activation
+    // quantization then reads; SiLU(gate) * up in that dtype too (forward() above). A
+    // chain kept in float64 would hand the next quantizer values a rounding away from the
+    // layer's, and an activation code one step off is a whole FP8 / INT8 step of error.
+    const auto dt = in.hidden.scalar_type();
+    const auto out = [&](const at::Tensor& x, const QuantizedTensors& t) { return qlinear(x, t).to(dt); };
+    const auto h = out(out(in.hidden, tq), to);
+    return qlinear(at::silu(out(h, tg)) * out(h, tu), td);
   }
 };
 
