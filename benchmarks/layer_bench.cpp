@@ -174,6 +174,12 @@ at::Tensor rank_part(const std::string& row, const Layers& l, const BlockShape& 
 // checkpoint. Expected output (float64, CPU): at::linear on the full weights, or on
 // dequantize_weight of the stored tensors with quantize_activation of the input (what
 // the format's kernel computes, exactly).
+// How a TP run splits the row layers' input dimension (o, down): every rank's range.
+// Empty (TP 1, or not yet known): one slice, the whole input.
+struct RowSplits {
+  std::vector<Range> o, down;
+};
+
 struct Reference {
   QuantConfig quant;
   bool quantized = false;
@@ -192,10 +198,13 @@ struct Reference {
 
   // The expected output of `row` for every M, in float64 on the CPU. Only the weights
   // the row uses are widened, once for all M (a Llama-3-70B gate_up is 3.8 GB in float64).
-  std::map<int64_t, at::Tensor> expected(const std::string& row, const std::map<int64_t, Inputs>& inputs) const {
+  // Quantized formats at TP > 1 pass the run's `splits`: a row layer's ranks each
+  // quantize their own slice of its input (a per-token scale over that slice).
+  std::map<int64_t, at::Tensor> expected(const std::string& row, const std::map<int64_t, Inputs>& inputs,
+                                         const RowSplits& splits = {}) const {
     std::map<int64_t, at::Tensor> out;
     if (quantized) {
-      for (const auto& [m, in] : inputs) out[m] = quantized_chain(row, in);
+      for (const auto& [m, in] : inputs) out[m] = quantized_chain(row, in, splits);
       return out;
     }
     auto f64 = [](const at::Tensor& t) { return t.cpu().to(at::kDouble); };
@@ -230,11 +239,26 @@ struct Reference {
                       dequantize_weight(t, quant).to(at::kDouble));
   }
 
-  at::Tensor quantized_chain(const std::string& row, const Inputs& in) const {
+  // A row layer as its ranks run it: each its slice of x, quantized on its own, its
+  // partial output in x's dtype (what the layer hands the AllReduce), summed.
+  at::Tensor qlinear_rows(const at::Tensor& x, const QuantizedTensors& t, const std::vector<Range>& slices) const {
+    if (slices.size() <= 1) return qlinear(x, t);
+    const auto w = dequantize_weight(t, quant).to(at::kDouble);
+    const auto xc = x.cpu();
+    at::Tensor y = at::zeros({xc.size(0), w.size(0)}, at::kDouble);
+    for (const auto& r : slices) {
+      if (r.empty()) continue;
+      const auto xq = quantize_activation(xc.narrow(-1, r.begin, r.size()).contiguous(), t, quant);
+      y += at::linear(xq.to(at::kDouble), w.narrow(1, r.begin, r.size())).to(x.scalar_type()).to(at::kDouble);
+    }
+    return y;
+  }
+
+  at::Tensor quantized_chain(const std::string& row, const Inputs& in, const RowSplits& splits) const {
     if (row == "qkv") return at::cat({qlinear(in.hidden, tq), qlinear(in.hidden, tk), qlinear(in.hidden, tv)}, -1);
-    if (row == "o") return qlinear(in.attn, to);
+    if (row == "o") return qlinear_rows(in.attn, to, splits.o);
     if (row == "gate_up") return at::cat({qlinear(in.hidden, tg), qlinear(in.hidden, tu)}, -1);
-    if (row == "down") return qlinear(in.inter, td);
+    if (row == "down") return qlinear_rows(in.inter, td, splits.down);
     // The block as its layers are specified to run it: each layer's output in the dtype
     // under test (the layers return it so), which the next layer's activation
     // quantization then reads; SiLU(gate) * up in that dtype too (forward() above). A
@@ -242,8 +266,8 @@ struct Reference {
     // layer's, and an activation code one step off is a whole FP8 / INT8 step of error.
     const auto dt = in.hidden.scalar_type();
     const auto out = [&](const at::Tensor& x, const QuantizedTensors& t) { return qlinear(x, t).to(dt); };
-    const auto h = out(out(in.hidden, tq), to);
-    return qlinear(at::silu(out(h, tg)) * out(h, tu), td);
+    const auto h = qlinear_rows(out(in.hidden, tq), to, splits.o).to(dt);
+    return qlinear_rows(at::silu(out(h, tg)) * out(h, tu), td, splits.down);
   }
 };
 
@@ -339,7 +363,10 @@ struct TpRun {
   const Reference& ref;
   const std::map<int64_t, Inputs>& inputs;                                // by M
   const std::map<std::pair<int64_t, std::string>, at::Tensor>& expected;  // by (M, row), float64 CPU
-  const Checkpoint& ckpt_meta;                                            // the same file, for byte counts
+  // Quantized formats at TP > 1: the row layers' rows again, with this run's splits
+  // (written after the load: by rank 0 for ranks that are threads, else by each process).
+  std::map<std::pair<int64_t, std::string>, at::Tensor>& expected_split;
+  const Checkpoint& ckpt_meta;  // the same file, for byte counts
   int64_t tp;
   Progress& progress;
   std::vector<RowResult>& rows_out;
@@ -389,6 +416,19 @@ void TpRun::rank_body(Communicator& comm) const {
       load_out.shard_bytes = std::max(load_out.shard_bytes, static_cast<int64_t>(r[1]));
       load_out.peak_rss_delta = std::max(load_out.peak_rss_delta, static_cast<int64_t>(r[2]));
     }
+  }
+
+  if (ref.quantized && tp > 1) {
+    if (rank0 || config.ranks_are_processes) {
+      at::set_num_threads(total_threads);
+      const RowSplits splits{layers.o->ranges(), layers.down->ranges()};
+      for (const auto& row : config.rows) {
+        if (row != "o" && row != "down" && row != "block") continue;
+        for (auto& [m, y] : ref.expected(row, inputs, splits)) expected_split[{m, row}] = std::move(y);
+      }
+      at::set_num_threads(threads_per_rank);
+    }
+    comm.barrier();
   }
 
   const auto& timing = config.timing;
@@ -492,7 +532,9 @@ void TpRun::rank_body(Communicator& comm) const {
 
         // Correctness: this rank's output vs its part of the reference.
         const auto y = forward(row, layers, in).cpu().to(at::kDouble);
-        const auto want = rank_part(row, layers, config.shape, expected.at({m, row}));
+        const auto split = expected_split.find({m, row});
+        const auto want =
+            rank_part(row, layers, config.shape, split != expected_split.end() ? split->second : expected.at({m, row}));
         const double max_abs = y.numel() ? (y - want).abs().max().item<double>() : 0.0;
         const double err_norm = (y - want).norm().item<double>(), want_norm = want.norm().item<double>();
 
@@ -575,7 +617,9 @@ BenchResults run_bench(const BenchConfig& config, const RankLauncher& launcher) 
         load.written = file.written && tp == config.tp_sizes.front();
         load.write_s = load.written ? file.write_s : 0.0;
         std::vector<RowResult> rows;
-        TpRun run{config, format, dtype, file.path, ref, inputs, expected, ckpt, tp, progress, rows, load};
+        std::map<std::pair<int64_t, std::string>, at::Tensor> expected_split;
+        TpRun run{config,         format, dtype, file.path, ref,  inputs, expected,
+                  expected_split, ckpt,   tp,    progress,  rows, load};
         auto body = [&](Communicator& comm) { run.rank_body(comm); };
         if (launcher) {
           launcher(tp, body);
