@@ -431,8 +431,7 @@ int main(int argc, char** argv) {
         << "  reference: format none: at::linear on the full weights (errors vs the same in float64); quantized:\n"
         << "    the format's layers on one device (errors vs float64 at::linear on dequantize_weight of the stored\n"
         << "    tensors and quantize_activation of each layer's input, the block's intermediate outputs in the\n"
-        << "    dtype as the layers return them; at TP > 1 the row layers' per-rank activation scales are not "
-           "modelled)\n"
+        << "    dtype as the layers return them; at TP > 1 each rank of a row layer quantizes its own input slice)\n"
         << "  times: medians after " << config.timing.warmup << " warm-ups; " << config.timing.rounds
         << " alternating rounds of ref / TP / GEMM / comm, up to " << config.timing.max_iters << " iterations or ~"
         << config.timing.max_seconds << " s per side; TP sides: the slowest rank per iteration\n"
