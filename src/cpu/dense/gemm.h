@@ -7,13 +7,13 @@
 //   backend      what runs                                          prepacked weight
 //   at_linear    at::linear (MKL sgemm; ATen's / oneDNN's bf16 GEMM)  -
 //   onednn       oneDNN inner product on a weight reordered once     a copy of W in oneDNN's
-//                (mkldnn::_reorder_linear_weight / _linear_pointwise) blocked layout (1.0x W)
+//                (mkldnn::_reorder_linear_weight / _linear_pointwise) blocked layout (~ W's size)
 //   mkl_packed   MKL's packed SGEMM (cblas_sgemm_pack / _compute,    a copy of W in MKL's
-//                exported by LibTorch's MKL, found at run time)      panels (1.15-1.3x W)
+//                exported by LibTorch's MKL, found at run time)      panels (larger than W)
 //   gemv         own AVX2 / AVX-512 kernel for small M, threaded      -
 //                over N (cpu/dense/kernels.h): reads W once
 //   panels       own AVX2 / AVX-512 outer-product kernel, threaded     a copy of W in 16-column
-//                over N (cpu/dense/kernels.h): W read once per call   k-major panels (1.0x W)
+//                over N (cpu/dense/kernels.h): W read once per call   k-major panels (W's size)
 //   bf16_tiles   bfloat16 W widened to float32 one tile of rows at    -
 //                a time, float32 GEMM (at::mm) on the tile (machines
 //                without bf16 arithmetic)

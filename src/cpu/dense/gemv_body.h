@@ -43,8 +43,7 @@ inline float to_float(uint16_t v) {
 // fit the register file. AVX-512 (32 zmm): 4 x 6 for a group of 4 x rows (31 of 32;
 // 24 FMAs per 10 loads), else 4 W rows (one pass over W at M <= 4). AVX2 (16 ymm):
 // 4 x 3 + 3 = 15 (x an FMA memory operand); three rows of x take three W rows too,
-// not two: more rows of W streamed at once, 1.10-1.22x at M = 3 (Zen 4 capped to
-// AVX2, the four Llama shapes at TP 1, 2026-12-02).
+// not two: more rows of W streamed at once is faster there (benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes").
 template <Isa kIsa, int M>
 constexpr int kWRows = kIsa == Isa::kAvx512 ? (M == 4 ? 6 : 4) : (M <= 2 ? 4 : 3);
 
@@ -136,8 +135,8 @@ void gemv(const float* x, int64_t m, int64_t k, int64_t ld_x, const W* w, int64_
   // More rows: blocks of kRows x kDepth of W stay in L2 while every group of 4 rows
   // of x passes over them, so W is read from memory once; the group's x rows (4 x
   // kDepth floats) stay in L1. Partial sums of later K blocks are added into y.
-  // kRows a multiple of every R; kDepth 1024 halves the horizontal sums of 512 (M = 16,
-  // 4096 x 11008, 2 threads: 14.5 -> 12.8 ms with AVX-512, 21.7 -> 16.6 ms with AVX2).
+  // kRows a multiple of every R; kDepth 1024 halves the horizontal sums of 512 and was
+  // the faster of the two on both ISAs (benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes").
   constexpr int64_t kRows = 48, kDepth = 1024;
   for (int64_t nb = n0; nb < n1; nb += kRows) {
     const int64_t ne = nb + kRows < n1 ? nb + kRows : n1;

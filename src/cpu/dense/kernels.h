@@ -48,15 +48,14 @@ void gemv_bf16_avx512(const float* x, int64_t m, int64_t k, int64_t ld_x, const 
 // panel in registers for the whole K; one weight vector and one broadcast per row
 // feed rows FMAs, so the weight is loaded once per chunk and never summed across
 // lanes. K is walked as 4 interleaved quarters, so each thread reads 4 sequential
-// streams of W (one stream left the DRAM reads at ~20 GB/s of ~37). The first chunk
+// streams of W (one stream left the DRAM reads well below the machine's rate). The first chunk
 // streams the panel from memory (prefetched ahead); later chunks find it in L2. When
 // all of x would not stay in L2 (large M), K is cut into blocks that do (panels_linear,
 // cpu/dense/backends.cpp), and each block's partial sums are added into y.
 // Why not cpu/panel_gemm.h (the weight-only formats' GEMM, which decodes 256-k
-// chunks into an L1 buffer): with a copying "decoder" over these same panels it ran
-// 1.0-1.5x at::linear at M = 8-64 (11008 x 4096, AVX-512, 2 threads), this kernel
-// 1.2-3.2x: there each thread reads one stream, 16 KB at a time, and y is re-read
-// every 256 k.
+// chunks into an L1 buffer): with a copying "decoder" over these same panels it was
+// far slower than this kernel (there each thread reads one stream, 16 KB at a time,
+// and y is re-read every 256 k). Figures: benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes".
 constexpr int64_t kPanelCols = 16;
 constexpr int64_t kPanelRowsAvx2 = 6;         // 6 x 2 accumulators + 2 W + 1 broadcast of 16 ymm
 constexpr int64_t kPanelRowsAvx512 = 16;      // 16 accumulators + 1 W + 1 broadcast of 32 zmm
@@ -92,8 +91,8 @@ struct PanelTask {
   bool accumulate = false;
   /// The panel comes from memory (its first chunk): prefetch ahead along it. (Later
   /// chunks find it in L2. Pulling the next panel into L2 from them instead, spread
-  /// over their steps, was 15-20 % slower at M = 16 on AVX2, one thread: the
-  /// prefetches take the fill buffers the L2 -> L1 loads need.)
+  /// over their steps, was slower: the prefetches take the fill buffers the L2 -> L1
+  /// loads need; benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes".)
   bool stream = false;
   /// Large M (panels_linear's K blocks): bytes of the next task's panels that this
   /// chunk pulls into L2 while it computes (from prefetch_next, and as much again

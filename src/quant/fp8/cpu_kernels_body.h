@@ -99,8 +99,8 @@ inline typename V<kIsa>::F half_vector(const uint16_t* h, int v) {
 // stored into the ring's other slot, so no reload waits on its store. Per scale group,
 // each row's partial sum (of the values / 256) is multiplied by 256 and the scale
 // into the row's total. (Widening from registers needs a lane extraction per vector:
-// 19 instead of 17 vector ops per 64 codes, ~1.5x slower with the weight in L2; a
-// whole block decoded ahead made the reloads wait on the stores.)
+// 19 instead of 17 vector ops per 64 codes, slower with the weight in L2; a whole
+// block decoded ahead made the reloads wait on the stores. benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes".)
 // The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
 // each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
 // boundaries, so without this every row would start with cold misses.

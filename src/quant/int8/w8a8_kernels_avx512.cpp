@@ -26,7 +26,8 @@ constexpr MicroFn kTiles[4][8] = {
 // M = 1: eight weight rows per pass over x; otherwise 4 x rows x 4 weight rows
 // (16 accumulators, 4 |w|, 4 sign masks).
 constexpr Shape kSignShape = {8, 4, 4};
-// 4 x 4: 16 accumulators (GCC 12 handles 4 x 6 with a store per vpdpbusd, 1.7x slower).
+// 4 x 4: 16 accumulators (GCC 12 compiles 4 x 6 with a store per vpdpbusd, which is
+// slower: benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes").
 constexpr Shape kVnniShape = {8, 4, 4};
 
 }  // namespace
