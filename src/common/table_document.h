@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 
+#include <c10/util/Exception.h>
+
 #include "common/json_reader.h"
 
 namespace tp::detail {
@@ -113,6 +115,32 @@ inline void write_measured(std::ostream& out, const char* key,
     out << "}";
   }
   out << "}";
+}
+
+/// The table `json` holds: read_table_document with `parse_entry(in, where)` returning
+/// each Table entry, then Table::validate(). A malformed document is a c10::ValueError
+/// "<what> <source>: <why>".
+template <typename Table, typename ParseEntry>
+Table parse_table(const std::string& json, const std::string& source, const char* what, const std::string& format,
+                  ParseEntry&& parse_entry) {
+  Table t;
+  t.source = source;
+  try {
+    read_table_document(json, what, format,
+                        [&](JsonReader& in, const std::string& where) { t.entries.push_back(parse_entry(in, where)); });
+  } catch (const FormatError& e) {
+    TORCH_CHECK_VALUE(false, what, " ", source, ": ", e.what());
+  }
+  t.validate();
+  return t;
+}
+
+/// The text of the table file at `path`; a c10::ValueError "<what> <path>: cannot be
+/// opened (<hint>)" when it cannot be.
+inline std::string read_table_file(const std::string& path, const char* what, const std::string& hint) {
+  auto text = read_whole_file(path);
+  TORCH_CHECK_VALUE(text.has_value(), what, " ", path, ": cannot be opened (", hint, ")");
+  return std::move(*text);
 }
 
 }  // namespace tp::detail

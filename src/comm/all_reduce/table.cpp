@@ -61,10 +61,6 @@ AllReduceTable make_builtin() {
 }
 
 /// The FormatError of the JSON reader, as the error a user sees.
-[[noreturn]] void bad_table(const std::string& source, const std::string& what) {
-  TORCH_CHECK_VALUE(false, "all-reduce table ", source, ": ", what);
-}
-
 AllReduceRule parse_rule(detail::JsonReader& in, const std::string& where) {
   AllReduceRule rule;
   bool have_max = false, have_strategy = false;
@@ -155,26 +151,15 @@ const AllReduceTable& AllReduceTable::builtin() {
 }
 
 AllReduceTable AllReduceTable::parse(const std::string& json, const std::string& source) {
-  AllReduceTable t;
-  t.source = source;
-  try {
-    detail::read_table_document(
-        json, "all-reduce table", "tp-allreduce-table",
-        [&](detail::JsonReader& in, const std::string& where) { t.entries.push_back(parse_entry(in, where)); });
-  } catch (const detail::FormatError& e) {
-    bad_table(source, e.what());
-  }
-  t.validate();
-  return t;
+  return detail::parse_table<AllReduceTable>(json, source, "all-reduce table", "tp-allreduce-table", parse_entry);
 }
 
 AllReduceTable AllReduceTable::load(const std::string& path) {
-  const auto text = detail::read_whole_file(path);
-  TORCH_CHECK_VALUE(text.has_value(), "all-reduce table ", path,
-                    ": cannot be opened (check CommunicatorOptions::all_reduce_table or "
-                    "TP_ALLREDUCE_TABLE; write one with tp-allreduce-bench --tune ",
-                    path, ")");
-  return parse(*text, path);
+  return parse(detail::read_table_file(path, "all-reduce table",
+                                       "check CommunicatorOptions::all_reduce_table or TP_ALLREDUCE_TABLE; write one "
+                                       "with tp-allreduce-bench --tune " +
+                                           path),
+               path);
 }
 
 void AllReduceTable::validate() const {

@@ -74,10 +74,6 @@ std::string describe(const DenseTableEntry& e) {
          (e.packs ? ", packs" : ", no packs") + ")";
 }
 
-[[noreturn]] void bad_table(const std::string& source, const std::string& what) {
-  TORCH_CHECK_VALUE(false, "CPU GEMM table ", source, ": ", what);
-}
-
 bool parse_bool(detail::JsonReader& in, const std::string& where) {
   if (in.consume_literal("true")) return true;
   if (in.consume_literal("false")) return false;
@@ -187,24 +183,13 @@ const DenseTable& DenseTable::active() {
 }
 
 DenseTable DenseTable::parse(const std::string& json, const std::string& source) {
-  DenseTable t;
-  t.source = source;
-  try {
-    detail::read_table_document(
-        json, "CPU GEMM table", "tp-cpu-gemm-table",
-        [&](detail::JsonReader& in, const std::string& where) { t.entries.push_back(parse_entry(in, where)); });
-  } catch (const detail::FormatError& e) {
-    bad_table(source, e.what());
-  }
-  t.validate();
-  return t;
+  return detail::parse_table<DenseTable>(json, source, "CPU GEMM table", "tp-cpu-gemm-table", parse_entry);
 }
 
 DenseTable DenseTable::load(const std::string& path) {
-  const auto text = detail::read_whole_file(path);
-  TORCH_CHECK_VALUE(text.has_value(), "CPU GEMM table ", path,
-                    ": cannot be opened (check TP_CPU_GEMM_TABLE; write one with tp-cpu-gemm-bench --tune ", path, ")");
-  return parse(*text, path);
+  return parse(detail::read_table_file(path, "CPU GEMM table",
+                                       "check TP_CPU_GEMM_TABLE; write one with tp-cpu-gemm-bench --tune " + path),
+               path);
 }
 
 void DenseTable::validate() const {
