@@ -18,7 +18,8 @@
 // - int8_w8a8: x is quantized per token (scale = amax / 127, round half to even, clamp
 //   to +-127: w8a8_quantize_per_token, bit for bit the ATen helper below that
 //   quantize_activation uses), tp's own kernels compute the exact int32 products
-//   (w8a8_kernels.h: AVX2 / AVX-VNNI / AVX-512 (VNNI) / scalar, chosen at run time),
+//   (w8a8_kernels.h: AMX int8 tiles from M = 4 where usable, else AVX2 / AVX-VNNI /
+//   AVX-512 (VNNI) / scalar, chosen at run time; all give the same bits),
 //   then y = acc * x_scale[M, 1] * weight_scale[1, N] in float32, cast to x's dtype.
 //   The VNNI kernels need sum_k weight[n, k], computed by finalize(); a weight or
 //   scale written in place since has them, and the float scales, made again on the

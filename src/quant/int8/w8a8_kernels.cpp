@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
@@ -40,6 +42,7 @@ const char* to_string(W8a8Kernel kernel) {
     case W8a8Kernel::kAvx2Vnni: return "avx2_vnni";
     case W8a8Kernel::kAvx512: return "avx512";
     case W8a8Kernel::kAvx512Vnni: return "avx512_vnni";
+    case W8a8Kernel::kAmx: return "amx";
   }
   return "unknown";
 }
@@ -53,6 +56,7 @@ bool w8a8_kernel_supported(W8a8Kernel kernel) {
     case W8a8Kernel::kAvx2Vnni: return isa >= cpu::Isa::kAvx2 && f.avx_vnni;
     case W8a8Kernel::kAvx512: return isa >= cpu::Isa::kAvx512;
     case W8a8Kernel::kAvx512Vnni: return isa >= cpu::Isa::kAvx512 && f.avx512vnni;
+    case W8a8Kernel::kAmx: return cpu::amx_status().usable;
   }
   return false;
 }
@@ -62,6 +66,24 @@ W8a8Kernel w8a8_best_kernel() {
     if (w8a8_kernel_supported(k)) return k;
   }
   return W8a8Kernel::kScalar;
+}
+
+W8a8Kernel w8a8_best_kernel(int64_t m) {
+  return m >= kW8a8AmxMinM && w8a8_kernel_supported(W8a8Kernel::kAmx) ? W8a8Kernel::kAmx : w8a8_best_kernel();
+}
+
+int64_t w8a8_amx_x_bytes(int64_t m, int64_t k) { return (m + 15) / 16 * ((k + 63) / 64) * 1024; }
+
+void w8a8_pack_x_amx(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, int8_t* xb) {
+  const int64_t kblocks = (k + 63) / 64;
+  std::fill(xb, xb + w8a8_amx_x_bytes(m, k), int8_t{0});
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* src = q + i * ld_q;
+    int8_t* tiles = xb + (i / 16) * kblocks * 1024 + (i % 16) * 4;
+    const int64_t k4 = k / 4 * 4;
+    for (int64_t c = 0; c < k4; c += 4) std::memcpy(tiles + (c / 64) * 1024 + ((c % 64) / 4) * 64, src + c, 4);
+    for (int64_t c = k4; c < k; ++c) tiles[(c / 64) * 1024 + ((c % 64) / 4) * 64 + c % 4] = src[c];
+  }
 }
 
 void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offset, uint8_t* xp) {
@@ -166,6 +188,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
                     " is not available on this CPU (TP_CPU_ISA cap ", to_string(cpu::isa()),
                     "; features: ", cpu::features().describe(), ")");
   // The VNNI sums of (x + 128) w would overflow first: larger K takes the sign kernel.
+  // (The AMX sums are of x w alone, exact up to kMaxK.)
   if (is_vnni(kernel) && k > kMaxKVnni)
     kernel = kernel == W8a8Kernel::kAvx512Vnni ? W8a8Kernel::kAvx512 : W8a8Kernel::kAvx2;
   at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
@@ -199,6 +222,22 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
                        [&](int64_t n0, int64_t n1) { w8a8_gemm_scalar(qp, m, k, xsp, view, out, n, n0, n1); });
     return y;
   }
+  if (kernel == W8a8Kernel::kAmx) {
+    if (k == 0) return y.zero_();  // no tile step to start the sums from
+    // The weight's partial last 64 columns, zero padded, so no tile reads past a row.
+    at::Tensor tail;
+    if (k % 64 != 0) {
+      tail = at::zeros({n, 64}, wc.options());
+      tail.narrow(1, 0, k % 64).copy_(wc.narrow(1, k - k % 64, k % 64));
+    }
+    at::Tensor xb = at::empty({w8a8_amx_x_bytes(m, k)}, q.options().dtype(at::kChar));
+    w8a8_pack_x_amx(qc.data_ptr<int8_t>(), m, k, k, xb.data_ptr<int8_t>());
+    const auto* xbp = reinterpret_cast<const uint8_t*>(xb.data_ptr<int8_t>());
+    const int8_t* tailp = tail.defined() ? tail.data_ptr<int8_t>() : nullptr;
+    // Units of 32 rows: one 2-tile block of weight rows.
+    cpu::parallel_rows(n, 32, [&](int64_t n0, int64_t n1) { w8a8_gemm_amx(xbp, m, xsp, view, tailp, out, n, n0, n1); });
+    return y;
+  }
   const int64_t kpad = cpu::round_up(std::max<int64_t>(k, 1), kW8a8KPad);
   at::Tensor xp = at::empty({m, kpad}, q.options().dtype(at::kByte));
   w8a8_pack_x(qc.data_ptr<int8_t>(), m, k, k, is_vnni(kernel), xp.data_ptr<uint8_t>());
@@ -211,7 +250,8 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     case W8a8Kernel::kAvx2Vnni: fn = &w8a8_gemm_avx2_vnni; break;
     case W8a8Kernel::kAvx512: fn = &w8a8_gemm_avx512; break;
     case W8a8Kernel::kAvx512Vnni: fn = &w8a8_gemm_avx512_vnni; break;
-    case W8a8Kernel::kScalar: break;
+    case W8a8Kernel::kScalar:
+    case W8a8Kernel::kAmx: break;
   }
   TORCH_INTERNAL_ASSERT(fn != nullptr);
   cpu::parallel_rows(n, kUnitRows, [&](int64_t n0, int64_t n1) { fn(xpp, m, kpad, xsp, view, out, n, n0, n1); });
@@ -220,7 +260,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
 
 at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
                            const at::Tensor& w_scale, const at::Tensor& row_sums) {
-  return w8a8_linear_cpu(q, x_scale, w, w_scale, row_sums, w8a8_best_kernel());
+  return w8a8_linear_cpu(q, x_scale, w, w_scale, row_sums, w8a8_best_kernel(q.size(0)));
 }
 
 }  // namespace tp::detail

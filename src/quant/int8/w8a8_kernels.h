@@ -16,6 +16,9 @@
 //   not saturating) on x + 128 (0..255) and the raw weight; the sum over k of 128 w[r, k]
 //   that this adds is subtracted in the epilogue (row_sum, computed once per weight,
 //   w8a8_row_sums). One op per 32 (64) products and row pair.
+// - kAmx: AMX int8 tiles (TDPBSSD, signed x signed, exact int32), where
+//   cpu::amx_status().usable; the weight is read in place as the tiles' A operand and
+//   x packed per call (w8a8_kernels_amx.cpp). The choice for M >= kW8a8AmxMinM.
 // - kScalar: the portable reference.
 // Blocking: a register tile of 4 x rows x 2-6 weight rows (1 x 4-8 at M = 1) over the
 // whole K; x rows in blocks that stay in L2, the weight rows of a tile in L1 while every
@@ -35,14 +38,21 @@ class Tensor;
 namespace tp::detail {
 
 /// A W8A8 code path; see the header comment.
-enum class W8a8Kernel { kScalar, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni };
+enum class W8a8Kernel { kScalar, kAvx2, kAvx2Vnni, kAvx512, kAvx512Vnni, kAmx };
 
-/// "scalar", "avx2", "avx2_vnni", "avx512", "avx512_vnni".
+/// "scalar", "avx2", "avx2_vnni", "avx512", "avx512_vnni", "amx".
 const char* to_string(W8a8Kernel kernel);
 /// Whether this CPU can run `kernel` (also under the TP_CPU_ISA cap).
 bool w8a8_kernel_supported(W8a8Kernel kernel);
-/// The fastest kernel cpu::isa() and the CPU's features allow.
+/// The fastest vector kernel cpu::isa() and the CPU's features allow.
 W8a8Kernel w8a8_best_kernel();
+/// The kernel for M rows: AMX from kW8a8AmxMinM rows where usable, else the above.
+W8a8Kernel w8a8_best_kernel(int64_t m);
+
+/// Fewest rows of x for which the AMX kernel is chosen: below it a tile of 16 tokens is
+/// mostly padding and the VNNI kernel, already at the memory limit, is as fast
+/// (benchmarks/RESULTS.md, "AMX int8 tiles for W8A8").
+constexpr int64_t kW8a8AmxMinM = 4;
 
 /// An int8 weight as the kernels read it (a view; the caller owns the memory).
 struct W8a8WeightView {
@@ -66,6 +76,13 @@ constexpr int64_t kW8a8KPad = 64;
 /// on it).
 void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offset, uint8_t* xp);
 
+/// q [m, k] int8 (row stride ld_q) -> xb, AMX's B layout for the kAmx kernel: per 16
+/// rows t and 64 columns kb, a 1024-byte tile whose row r holds, for each of the 16 rows
+/// j, the 4 bytes q[16 t + j, 64 kb + 4 r .. + 3]; tiles [ceil(m / 16), ceil(k / 64)]
+/// in that order, zero padded. Returns ceil(m / 16) * ceil(k / 64) * 1024 bytes.
+int64_t w8a8_amx_x_bytes(int64_t m, int64_t k);
+void w8a8_pack_x_amx(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, int8_t* xb);
+
 // The per-path kernels: y[i, r] for i < m, r in [n0, n1) (each writes only its own
 // columns of y, so threads can split [0, n)). The SIMD ones take x packed by
 // w8a8_pack_x (offset for the VNNI ones, ld_xp >= round_up(k, 64)); the scalar one the
@@ -80,6 +97,10 @@ void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* 
                       float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                            float* y, int64_t ld_y, int64_t n0, int64_t n1);
+/// xb packed by w8a8_pack_x_amx; w_tail [n, 64]: the weight's last k % 64 columns zero
+/// padded (null when 64 divides k). The weight rows are otherwise read in place.
+void w8a8_gemm_amx(const uint8_t* xb, int64_t m, const float* x_scale, const W8a8WeightView& w, const int8_t* w_tail,
+                   float* y, int64_t ld_y, int64_t n0, int64_t n1);
 
 /// Per-token symmetric int8 of x [M, K] float32, bit for bit the INT8 method's
 /// quantization (and quantize_activation's): scale [M, 1] = amax / 127 (1 where amax is
@@ -98,7 +119,7 @@ at::Tensor w8a8_row_sums(const at::Tensor& w);
 /// computed here, costing a pass over w). Returns [M, N] float32.
 at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
                            const at::Tensor& w_scale, const at::Tensor& row_sums, W8a8Kernel kernel);
-/// The same with w8a8_best_kernel().
+/// The same with w8a8_best_kernel(M).
 at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
                            const at::Tensor& w_scale, const at::Tensor& row_sums);
 

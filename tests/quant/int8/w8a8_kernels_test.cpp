@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/features.h"
+#include "cpu/kernel_counts.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
@@ -30,8 +32,8 @@ namespace {
 
 std::vector<W8a8Kernel> kernels() {
   std::vector<W8a8Kernel> out;
-  for (W8a8Kernel k :
-       {W8a8Kernel::kScalar, W8a8Kernel::kAvx2, W8a8Kernel::kAvx2Vnni, W8a8Kernel::kAvx512, W8a8Kernel::kAvx512Vnni})
+  for (W8a8Kernel k : {W8a8Kernel::kScalar, W8a8Kernel::kAvx2, W8a8Kernel::kAvx2Vnni, W8a8Kernel::kAvx512,
+                       W8a8Kernel::kAvx512Vnni, W8a8Kernel::kAmx})
     if (td::w8a8_kernel_supported(k)) out.push_back(k);
   return out;
 }
@@ -101,6 +103,51 @@ TEST_CASE("w8a8 kernels equal the exact int32 reference at Llama shapes", "[quan
       check_exact(q, positive_scales(m, ++seed), w, ws);
     }
   }
+}
+
+TEST_CASE("w8a8 AMX kernel is exact across its tiles, blocks, K chunks and token passes", "[quant][cpu_kernels]") {
+  // The AMX kernel's own boundaries: 16-row weight tiles and 32-row blocks (N = 1, 17,
+  // 33, 50 leave partial tiles of every kind), 16-token tiles and 32-token blocks,
+  // 256-token passes over the weight (M = 257, 300), K in 64-byte steps with a partial
+  // last step and in 4096-byte chunks (K = 4100, 8259). -128 in x too: the signed x
+  // signed tiles need no restricted range.
+  if (!td::w8a8_kernel_supported(W8a8Kernel::kAmx)) {
+    WARN("AMX not usable here (" << tp::cpu::amx_status().why << "): the AMX kernel is not run");
+    return;
+  }
+  uint64_t seed = 900;
+  for (int64_t k : {4, 70, 4100, 8259}) {
+    for (int64_t n : {1, 17, 33, 50}) {
+      const at::Tensor w = int8_uniform({n, k}, -128, 127, ++seed);
+      const at::Tensor ws = positive_scales(n, ++seed);
+      for (int64_t m : {4, 16, 31, 33, 70, 257, 300}) {
+        if (k > 4096 && m > 70 && n > 17) continue;  // the big passes once per K is enough
+        const at::Tensor q = int8_uniform({m, k}, -128, 127, ++seed);
+        const at::Tensor xs = positive_scales(m, ++seed);
+        const at::Tensor ref = reference(q, xs, w, ws);
+        INFO(label(W8a8Kernel::kAmx, m, n, k));
+        const at::Tensor y = td::w8a8_linear_cpu(q, xs, w, ws, at::Tensor(), W8a8Kernel::kAmx);
+        CHECK(y.ne(ref).sum().item<int64_t>() == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("w8a8 takes the AMX kernel from kW8a8AmxMinM rows where AMX is usable", "[quant][cpu_kernels]") {
+  const bool amx = tp::cpu::amx_status().usable;
+  INFO("amx: " << tp::cpu::amx_status().why);
+  CHECK(td::w8a8_best_kernel(td::kW8a8AmxMinM - 1) == td::w8a8_best_kernel());
+  CHECK((td::w8a8_best_kernel(td::kW8a8AmxMinM) == W8a8Kernel::kAmx) == amx);
+  // Through the INT8 method, as a bf16 layer runs it: the kernel counter says which ran.
+  auto method = make_quant_method(QuantConfig{QuantFormat::kInt8W8A8});
+  torch::nn::Module layer;
+  method->create_weights(layer, 48, 256, at::TensorOptions().dtype(at::kBFloat16));
+  method->reset_parameters(256);
+  const auto before = tp::cpu::kernel_counts();
+  method->apply(test::randn({16, 256}, 3).to(at::kBFloat16), std::nullopt);
+  const std::string ran = tp::cpu::kernels_between(before, tp::cpu::kernel_counts());
+  CHECK(ran == std::string("w8a8/") + td::to_string(amx ? W8a8Kernel::kAmx : td::w8a8_best_kernel()));
+  if (!amx) WARN("AMX not usable here (" << tp::cpu::amx_status().why << "): the vector kernel ran");
 }
 
 TEST_CASE("w8a8 kernels stay exact at the extreme values and the largest K", "[quant][cpu_kernels]") {
@@ -231,7 +278,9 @@ TEST_CASE("w8a8_linear_cpu rejects what the kernels cannot compute exactly", "[q
   at::Tensor q = int8_uniform({2, 64}, -127, 127, 24);
   q[1][10] = -128;
   for (W8a8Kernel kernel : kernels()) {
-    if (kernel == W8a8Kernel::kScalar) continue;  // exact for -128 too; only the SIMD kernels need the range
+    // The scalar and AMX kernels (signed x signed products) are exact for -128 too; only
+    // the vector kernels' unsigned-times-signed tricks need the quantizer's range.
+    if (kernel == W8a8Kernel::kScalar || kernel == W8a8Kernel::kAmx) continue;
     INFO(td::to_string(kernel));
     REQUIRE_THROWS_WITH(td::w8a8_linear_cpu(q, xs, w, ws, at::Tensor(), kernel), Contains("holds -128"));
   }
