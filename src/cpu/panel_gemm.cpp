@@ -1,5 +1,6 @@
 #include "cpu/panel_gemm.h"
 
+#include "cpu/amx.h"
 #include "cpu/parallel.h"
 
 #include <ATen/ATen.h>
@@ -143,6 +144,33 @@ at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const c
   auto y = at::empty({x2.size(0), n}, x2.options());
   if (y.numel() > 0) run(x2.const_data_ptr<float>(), x2.size(0), y.mutable_data_ptr<float>());
   return y.to(x.scalar_type()).view(out_shape);
+}
+
+bool panel_amx_bf16_applies(const at::Tensor& x, Isa isa) {
+  return x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.dim() >= 1 && isa == Isa::kAvx512 &&
+         x.numel() / std::max<int64_t>(x.size(-1), 1) >= kPanelAmxMinM && amx_status().usable;
+}
+
+at::Tensor panel_linear_amx_bf16(const at::Tensor& x, const PanelWeight& w, int64_t panels, const char* what) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == w.k, what, ": x has shape ", x.sizes(), "; expected [..., ", w.k,
+                    "] (in_features)");
+  TORCH_INTERNAL_ASSERT(amx_status().usable && x.scalar_type() == at::kBFloat16);
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = w.n;
+  const at::Tensor x2 = x.reshape({-1, w.k});
+  const int64_t m = x2.size(0), kpad = round_up(std::max<int64_t>(w.k, 1), 32);
+  // x zero padded to whole 32-k tile steps (its padding meets the weight's zero rows).
+  at::Tensor xa = at::zeros({m, kpad}, x2.options());
+  xa.narrow(1, 0, w.k).copy_(x2);
+  at::Tensor y = at::empty({m, w.n}, x2.options().dtype(at::kFloat));
+  if (w.k == 0) y.zero_();
+  if (y.numel() > 0 && w.k > 0) {
+    const auto* xp = reinterpret_cast<const uint16_t*>(xa.const_data_ptr<at::BFloat16>());
+    float* yp = y.mutable_data_ptr<float>();
+    parallel_over_panels(panels, m, w.k, 2,
+                         [&](int64_t p0, int64_t p1) { panel_gemm_amx_bf16_range(xp, m, kpad, w, yp, w.n, p0, p1); });
+  }
+  return y.to(at::kBFloat16).view(out_shape);
 }
 
 }  // namespace tp::cpu

@@ -97,6 +97,27 @@ void check_isa(Isa isa, const char* what);
 at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const char* what,
                               const std::function<void(const float* x, int64_t m, float* y)>& run);
 
+/// Fewest rows of x for which bf16 layers take the AMX tiles (below it the formats'
+/// rows kernels, which stream the weight once at the memory limit, are as fast:
+/// benchmarks/RESULTS.md, "AMX bf16 tiles for the weight-only formats").
+inline constexpr int64_t kPanelAmxMinM = 5;
+
+/// Whether a weight-only layer runs x on the AMX bf16 tiles: x bfloat16 with at least
+/// kPanelAmxMinM rows, `isa` avx512 (the decoder's), and amx_status().usable.
+bool panel_amx_bf16_applies(const at::Tensor& x, Isa isa);
+
+/// y = x W^T for bfloat16 x [..., K] on AMX bf16 tiles, threaded over panels: W decoded by
+/// w.decode (the AVX-512 decoder) and rounded to bfloat16 (to nearest even: the bf16
+/// layer's dequantized weight, as at::linear on it would take it), the products exact and
+/// summed in float32 by TDPBF16PS, y rounded to bfloat16 once. Only where
+/// panel_amx_bf16_applies (cpu/panel_gemm_amx.cpp).
+at::Tensor panel_linear_amx_bf16(const at::Tensor& x, const PanelWeight& w, int64_t panels, const char* what);
+
+/// The tiles' loop for panels [p0, p1) (single-threaded): xa bf16 [m, >= round_up(K, 32)]
+/// (row stride ld_xa, zero past K), y [m, N] float32 (row stride ld_y).
+void panel_gemm_amx_bf16_range(const uint16_t* xa, int64_t m, int64_t ld_xa, const PanelWeight& w, float* y,
+                               int64_t ld_y, int64_t p0, int64_t p1);
+
 /// The microkernels: y[r, c] (+)= sum_{kk < kc} x[r, kk] * buf[kk, c] for r < m and
 /// c < ncols (<= 16 np, the valid columns); `accumulate` adds to y instead of
 /// overwriting it. xp points at k0 of the first packed block (panel_pack_x), block

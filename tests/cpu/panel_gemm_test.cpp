@@ -2,7 +2,8 @@
 // directly under every ISA this CPU has, with a decoder that reads a plain float
 // weight: against float64 at edge shapes (N off the 16-column panel and AVX-512's
 // panel pairs, M off every row tile, K off the 256-deep chunks and the vector width),
-// strided x and y, and only the asked-for panels' columns written.
+// strided x and y, and only the asked-for panels' columns written; and its AMX bf16
+// tile path (cpu/panel_gemm_amx.cpp) where this CPU may use AMX.
 
 #include "support/tp_catch.h"
 
@@ -12,6 +13,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/panel_gemm.h"
 #include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
@@ -98,4 +100,44 @@ TEST_CASE("cpu panel_gemm: a panel range writes only its own columns, and decode
       REQUIRE(at::isnan(y).sum().item<int64_t>() == m * (n - (c1 - c0)));
     }
   }
+}
+
+TEST_CASE("cpu panel_gemm: the AMX bf16 tiles match float64 of bf16 x times the bf16-rounded weight",
+          "[cpu][cpu_kernels]") {
+  // The tiles' own boundaries: N off the 16-column tiles and 32-column pairs, M off the
+  // 16-row tiles and 32-row blocks, K off the 32-k tile step, the 256-k decode and the
+  // 4096-k chunk. The model: x (bf16) times W rounded to bf16 (to nearest even), exact
+  // products summed in float32, then y rounded to bf16 once.
+  const auto& amx = tp::cpu::amx_status();
+  if (!amx.usable) {
+    WARN("AMX not usable here (" << amx.why << "): the tiles are not run");
+    return;
+  }
+  for (const int64_t n : {1, 15, 17, 33, 48, 70}) {
+    for (const int64_t k : {1, 31, 32, 33, 257, 520, 4097}) {
+      for (const int64_t m : {5, 16, 17, 31, 33, 70}) {
+        if (k > 520 && m > 17 && n > 17) continue;  // the 4096-k chunk once per shape class is enough
+        INFO("amx M=" << m << " N=" << n << " K=" << k);
+        const uint64_t seed = static_cast<uint64_t>(m * 7919 + n * 104729 + k);
+        const at::Tensor w = tp::test::randn({n, k}, seed).to(at::kFloat).contiguous();
+        const at::Tensor x = tp::test::randn({m, k}, seed + 1).to(at::kBFloat16);
+        REQUIRE(tp::cpu::panel_amx_bf16_applies(x, Isa::kAvx512));
+        const PlainWeight plain{w.const_data_ptr<float>(), n, k};
+        const at::Tensor y =
+            tp::cpu::panel_linear_amx_bf16(x, PanelWeight{n, k, decode_plain, &plain}, panels_of(n), "test");
+        REQUIRE(y.scalar_type() == at::kBFloat16);
+        const at::Tensor wb = w.to(at::kBFloat16);
+        const at::Tensor ref = at::matmul(x.to(at::kDouble), wb.to(at::kDouble).t());
+        const at::Tensor bound =
+            tp::test::float32_dot_bound(x, wb) * (1 + std::ldexp(1.0, -8)) + ref.abs() * std::ldexp(1.0, -8);
+        const double worst = ((y.to(at::kDouble) - ref).abs() / bound).max().item<double>();
+        INFO("worst |y - ref| / bound = " << worst);
+        REQUIRE(worst <= 1.0);
+      }
+    }
+  }
+  // Below kPanelAmxMinM rows, or in float32, the float32 kernels run instead.
+  CHECK_FALSE(tp::cpu::panel_amx_bf16_applies(at::zeros({tp::cpu::kPanelAmxMinM - 1, 8}, at::kBFloat16), Isa::kAvx512));
+  CHECK_FALSE(tp::cpu::panel_amx_bf16_applies(at::zeros({16, 8}, at::kFloat), Isa::kAvx512));
+  CHECK_FALSE(tp::cpu::panel_amx_bf16_applies(at::zeros({16, 8}, at::kBFloat16), Isa::kAvx2));
 }

@@ -201,6 +201,11 @@ void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeigh
 }
 
 at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa isa) {
+  if (cpu::panel_amx_bf16_applies(x, isa) && w.codes.defined() && w.n > 0) {
+    cpu::count_kernel("int4 panel/amx");  // the benchmarks' kernel column
+    const Int4CpuView v = int4_cpu_view(w);
+    return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int4_cpu_linear");
+  }
   return cpu::linear_through_f32(x, w.n, w.k, "int4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int4_cpu_linear(x2, m, w.k, w, y, w.n, isa);
   });

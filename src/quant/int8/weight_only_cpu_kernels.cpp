@@ -89,6 +89,11 @@ void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpu
 }
 
 at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu::Isa isa) {
+  if (cpu::panel_amx_bf16_applies(x, isa) && w.codes.defined() && w.n > 0) {
+    cpu::count_kernel("int8wo panel/amx");  // the benchmarks' kernel column
+    const Int8WoCpuView v = int8_wo_cpu_view(w);
+    return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int8_wo_cpu_linear");
+  }
   return cpu::linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int8_wo_cpu_linear(x2, m, w.k, w, y, w.n, isa);
   });
