@@ -159,8 +159,10 @@ at::Tensor panel_linear_amx_bf16(const at::Tensor& x, const PanelWeight& w, int6
   out_shape.back() = w.n;
   const at::Tensor x2 = x.reshape({-1, w.k});
   const int64_t m = x2.size(0), kpad = round_up(std::max<int64_t>(w.k, 1), 32);
-  // x zero padded to whole 32-k tile steps (its padding meets the weight's zero rows).
-  at::Tensor xa = at::zeros({m, kpad}, x2.options());
+  // x zero padded to whole 32-k tile steps (its padding meets the weight's zero rows), rows
+  // 64 bytes past that so that a tile's 16 rows do not all fall into one L1 set.
+  const int64_t ld = kpad + 32;
+  at::Tensor xa = at::zeros({m, ld}, x2.options());
   xa.narrow(1, 0, w.k).copy_(x2);
   at::Tensor y = at::empty({m, w.n}, x2.options().dtype(at::kFloat));
   if (w.k == 0) y.zero_();
@@ -168,7 +170,7 @@ at::Tensor panel_linear_amx_bf16(const at::Tensor& x, const PanelWeight& w, int6
     const auto* xp = reinterpret_cast<const uint16_t*>(xa.const_data_ptr<at::BFloat16>());
     float* yp = y.mutable_data_ptr<float>();
     parallel_over_panels(panels, m, w.k, 2,
-                         [&](int64_t p0, int64_t p1) { panel_gemm_amx_bf16_range(xp, m, kpad, w, yp, w.n, p0, p1); });
+                         [&](int64_t p0, int64_t p1) { panel_gemm_amx_bf16_range(xp, m, ld, w, yp, w.n, p0, p1); });
   }
   return y.to(at::kBFloat16).view(out_shape);
 }

@@ -1,4 +1,4 @@
-// Where AMX is usable, bf16 layers of the integer formats really take the tiles (the
+// Where AMX is usable, bf16 layers of the integer and FP8 formats really take the tiles (the
 // kernel counter names what ran) and match their own float64 model: x times the
 // layer's dequantized weight (bf16, as the layer defines it), float32 sums, y rounded to
 // bf16 once. Below the formats' row thresholds, in float32, or without AMX the vector
@@ -16,6 +16,7 @@
 #include "cpu/amx.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
+#include "quant/fp8/cpu_kernels.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
@@ -86,5 +87,39 @@ TEST_CASE("amx: bf16 weight-only integer layers take the bf16 tiles and match th
       f32->reset_parameters(k);
       CHECK(apply_counted(*f32, test::randn({16, k}, 5).to(at::kFloat)).kernel.find("amx") == std::string::npos);
     }
+  }
+}
+
+TEST_CASE("amx: bf16 FP8 layers take the bf16 tiles from kFp8AmxMinM rows, never with NaN codes or in float32",
+          "[quant][cpu_kernels]") {
+  const bool amx = cpu::amx_status().usable;
+  if (!amx) WARN("AMX not usable here (" << cpu::amx_status().why << "): only the fallbacks are checked");
+  for (const auto format : {QuantFormat::kFp8PerTensor, QuantFormat::kFp8PerChannel, QuantFormat::kFp8Block}) {
+    INFO(to_string(format));
+    auto method = make_quant_method(QuantConfig{format});
+    torch::nn::Module layer;
+    method->create_weights(layer, 40, 256, at::TensorOptions().dtype(at::kBFloat16));
+    method->reset_parameters(256);
+    for (int64_t m : {tp::detail::kFp8AmxMinM - 1, tp::detail::kFp8AmxMinM, int64_t{16}}) {
+      INFO("M=" << m);
+      const std::string ran = apply_counted(*method, test::randn({m, 256}, 9).to(at::kBFloat16)).kernel;
+      if (amx && m >= tp::detail::kFp8AmxMinM)
+        CHECK(ran == "fp8 gemm/amx");
+      else
+        CHECK(ran.find("amx") == std::string::npos);
+    }
+    auto f32 = make_quant_method(QuantConfig{format});
+    torch::nn::Module layer32;
+    f32->create_weights(layer32, 40, 256, at::TensorOptions().dtype(at::kFloat));
+    f32->reset_parameters(256);
+    CHECK(apply_counted(*f32, test::randn({16, 256}, 9)).kernel.find("amx") == std::string::npos);
+    {
+      at::NoGradGuard no_grad;
+      method->weight().view(at::kByte)[3][7] = 0x7f;  // a NaN code: the NaN-exact vector kernels
+    }
+    method->finalize();
+    const Ran nan_run = apply_counted(*method, test::randn({16, 256}, 9).to(at::kBFloat16));
+    CHECK(nan_run.kernel.find("amx") == std::string::npos);
+    CHECK(at::isnan(nan_run.y.select(1, 3)).all().item<bool>());
   }
 }

@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
@@ -159,6 +161,123 @@ void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
 }
 
 }  // namespace
+
+namespace {
+
+// fake_quant_span's q = e4m3(x / scale), as bf16 bits (exact; a NaN as the quiet NaN).
+void quant_span_codes(const float* x, int64_t n, float scale, uint16_t* out) {
+  uint32_t nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i] / scale;
+    nan |= static_cast<uint32_t>((c10::bit_cast<uint32_t>(v) & 0x7FFFFFFFu) > 0x7F800000u);
+    out[i] = static_cast<uint16_t>(c10::bit_cast<uint32_t>(e4m3_round_no_nan(v)) >> 16);
+  }
+  if (nan != 0) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = c10::bit_cast<uint32_t>(e4m3_round(x[i] / scale));
+      out[i] = (bits & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>((bits >> 16) | 0x7FC0u)
+                                                  : static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      "fp8_quantize_codes_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ",
+      dtype);
+  const at::Tensor xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1), m_pad = cpu::round_up(std::max<int64_t>(m, 1), 16);
+  const int64_t groups = kind == Fp8Activation::kGroup128 ? std::max<int64_t>((k + 127) / 128, 1) : 1;
+  at::Tensor q = at::empty({m, k}, xc.options().dtype(at::kShort));
+  at::Tensor scale = at::zeros({groups, m_pad}, xc.options().dtype(at::kFloat));
+  auto* qp = reinterpret_cast<uint16_t*>(q.data_ptr<int16_t>());
+  float* sp = scale.data_ptr<float>();
+  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
+    uint16_t* qi = qp + i * k;
+    switch (kind) {
+      case Fp8Activation::kStatic:
+        sp[i] = input_scale;
+        quant_span_codes(xi, k, input_scale, qi);
+        break;
+      case Fp8Activation::kPerToken: {
+        const float s = scale_of(abs_max(xi, k));
+        sp[i] = s;
+        quant_span_codes(xi, k, s, qi);
+        break;
+      }
+      case Fp8Activation::kGroup128:
+        for (int64_t c = 0; c < k; c += 128) {
+          const int64_t len = std::min<int64_t>(128, k - c);
+          const float s = scale_of(abs_max(xi + c, len));
+          sp[(c / 128) * m_pad + i] = s;
+          quant_span_codes(xi + c, len, s, qi + c);
+        }
+        break;
+    }
+  });
+  return {q, scale};
+}
+
+at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
+                          int64_t group) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kShort && q.is_contiguous(),
+                    "fp8_linear_amx: q must be fp8_quantize_codes_cpu's [M, K] codes; got ", q.sizes(), " ",
+                    q.scalar_type());
+  TORCH_CHECK_VALUE(
+      w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() && w.size(1) == q.size(1),
+      "fp8_linear_amx: w must be a float8_e4m3fn [N, K] CPU tensor with K = ", q.size(1), "; got ", w.sizes(), " ",
+      w.scalar_type());
+  const int64_t m = q.size(0), n = w.size(0), k = w.size(1);
+  const bool grouped = group < k;
+  const int64_t groups = grouped ? (k + 127) / 128 : 1;
+  TORCH_CHECK_VALUE(!grouped || group == 128, "fp8_linear_amx: scale groups are 128 columns or whole rows; got ",
+                    group);
+  TORCH_CHECK_VALUE(x_scale.dim() == 2 && x_scale.scalar_type() == at::kFloat && x_scale.size(0) == groups &&
+                        x_scale.size(1) >= cpu::round_up(std::max<int64_t>(m, 1), 16) && x_scale.is_contiguous(),
+                    "fp8_linear_amx: x_scale must be float32 [", groups, ", round_up(M, 16)]; got ", x_scale.sizes());
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.size(0) == n &&
+                        scale.size(1) == std::max<int64_t>(groups, 1),
+                    "fp8_linear_amx: scale must be float32 [", n, ", ", groups, "]; got ", scale.sizes());
+  TORCH_INTERNAL_ASSERT(cpu::amx_status().usable, "fp8_linear_amx: AMX is not usable here");
+  at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
+  if (m == 0 || n == 0) return y;
+  if (k == 0) return y.zero_();
+  cpu::count_kernel("fp8 gemm/amx");  // the benchmarks' kernel column
+  const at::Tensor wc = w.contiguous();
+  const at::Tensor sc = scale.contiguous();
+  Fp8WeightView view;
+  view.codes = static_cast<const uint8_t*>(wc.data_ptr());
+  view.n = n;
+  view.k = k;
+  view.ld = k;
+  view.scale = sc.data_ptr<float>();
+  view.scale_ld = sc.size(1);
+  view.group = std::min(group, k);
+  // q in VNNI pairs: per 16 tokens and 32 k a [16 pairs of k][16 tokens x 2] tile.
+  const int64_t steps = (k + 31) / 32, tiles = (m + 15) / 16;
+  at::Tensor xb = at::zeros({tiles * steps * 512}, q.options());
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>());
+  auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+  cpu::parallel_units(m, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* src = qp + t * k;
+      uint16_t* dst = xbp + (t / 16) * steps * 512 + (t % 16) * 2;
+      const int64_t k2 = k / 2 * 2;
+      for (int64_t c = 0; c < k2; c += 2) std::memcpy(dst + (c / 32) * 512 + ((c % 32) / 2) * 32, src + c, 4);
+      if (k2 < k) dst[(k2 / 32) * 512 + ((k2 % 32) / 2) * 32] = src[k2];
+    }
+  });
+  const float* xs = x_scale.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  const int64_t xs_ld = x_scale.size(1);
+  cpu::parallel_rows(n, 32,
+                     [&](int64_t n0, int64_t n1) { fp8_gemm_amx(xbp, m, xs, xs_ld, view, grouped, out, n, n0, n1); });
+  return y;
+}
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
   const auto dtype = x.scalar_type();

@@ -39,6 +39,7 @@
 // The scalar kernel (cpu_kernels.cpp) is the portable reference and the fallback.
 
 #include <cstdint>
+#include <utility>
 
 namespace at {
 class Tensor;
@@ -114,6 +115,31 @@ enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
 /// (widened exactly first, as x.to(float) does); input_scale: the static scale
 /// (kStatic only). Returns [M, K] float32.
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale = 1.0f);
+
+/// Rows of x from which bf16 FP8 layers take the AMX bf16 tiles where
+/// cpu::amx_status().usable (benchmarks/RESULTS.md, "issue 28: AMX tiles for the
+/// integer formats" and the FP8 rows there).
+constexpr int64_t kFp8AmxMinM = 5;
+
+/// The activations' E4M3 values for the AMX kernel, the same q and scale as
+/// fp8_fake_quant_cpu (which returns q * scale) bit for bit: q [M, K] as bf16 bit
+/// patterns (int16; every E4M3 value is exactly a bf16), and the scales transposed for
+/// the kernel, [groups, round_up(M, 16)] float32 (groups = ceil(K / 128) for kGroup128,
+/// else 1; padding 0).
+std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp8Activation kind,
+                                                         float input_scale = 1.0f);
+
+/// y = sum over scale groups of (x_scale * w_scale) * (q . e4m3(w)) on AMX bf16 tiles
+/// (cpu_kernels_amx.cpp): exact products, float32 sums, one group per row (group >= K)
+/// or 128-k groups (fp8_block: x_scale then has ceil(K / 128) rows). q, x_scale from
+/// fp8_quantize_codes_cpu; w, scale, group as fp8_linear_cpu takes them; w must hold no
+/// NaN code. Threaded over N. Returns [M, N] float32. Only where amx_status().usable.
+at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
+                          int64_t group);
+/// The tile loop for weight rows [n0, n1): xb is q packed in VNNI pairs (per 16 tokens
+/// and 32 k, a 16 x 32 bf16 tile whose row r holds each token's q[., 32 kb + 2 r .. + 1]).
+void fp8_gemm_amx(const uint16_t* xb, int64_t m, const float* x_scale, int64_t x_scale_ld, const Fp8WeightView& w,
+                  bool grouped, float* y, int64_t ld_y, int64_t n0, int64_t n1);
 
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
 /// x: [M, K] float32 (the activations, already quantized-dequantized as

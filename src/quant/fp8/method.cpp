@@ -27,7 +27,9 @@
 // reference see identical activations. finalize() notes whether the weight holds NaN
 // codes (the kernels then decode them exactly); a weight changed in place after
 // finalize() (its version counter moved) takes the NaN-exact decode until the next
-// finalize().
+// finalize(). bf16 layers from kFp8AmxMinM rows, where AMX is usable and the weight has
+// no NaN code, run on AMX bf16 tiles instead (fp8_linear_amx): the same quantized
+// activations, as E4M3 values times their scales, exact products, float32 sums.
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/amx.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
 #include "quant/random_weight.h"
@@ -261,12 +264,21 @@ class Fp8Method final : public QuantMethod {
     at::Tensor x2d = x.reshape({-1, in_local_});
     const auto xt = x2d.scalar_type();
     if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
-    const at::Tensor xq =
-        fp8_fake_quant_cpu(x2d, activation_kind(), input_scale_.defined() ? input_scale_.item<float>() : 1.0f);
+    const float input_scale = input_scale_.defined() ? input_scale_.item<float>() : 1.0f;
     // NaN-exact decode where the weight has NaN codes, or where it may have changed
     // since finalize() looked.
     const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
-    at::Tensor y = fp8_linear_cpu(xq, weight_, scale_, block() ? kBlock : std::max<int64_t>(in_local_, 1), nan_codes);
+    const int64_t group = block() ? kBlock : std::max<int64_t>(in_local_, 1);
+    at::Tensor y;
+    if (xt == at::kBFloat16 && x2d.size(0) >= kFp8AmxMinM && !nan_codes && weight_.is_cpu() &&
+        cpu::amx_status().usable) {
+      // bf16 layers on AMX: the same quantized activations, as E4M3 values and scales.
+      const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
+      y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
+    } else {
+      const at::Tensor xq = fp8_fake_quant_cpu(x2d, activation_kind(), input_scale);
+      y = fp8_linear_cpu(xq, weight_, scale_, group, nan_codes);
+    }
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();

@@ -2,7 +2,8 @@
 // supports forced in turn: the decode bit for bit against c10 (all 256 codes, NaNs
 // included), the GEMV / GEMM against the float64 reference of each format
 // (dequantize_weight, quantize_activation, at::linear) at edge shapes, NaN codes, the
-// scalar fallback for odd group sizes, thread-count independence, and the errors.
+// scalar fallback for odd group sizes, thread-count independence, and the errors; and
+// the AMX bf16 tile kernel (cpu_kernels_amx.cpp) where AMX is usable.
 
 #include "support/tp_catch.h"
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/features.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "support/cpu_kernel_check.h"
@@ -383,4 +385,78 @@ TEST_CASE("fp8 method: a weight written in place after finalize() still decodes 
     method->finalize();  // now recorded: the same answer from the flag
     CHECK(at::equal(at::isnan(method->apply(x, std::nullopt)), at::isnan(y)));
   }
+}
+
+namespace {
+
+td::Fp8Activation activation_of(QuantFormat format) {
+  return format == QuantFormat::kFp8Block        ? td::Fp8Activation::kGroup128
+         : format == QuantFormat::kFp8PerChannel ? td::Fp8Activation::kPerToken
+                                                 : td::Fp8Activation::kStatic;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 AMX kernel matches the float64 reference at its tile, group, chunk and token-pass edges",
+          "[quant][cpu_kernels]") {
+  // The AMX path's boundaries: 16-row weight tiles and 32-row blocks (N = 1, 17, 33, 50),
+  // 16-token tiles, 32-token blocks and 256-token passes (M = 5 ... 257), K off the 32-k
+  // tile step, on and off the 128-k scale groups, and past the 4096-k chunk (4224). The
+  // activations come from fp8_quantize_codes_cpu, checked here to be fp8_fake_quant_cpu's
+  // (the reference's) q and scale bit for bit; the bound is check_against_reference's.
+  if (!tp::cpu::amx_status().usable) {
+    WARN("AMX not usable here (" << tp::cpu::amx_status().why << "): the AMX kernel is not run");
+    return;
+  }
+  uint64_t seed = 5000;
+  for (const auto format : kFormats) {
+    for (const int64_t n : {1, 17, 33, 50}) {
+      for (const int64_t k : {32, 127, 128, 300, 4224}) {
+        const Fp8Case c = make_case(format, n, k, ++seed);
+        const at::Tensor w_deq = dequantize_weight(c.tensors, c.config);
+        const float input_scale =
+            c.tensors.count("input_scale") != 0 ? c.tensors.at("input_scale").item<float>() : 1.0f;
+        for (const int64_t m : {5, 16, 33, 70, 257}) {
+          if (m == 257 && (k != 300 || n != 33)) continue;  // one 256-token pass case per format
+          INFO("amx " << to_string(format) << " M=" << m << " N=" << n << " K=" << k);
+          const at::Tensor x = test::randn({m, k}, ++seed).to(at::kBFloat16);
+          const auto [q, x_scale] = td::fp8_quantize_codes_cpu(x, activation_of(format), input_scale);
+          // q * scale is the fake quantization, bit for bit.
+          const at::Tensor fq = td::fp8_fake_quant_cpu(x, activation_of(format), input_scale);
+          const int64_t groups = x_scale.size(0);
+          const at::Tensor per_elem =
+              x_scale.narrow(1, 0, m).t().repeat_interleave(format == QuantFormat::kFp8Block ? 128 : k, 1);
+          const at::Tensor q_float = q.view(at::kBFloat16).to(at::kFloat);
+          CHECK(at::equal((q_float * per_elem.narrow(1, 0, k)).view(at::kInt), fq.view(at::kInt)));
+          CHECK(groups == (format == QuantFormat::kFp8Block ? (k + 127) / 128 : 1));
+          const at::Tensor y = td::fp8_linear_amx(q, x_scale, c.tensors.at("weight"), c.scale, c.group);
+          check_against_reference(y, quantize_activation(x, c.tensors, c.config), w_deq);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fp8 AMX decode gives every non-NaN E4M3 code its c10 value", "[quant][cpu_kernels]") {
+  if (!tp::cpu::amx_status().usable) {
+    WARN("AMX not usable here (" << tp::cpu::amx_status().why << "): the AMX kernel is not run");
+    return;
+  }
+  // Weight rows that hold every code (NaN codes 0x7f / 0xff made 0: the AMX path is not
+  // taken for a weight with NaN codes), at shifted offsets so each lands in every lane
+  // and in the partial last 32 codes; scale 1; x one-hot rows pick single weights out.
+  const int64_t n = 20, k = 270;
+  at::Tensor codes = at::empty({n, k}, at::kByte);
+  auto* cp = codes.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      const auto b = static_cast<uint8_t>((c * 11 + r * 37) & 0xff);
+      cp[r * k + c] = (b & 0x7f) == 0x7f ? 0 : b;
+    }
+  const at::Tensor w = codes.view(at::kFloat8_e4m3fn);
+  const at::Tensor x = at::eye(k, at::kFloat).to(at::kBFloat16);  // q = 448 e_c, scale 1 / 448 per token
+  const auto [q, x_scale] = td::fp8_quantize_codes_cpu(x, td::Fp8Activation::kPerToken);
+  const at::Tensor y = td::fp8_linear_amx(q, x_scale, w, at::ones({n, 1}), k);
+  const at::Tensor want = (w.to(at::kFloat).t() * 448.0f) * x_scale.narrow(1, 0, k).t();  // y[c, r] = w[r, c]
+  CHECK(at::equal(y, want));
 }
