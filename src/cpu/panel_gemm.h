@@ -99,7 +99,7 @@ at::Tensor linear_through_f32(const at::Tensor& x, int64_t n, int64_t k, const c
 
 /// Fewest rows of x for which bf16 layers take the AMX tiles (below it the formats'
 /// rows kernels, which stream the weight once at the memory limit, are as fast:
-/// benchmarks/RESULTS.md, "AMX bf16 tiles for the weight-only formats").
+/// benchmarks/RESULTS.md, 2026-12-03 (evening), "Thresholds").
 inline constexpr int64_t kPanelAmxMinM = 5;
 
 /// Whether a weight-only layer runs x on the AMX bf16 tiles: x bfloat16 with at least

@@ -117,8 +117,7 @@ enum class Fp8Activation { kStatic, kPerToken, kGroup128 };
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale = 1.0f);
 
 /// Rows of x from which bf16 FP8 layers take the AMX bf16 tiles where
-/// cpu::amx_status().usable (benchmarks/RESULTS.md, "issue 28: AMX tiles for the
-/// integer formats" and the FP8 rows there).
+/// cpu::amx_status().usable (benchmarks/RESULTS.md, 2026-12-03 (evening), "Thresholds").
 constexpr int64_t kFp8AmxMinM = 5;
 
 /// The activations' E4M3 values for the AMX kernel, the same q and scale as

@@ -51,7 +51,7 @@ W8a8Kernel w8a8_best_kernel(int64_t m);
 
 /// Fewest rows of x for which the AMX kernel is chosen: below it a tile of 16 tokens is
 /// mostly padding and the VNNI kernel, already at the memory limit, is as fast
-/// (benchmarks/RESULTS.md, "AMX int8 tiles for W8A8").
+/// (benchmarks/RESULTS.md, 2026-12-03 (evening), "Thresholds").
 constexpr int64_t kW8a8AmxMinM = 4;
 
 /// An int8 weight as the kernels read it (a view; the caller owns the memory).
