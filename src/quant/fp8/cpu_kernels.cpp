@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cpu/amx.h"
+#include "cpu/amx_rows_gemm.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
@@ -257,25 +258,18 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
   view.scale = sc.data_ptr<float>();
   view.scale_ld = sc.size(1);
   view.group = std::min(group, k);
-  // q in VNNI pairs: per 16 tokens and 32 k a [16 pairs of k][16 tokens x 2] tile.
-  const int64_t steps = (k + 31) / 32, tiles = (m + 15) / 16;
-  at::Tensor xb = at::zeros({tiles * steps * 512}, q.options());
-  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>());
+  at::Tensor xb = at::empty({cpu::amx_pairs_size(m, k)}, q.options());
   auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
-  cpu::parallel_units(m, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint16_t* src = qp + t * k;
-      uint16_t* dst = xbp + (t / 16) * steps * 512 + (t % 16) * 2;
-      const int64_t k2 = k / 2 * 2;
-      for (int64_t c = 0; c < k2; c += 2) std::memcpy(dst + (c / 32) * 512 + ((c % 32) / 2) * 32, src + c, 4);
-      if (k2 < k) dst[(k2 / 32) * 512 + ((k2 % 32) / 2) * 32] = src[k2];
-    }
-  });
-  const float* xs = x_scale.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  const int64_t xs_ld = x_scale.size(1);
-  cpu::parallel_rows(n, 32,
-                     [&](int64_t n0, int64_t n1) { fp8_gemm_amx(xbp, m, xs, xs_ld, view, grouped, out, n, n0, n1); });
+  cpu::amx_pack_pairs(reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>()), m, k, k, xbp);
+  cpu::AmxRowsWeight rows;
+  rows.n = n;
+  rows.k = k;
+  rows.decode = &fp8_amx_decode_row;
+  rows.weight = &view;
+  rows.scale = view.scale;
+  rows.scale_ld = view.scale_ld;
+  rows.grouped = grouped;
+  cpu::amx_rows_gemm_parallel(xbp, m, x_scale.data_ptr<float>(), x_scale.size(1), rows, y.data_ptr<float>(), n);
   return y;
 }
 

@@ -129,16 +129,15 @@ std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp
                                                          float input_scale = 1.0f);
 
 /// y = sum over scale groups of (x_scale * w_scale) * (q . e4m3(w)) on AMX bf16 tiles
-/// (cpu_kernels_amx.cpp): exact products, float32 sums, one group per row (group >= K)
+/// (cpu/amx_rows_gemm.h with fp8_amx_decode_row): exact products, float32 sums, one group per row (group >= K)
 /// or 128-k groups (fp8_block: x_scale then has ceil(K / 128) rows). q, x_scale from
 /// fp8_quantize_codes_cpu; w, scale, group as fp8_linear_cpu takes them; w must hold no
 /// NaN code. Threaded over N. Returns [M, N] float32. Only where amx_status().usable.
 at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
                           int64_t group);
-/// The tile loop for weight rows [n0, n1): xb is q packed in VNNI pairs (per 16 tokens
-/// and 32 k, a 16 x 32 bf16 tile whose row r holds each token's q[., 32 kb + 2 r .. + 1]).
-void fp8_gemm_amx(const uint16_t* xb, int64_t m, const float* x_scale, int64_t x_scale_ld, const Fp8WeightView& w,
-                  bool grouped, float* y, int64_t ld_y, int64_t n0, int64_t n1);
+/// The AMX row decoder of an Fp8WeightView (cpu/amx_rows_gemm.h's AmxRowDecodeFn; no
+/// NaN codes), in cpu_kernels_amx.cpp.
+void fp8_amx_decode_row(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
 /// x: [M, K] float32 (the activations, already quantized-dequantized as
