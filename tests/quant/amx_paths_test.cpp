@@ -18,6 +18,7 @@
 #include "cpu/panel_gemm.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int8/w8a8_kernels.h"
+#include "quant/int8/weight_only_cpu_kernels.h"
 #include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 #include "tp/quant/quant_method.h"
@@ -63,7 +64,13 @@ TEST_CASE("amx: bf16 weight-only integer layers take the bf16 tiles and match th
       method->reset_parameters(k);
       const at::Tensor w = method->dequantized_weight();
       REQUIRE(w.scalar_type() == at::kBFloat16);
-      for (int64_t m : {cpu::kPanelAmxMinM - 1, cpu::kPanelAmxMinM, int64_t{16}, int64_t{70}}) {
+      // INT8 weight-only up to kInt8WoAmxRowsMaxM rows: x times the exact codes, the row
+      // scale on each output (its model: the codes times the float32 scales, unrounded).
+      const bool int8wo = c.config.format == QuantFormat::kInt8WeightOnly;
+      const at::Tensor w_exact =
+          int8wo ? method->weight().to(at::kDouble) * layer.named_parameters()["weight_scale"].to(at::kDouble)
+                 : at::Tensor();
+      for (int64_t m : {cpu::kPanelAmxMinM - 1, cpu::kPanelAmxMinM, int64_t{16}, int64_t{70}, int64_t{200}}) {
         INFO("N=" << n << " K=" << k << " M=" << m);
         const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(m + n)).to(at::kBFloat16);
         const Ran ran = apply_counted(*method, x);
@@ -72,10 +79,12 @@ TEST_CASE("amx: bf16 weight-only integer layers take the bf16 tiles and match th
           CHECK(ran.kernel.find("amx") == std::string::npos);
           continue;
         }
-        CHECK(ran.kernel == std::string(c.family) + " panel/amx");
-        const at::Tensor ref = at::matmul(x.to(at::kDouble), w.to(at::kDouble).t());
-        const at::Tensor bound =
-            test::float32_dot_bound(x, w) * (1 + std::ldexp(1.0, -8)) + ref.abs() * std::ldexp(1.0, -8);
+        const bool rows = int8wo && m <= tp::detail::kInt8WoAmxRowsMaxM;
+        CHECK(ran.kernel == std::string(c.family) + (rows ? " rows/amx" : " panel/amx"));
+        const at::Tensor model = rows ? w_exact : w.to(at::kDouble);
+        const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
+        const at::Tensor bound = test::float32_dot_bound(x, model, rows ? 2 : 0) * (1 + std::ldexp(1.0, -8)) +
+                                 ref.abs() * std::ldexp(1.0, -8);
         const double worst = ((ran.y.to(at::kDouble) - ref).abs() / bound).max().item<double>();
         INFO("worst |y - ref| / bound = " << worst);
         CHECK(worst <= 1.0);
@@ -121,5 +130,34 @@ TEST_CASE("amx: bf16 FP8 layers take the bf16 tiles from kFp8AmxMinM rows, never
     const Ran nan_run = apply_counted(*method, test::randn({16, 256}, 9).to(at::kBFloat16));
     CHECK(nan_run.kernel.find("amx") == std::string::npos);
     CHECK(at::isnan(nan_run.y.select(1, 3)).all().item<bool>());
+  }
+}
+
+TEST_CASE("amx: INT8 weight-only rows decode odd K and N exactly", "[quant][cpu_kernels]") {
+  // K off the 16-code decode step and the 32-k tile step, N off the 16-row tiles: the
+  // decoder's tail and the tile loop's partial tiles, against the exact model.
+  if (!cpu::amx_status().usable) {
+    WARN("AMX not usable here (" << cpu::amx_status().why << "): the AMX kernel is not run");
+    return;
+  }
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 301}, {17, 7}, {50, 4100}}) {
+    auto method = make_quant_method(QuantConfig{QuantFormat::kInt8WeightOnly});
+    torch::nn::Module layer;
+    method->create_weights(layer, n, k, at::TensorOptions().dtype(at::kBFloat16));
+    method->reset_parameters(k);
+    const at::Tensor model =
+        method->weight().to(at::kDouble) * layer.named_parameters()["weight_scale"].to(at::kDouble);
+    for (int64_t m : {int64_t{5}, int64_t{33}}) {
+      INFO("N=" << n << " K=" << k << " M=" << m);
+      const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(7 * m + n)).to(at::kBFloat16);
+      const Ran ran = apply_counted(*method, x);
+      CHECK(ran.kernel == "int8wo rows/amx");
+      const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
+      const at::Tensor bound =
+          test::float32_dot_bound(x, model, 2) * (1 + std::ldexp(1.0, -8)) + ref.abs() * std::ldexp(1.0, -8);
+      const double worst = ((ran.y.to(at::kDouble) - ref).abs() / bound).max().item<double>();
+      INFO("worst |y - ref| / bound = " << worst);
+      CHECK(worst <= 1.0);
+    }
   }
 }

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 
+#include "cpu/amx_rows_gemm.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
+#include "cpu/parallel.h"
 
 namespace tp::detail {
 
@@ -88,9 +90,47 @@ void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpu
   cpu::panel_gemm_parallel(x, m, ld_x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, y, ld_y, w.panels, isa);
 }
 
+namespace {
+
+// bf16 x on the AMX row-decoded GEMM: x times the exact int8 codes, the row scale once
+// per output (cpu/amx_rows_gemm.h).
+at::Tensor amx_rows_linear(const at::Tensor& x, const Int8WoCpuWeight& w) {
+  TORCH_CHECK_VALUE(x.size(-1) == w.k, "int8_wo_cpu_linear: x has shape ", x.sizes(), "; expected [..., ", w.k,
+                    "] (in_features)");
+  auto out_shape = x.sizes().vec();
+  out_shape.back() = w.n;
+  const at::Tensor x2 = x.reshape({-1, w.k}).contiguous();
+  const int64_t m = x2.size(0);
+  at::Tensor y = at::empty({m, w.n}, x2.options().dtype(at::kFloat));
+  if (m > 0 && w.k == 0) y.zero_();
+  if (m > 0 && w.k > 0) {
+    at::Tensor xb = at::empty({cpu::amx_pairs_size(m, w.k)}, x2.options().dtype(at::kShort));
+    auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+    cpu::amx_pack_pairs(reinterpret_cast<const uint16_t*>(x2.const_data_ptr<at::BFloat16>()), m, w.k, w.k, xbp);
+    const at::Tensor x_scale = at::ones({1, cpu::round_up(m, 16)}, x2.options().dtype(at::kFloat));
+    const Int8WoCpuView v = int8_wo_cpu_view(w);
+    cpu::AmxRowsWeight rows;
+    rows.n = w.n;
+    rows.k = w.k;
+    rows.decode = &int8_wo_amx_decode_row;
+    rows.weight = &v;
+    rows.scale = v.scales;
+    cpu::amx_rows_gemm_parallel(xbp, m, x_scale.const_data_ptr<float>(), x_scale.size(1), rows,
+                                y.mutable_data_ptr<float>(), w.n);
+  }
+  return y.to(at::kBFloat16).view(out_shape);
+}
+
+}  // namespace
+
 at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu::Isa isa) {
   if (cpu::panel_amx_bf16_applies(x, isa) && w.codes.defined() && w.n > 0) {
-    cpu::count_kernel("int8wo panel/amx");  // the benchmarks' kernel column
+    const int64_t m = x.numel() / std::max<int64_t>(w.k, 1);
+    if (m <= kInt8WoAmxRowsMaxM) {
+      cpu::count_kernel("int8wo rows/amx");  // the benchmarks' kernel column
+      return amx_rows_linear(x, w);
+    }
+    cpu::count_kernel("int8wo panel/amx");
     const Int8WoCpuView v = int8_wo_cpu_view(w);
     return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int8_wo_cpu_linear");
   }

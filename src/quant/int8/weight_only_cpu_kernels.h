@@ -35,6 +35,16 @@ namespace tp::detail {
 /// Largest M the rows kernel takes; above it the panel GEMM runs.
 inline constexpr int64_t kInt8WoSmallM = 4;
 
+/// bf16 layers where AMX is usable, from cpu::kPanelAmxMinM rows: up to this many rows
+/// the AMX row-decoded GEMM (cpu/amx_rows_gemm.h: x times the exact codes, the row scale
+/// on each output), above it the panel GEMM's bf16 tiles (the weight decoded as
+/// code x scale and rounded to bf16). benchmarks/RESULTS.md, 2026-12-03 (evening).
+inline constexpr int64_t kInt8WoAmxRowsMaxM = 192;
+
+/// The AMX row decoder of an Int8WoCpuView (cpu/amx_rows_gemm.h's AmxRowDecodeFn), in
+/// weight_only_cpu_kernels_amx.cpp.
+void int8_wo_amx_decode_row(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
+
 /// An int8 weight-only weight as the CPU kernels read it (layout above).
 struct Int8WoCpuWeight {
   int64_t n = 0, k = 0;  // the logical weight [N, K]
