@@ -45,6 +45,24 @@ class TileConfigCache {
   bool loaded_ = false;
 };
 
+/// The kernels' 2 x 2 block of tiles with the weight as the A operand: C(i, j) = 2 i + j
+/// for weight tile i and token tile j, A(i) = 4 + i, B(j) = 6 + j; weight tile i has
+/// rows_i rows (0: unused), every row 64 bytes (64 int8 or 32 bf16 of k, 16 float32 / int32
+/// of C), B 16 rows.
+inline TileConfig weight_rows_config(int rows0, int rows1) {
+  TileConfig cfg;
+  const int rows[2] = {rows0, rows1};
+  for (int i = 0; i < 2; ++i) {
+    if (rows[i] == 0) continue;
+    cfg.set(2 * i, rows[i], 64);
+    cfg.set(2 * i + 1, rows[i], 64);
+    cfg.set(4 + i, rows[i], 64);
+  }
+  cfg.set(6, 16, 64);
+  cfg.set(7, 16, 64);
+  return cfg;
+}
+
 /// r[j] <- column j of the 16 x 16 matrix whose rows are r[0..15].
 inline void transpose_16x16(__m512 r[16]) {
   __m512 t[16];

@@ -39,20 +39,6 @@ constexpr int64_t kBlockLd = kChunkK + 32;
 
 int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-TileConfig block_config(int rows0, int rows1) {
-  TileConfig cfg;
-  const int rows[2] = {rows0, rows1};
-  for (int i = 0; i < 2; ++i) {
-    if (rows[i] == 0) continue;
-    cfg.set(2 * i, rows[i], 64);
-    cfg.set(2 * i + 1, rows[i], 64);
-    cfg.set(4 + i, rows[i], 64);
-  }
-  cfg.set(6, 16, 64);
-  cfg.set(7, 16, 64);
-  return cfg;
-}
-
 // C(i, j) = 2 i + j, A(i) = 4 + i, B(j) = 6 + j; steps [kb0, kb1) of the chunk; C stored
 // to c + (2 i + j) * 256 ([16 rows][16 tokens]).
 template <int NA, int NB>
@@ -98,7 +84,7 @@ void amx_rows_gemm(const uint16_t* xb, int64_t m, const float* x_scale, int64_t 
       const int rows[2] = {static_cast<int>(min64(16, n1 - r0)),
                            static_cast<int>(n1 - r0 > 16 ? min64(16, n1 - r0 - 16) : 0)};
       const int na = rows[1] > 0 ? 2 : 1;
-      config.load(block_config(rows[0], rows[1]));
+      config.load(weight_rows_config(rows[0], rows[1]));
       for (int64_t i = 0; i < tiles * 2 * 256; ++i) acc[i] = 0.0f;
       for (int64_t k0 = 0; k0 < w.k; k0 += kChunkK) {
         const int64_t kc = min64(kChunkK, w.k - k0), steps = (kc + kTileK - 1) / kTileK;

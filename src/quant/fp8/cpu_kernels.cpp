@@ -161,9 +161,46 @@ void fake_quant_span(const float* x, int64_t n, float scale, float* out) {
     for (int64_t i = 0; i < n; ++i) out[i] = e4m3_round(x[i] / scale) * scale;
 }
 
-}  // namespace
+// The activations' scale spans, as quantize_activation cuts them: f(i, c0, len, scale, xi)
+// for each row i of x (widened to float32) and each span [c0, c0 + len) of it with its
+// scale (the whole row for kStatic / kPerToken, 128-column groups for kGroup128).
+template <class F>
+void for_each_scale_span(const at::Tensor& xc, Fp8Activation kind, float input_scale, const F& f) {
+  const int64_t k = xc.size(1);
+  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
+    switch (kind) {
+      case Fp8Activation::kStatic: f(i, 0, k, input_scale, xi); break;
+      case Fp8Activation::kPerToken: f(i, 0, k, scale_of(abs_max(xi, k)), xi); break;
+      case Fp8Activation::kGroup128:
+        for (int64_t c = 0; c < k; c += 128) {
+          const int64_t len = std::min<int64_t>(128, k - c);
+          f(i, c, len, scale_of(abs_max(xi + c, len)), xi);
+        }
+        break;
+    }
+  });
+}
 
-namespace {
+void check_activations(const at::Tensor& x, const char* what) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(
+      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
+      what, ": x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ", dtype);
+}
+
+// The kernels' view of an [N, K] E4M3 weight and its [N, groups] scales (both contiguous).
+Fp8WeightView weight_view(const at::Tensor& wc, const at::Tensor& sc, int64_t group, bool nan_codes) {
+  Fp8WeightView view;
+  view.codes = static_cast<const uint8_t*>(wc.data_ptr());
+  view.n = wc.size(0);
+  view.k = wc.size(1);
+  view.ld = view.k;
+  view.scale = sc.data_ptr<float>();
+  view.scale_ld = sc.size(1);
+  view.group = std::min(group, view.k);  // one group of k: the kernels' "one scale per row"
+  view.nan_codes = nan_codes;
+  return view;
+}
 
 // fake_quant_span's q = e4m3(x / scale), as bf16 bits (exact; a NaN as the quiet NaN).
 void quant_span_codes(const float* x, int64_t n, float scale, uint16_t* out) {
@@ -185,11 +222,7 @@ void quant_span_codes(const float* x, int64_t n, float scale, uint16_t* out) {
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(
-      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
-      "fp8_quantize_codes_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ",
-      dtype);
+  check_activations(x, "fp8_quantize_codes_cpu");
   const at::Tensor xc = x.contiguous();
   const int64_t m = xc.size(0), k = xc.size(1), m_pad = cpu::round_up(std::max<int64_t>(m, 1), 16);
   const int64_t groups = kind == Fp8Activation::kGroup128 ? std::max<int64_t>((k + 127) / 128, 1) : 1;
@@ -197,28 +230,9 @@ std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp
   at::Tensor scale = at::zeros({groups, m_pad}, xc.options().dtype(at::kFloat));
   auto* qp = reinterpret_cast<uint16_t*>(q.data_ptr<int16_t>());
   float* sp = scale.data_ptr<float>();
-  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
-    uint16_t* qi = qp + i * k;
-    switch (kind) {
-      case Fp8Activation::kStatic:
-        sp[i] = input_scale;
-        quant_span_codes(xi, k, input_scale, qi);
-        break;
-      case Fp8Activation::kPerToken: {
-        const float s = scale_of(abs_max(xi, k));
-        sp[i] = s;
-        quant_span_codes(xi, k, s, qi);
-        break;
-      }
-      case Fp8Activation::kGroup128:
-        for (int64_t c = 0; c < k; c += 128) {
-          const int64_t len = std::min<int64_t>(128, k - c);
-          const float s = scale_of(abs_max(xi + c, len));
-          sp[(c / 128) * m_pad + i] = s;
-          quant_span_codes(xi + c, len, s, qi + c);
-        }
-        break;
-    }
+  for_each_scale_span(xc, kind, input_scale, [&](int64_t i, int64_t c0, int64_t len, float s, const float* xi) {
+    sp[(c0 / 128) * m_pad + i] = s;  // c0 is 0 but for kGroup128
+    quant_span_codes(xi + c0, len, s, qp + i * k + c0);
   });
   return {q, scale};
 }
@@ -250,14 +264,7 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
   cpu::count_kernel("fp8 gemm/amx");  // the benchmarks' kernel column
   const at::Tensor wc = w.contiguous();
   const at::Tensor sc = scale.contiguous();
-  Fp8WeightView view;
-  view.codes = static_cast<const uint8_t*>(wc.data_ptr());
-  view.n = n;
-  view.k = k;
-  view.ld = k;
-  view.scale = sc.data_ptr<float>();
-  view.scale_ld = sc.size(1);
-  view.group = std::min(group, k);
+  const Fp8WeightView view = weight_view(wc, sc, group, /*nan_codes=*/false);
   at::Tensor xb = at::empty({cpu::amx_pairs_size(m, k)}, q.options());
   auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
   cpu::amx_pack_pairs(reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>()), m, k, k, xbp);
@@ -274,26 +281,13 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
 }
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {
-  const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(
-      x.dim() == 2 && x.device().is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf),
-      "fp8_fake_quant_cpu: x must be a float32, bfloat16 or float16 [M, K] CPU tensor; got ", x.sizes(), " ", dtype);
+  check_activations(x, "fp8_fake_quant_cpu");
   const at::Tensor xc = x.contiguous();
-  const int64_t m = xc.size(0), k = xc.size(1);
-  at::Tensor out = at::empty({m, k}, xc.options().dtype(at::kFloat));
+  const int64_t k = xc.size(1);
+  at::Tensor out = at::empty({xc.size(0), k}, xc.options().dtype(at::kFloat));
   float* dst = out.data_ptr<float>();
-  cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
-    float* oi = dst + i * k;
-    switch (kind) {
-      case Fp8Activation::kStatic: fake_quant_span(xi, k, input_scale, oi); break;
-      case Fp8Activation::kPerToken: fake_quant_span(xi, k, scale_of(abs_max(xi, k)), oi); break;
-      case Fp8Activation::kGroup128:
-        for (int64_t c = 0; c < k; c += 128) {
-          const int64_t len = std::min<int64_t>(128, k - c);
-          fake_quant_span(xi + c, len, scale_of(abs_max(xi + c, len)), oi + c);
-        }
-        break;
-    }
+  for_each_scale_span(xc, kind, input_scale, [&](int64_t i, int64_t c0, int64_t len, float s, const float* xi) {
+    fake_quant_span(xi + c0, len, s, dst + i * k + c0);
   });
   return out;
 }
@@ -323,15 +317,7 @@ at::Tensor fp8_linear_cpu(const at::Tensor& x, const at::Tensor& w, const at::Te
   const at::Tensor xc = x.contiguous();
   const at::Tensor wc = w.contiguous();
   const at::Tensor sc = scale.contiguous();
-  Fp8WeightView view;
-  view.codes = static_cast<const uint8_t*>(wc.data_ptr());
-  view.n = n;
-  view.k = k;
-  view.ld = k;
-  view.scale = sc.data_ptr<float>();
-  view.scale_ld = sc.size(1);
-  view.group = std::min(group, k);  // one group of k: the kernels' "one scale per row"
-  view.nan_codes = nan_codes;
+  const Fp8WeightView view = weight_view(wc, sc, group, nan_codes);
 
   const int64_t chunk = isa == cpu::Isa::kAvx512 ? kFp8ChunkAvx512 : kFp8ChunkAvx2;
   // The SIMD kernels keep a scale group within whole chunks; a group size that is not

@@ -34,20 +34,7 @@ constexpr int64_t kTileBytes = 16 * 64;  // one packed x tile, one C tile
 constexpr int64_t kChunkBlocks = 64;     // tile steps per K chunk (4096 bytes of K)
 constexpr int64_t kMacroTiles = 16;      // token tiles per pass over the weight (256 tokens)
 
-// Tiles: C(i, j) = 2 i + j for weight tile i and token tile j, A(i) = 4 + i, B(j) = 6 + j.
-cpu::TileConfig block_config(int rows0, int rows1) {
-  cpu::TileConfig cfg;
-  const int rows[2] = {rows0, rows1};
-  for (int i = 0; i < 2; ++i) {
-    if (rows[i] == 0) continue;
-    cfg.set(2 * i, rows[i], 64);
-    cfg.set(2 * i + 1, rows[i], 64);
-    cfg.set(4 + i, rows[i], 64);
-  }
-  cfg.set(6, 16, 64);
-  cfg.set(7, 16, 64);
-  return cfg;
-}
+// Tiles: cpu::weight_rows_config's 2 x 2 block.
 
 // Where tile step kb of weight row `row` is: in place, or in the zero-padded copy of
 // the partial last step (tail, [N, 64]).
@@ -130,7 +117,7 @@ void w8a8_gemm_amx(const uint8_t* xb, int64_t m, const float* x_scale, const W8a
     for (int64_t r0 = n0; r0 < n1; r0 += 32) {
       const int rows0 = static_cast<int>(std::min<int64_t>(16, n1 - r0));
       const int rows1 = static_cast<int>(std::clamp<int64_t>(n1 - r0 - 16, 0, 16));
-      config.load(block_config(rows0, rows1));
+      config.load(cpu::weight_rows_config(rows0, rows1));
       const int na = rows1 > 0 ? 2 : 1;
       for (int64_t kb0 = 0; kb0 < kblocks; kb0 += kChunkBlocks) {
         const int64_t kb1 = std::min(kblocks, kb0 + kChunkBlocks);
