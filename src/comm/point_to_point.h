@@ -5,11 +5,10 @@
 //
 // Why serially: a parallel ATen op leaves its OpenMP workers spinning for a while
 // after it returns (libgomp's wait policy). With as many busy threads as cores they
-// keep Gloo's transport thread, which moves the data, off the CPU: with 2 processes
-// on 2 cores recursive doubling took 40-120 ms per call from 256 KiB (the first size
-// above ATen's grain size of 32768 elements, where its copies and adds go parallel)
-// against Gloo's own all_reduce at 0.3-0.8 ms; OMP_WAIT_POLICY=passive removed the
-// cliff, which is what located it. Pieces below the grain size run on this thread.
+// keep Gloo's transport thread, which moves the data, off the CPU, and recursive
+// doubling fell far behind Gloo's own all_reduce from the first size above ATen's grain
+// size, where its copies and adds go parallel (benchmarks/RESULTS.md, "Measurements
+// behind the CPU kernels' shapes"). Pieces below the grain size run on this thread.
 
 #include <cstdint>
 #include <string>

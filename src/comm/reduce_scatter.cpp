@@ -49,7 +49,8 @@ at::Tensor shm_reduce_scatter(const CommunicatorState& s, const at::Tensor& move
 /// all posted at once (one round of latency), then sums the pieces in rank order
 /// 0..world-1 in the accumulation type. Each rank sends and receives (world - 1) x its
 /// piece: (world - 1) / world of the tensor when the pieces are even. (Gloo's own
-/// reduce_scatter measured slower than its all_reduce here, 0.4-0.9x at 1-16 MiB.)
+/// reduce_scatter was slower than its all_reduce: benchmarks/RESULTS.md, "Measurements
+/// behind the CPU kernels' shapes".)
 at::Tensor direct_reduce_scatter(const CommunicatorState& s, const at::Tensor& moved, const std::vector<int64_t>& sizes,
                                  const char* op) {
   constexpr int kTag = 96;  // apart from recursive doubling's tags
