@@ -62,7 +62,7 @@ def rope(x, theta):
     seq, dim = x.shape[-2], x.shape[-1]
     inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(x.dtype) for f in (torch.cos, torch.sin))
     x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -89,18 +89,19 @@ class RMSNorm(nn.Module):
 class TPDecoderBlock(nn.Module):
     """The decoder block, tensor-parallel over `group` (None: the default group)."""
 
-    def __init__(self, cfg, group=None):
+    def __init__(self, cfg, group=None, quant=None):
+        """``quant``: a format name for the four projections (e.g. "int8_w8a8"), or None."""
         super().__init__()
         self.cfg = cfg
         h, d = cfg["hidden"], cfg["head_dim"]
         self.input_layernorm = RMSNorm(h, cfg["eps"])
-        self.qkv = tp.QKVParallelLinear(h, d, cfg["heads"], cfg["kv_heads"], group=group)
+        self.qkv = tp.QKVParallelLinear(h, d, cfg["heads"], cfg["kv_heads"], group=group, quant=quant)
         # O owns exactly this rank's query heads, even when heads split unevenly.
         self.o_proj = tp.RowParallelLinear(cfg["heads"] * d, h, bias=False, split=self.qkv.attention_output_split(),
-                                           group=group)
+                                           group=group, quant=quant)
         self.post_attention_layernorm = RMSNorm(h, cfg["eps"])
-        self.gate_up = tp.GateUpParallelLinear(h, cfg["intermediate"], group=group)
-        self.down_proj = tp.RowParallelLinear(cfg["intermediate"], h, bias=False, group=group)
+        self.gate_up = tp.GateUpParallelLinear(h, cfg["intermediate"], group=group, quant=quant)
+        self.down_proj = tp.RowParallelLinear(cfg["intermediate"], h, bias=False, group=group, quant=quant)
 
     def load_hf(self, state_dict, prefix):
         """Each rank reads only its shard of the projections; the norms are whole."""

@@ -26,6 +26,8 @@ void init_models(pybind11::module_& m);
 void init_causal_lm(pybind11::module_& m);
 /// The differentiable collectives and the sequence-parallel token rule.
 void init_differentiable(pybind11::module_& m);
+/// op_module / op_communicator: the handles of the torch.ops.tp operators (ops.cpp).
+void init_ops(pybind11::module_& m);
 
 /// `p` owned by a shared_ptr whose deleter releases the GIL while `*p` is destroyed.
 ///

@@ -1,6 +1,9 @@
-// Bindings: CausalLM (a whole decoder from a Hugging Face folder) and its KV cache.
-// The tp package wraps the model in a torch.nn.Module (tp.CausalLM) whose parameters
-// are the C++ module's own tensors.
+// Bindings: CausalLM (a whole decoder from a Hugging Face folder), its KV cache, and its
+// children (the decoder layers, their norms and projections). The tp package wraps the
+// model in a torch.nn.Module (tp.CausalLM) whose children wrap these, so its parameters
+// are the C++ modules' own tensors. A child is handed out as a shared_ptr that aliases
+// the model's: it keeps the whole model (and its communicator) alive, and the model's
+// GIL-releasing deleter still runs last.
 
 #include <memory>
 #include <optional>
@@ -14,14 +17,68 @@
 #include "bindings.h"
 #include "tp/comm/communicator.h"
 #include "tp/models/causal_lm.h"
+#include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
+#include "tp/models/rms_norm.h"
 
 namespace py = pybind11;
 
 namespace tp::python {
+namespace {
+
+/// `child` of a module owned by `owner`, sharing the owner's lifetime.
+template <class Owner, class Holder>
+std::shared_ptr<typename Holder::ContainedType> child_of(const std::shared_ptr<Owner>& owner, const Holder& child) {
+  using Impl = typename Holder::ContainedType;
+  return child.is_empty() ? std::shared_ptr<Impl>() : std::shared_ptr<Impl>(owner, child.ptr().get());
+}
+
+template <class Impl>
+std::vector<std::pair<std::string, at::Tensor>> own_tensors(const Impl& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void bind_children(py::module_& m) {
+  py::class_<RMSNormImpl, std::shared_ptr<RMSNormImpl>>(m, "RMSNorm", "A model's RMSNorm (mirrored on every rank).")
+      .def(
+          "forward", [](RMSNormImpl& norm, const at::Tensor& x) { return norm.forward(x); }, py::arg("input"))
+      .def_property_readonly("weight", [](const RMSNormImpl& norm) { return norm.weight; })
+      .def_property_readonly("size", [](const RMSNormImpl& norm) { return norm.options.size(); })
+      .def_property_readonly("eps", [](const RMSNormImpl& norm) { return norm.options.eps(); })
+      .def("named_parameters", &own_tensors<RMSNormImpl>)
+      .def("__repr__", [](const RMSNormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
+
+  using Layer = std::shared_ptr<DecoderLayerImpl>;
+  py::class_<DecoderLayerImpl, Layer>(m, "DecoderLayer", "One decoder block of a CausalLM.")
+      .def_readonly("index", &DecoderLayerImpl::index)
+      .def_property_readonly("qk_norm", &DecoderLayerImpl::qk_norm)
+      .def_property_readonly("head_dim", [](const DecoderLayerImpl& l) { return l.config.head_dim; })
+      .def_property_readonly("input_layernorm", [](const Layer& l) { return child_of(l, l->input_layernorm); })
+      .def_property_readonly("post_attention_layernorm",
+                             [](const Layer& l) { return child_of(l, l->post_attention_layernorm); })
+      .def_property_readonly("q_norm", [](const Layer& l) { return child_of(l, l->q_norm); })
+      .def_property_readonly("k_norm", [](const Layer& l) { return child_of(l, l->k_norm); })
+      .def_property_readonly("qkv", [](const Layer& l) { return child_of(l, l->qkv); })
+      .def_property_readonly("o_proj", [](const Layer& l) { return child_of(l, l->o_proj); })
+      .def_property_readonly("gate_up", [](const Layer& l) { return child_of(l, l->gate_up); })
+      .def_property_readonly("down_proj", [](const Layer& l) { return child_of(l, l->down_proj); })
+      .def(
+          "attention",
+          [](DecoderLayerImpl& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+             const at::Tensor& sin) { return l.attention(q, k, v, cos, sin); },
+          py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"),
+          py::call_guard<py::gil_scoped_release>(), "DecoderLayerImpl::attention: qkv's pieces -> O's input.")
+      .def("__repr__",
+           [](const DecoderLayerImpl& l) { return "tp::DecoderLayer(index=" + std::to_string(l.index) + ")"; });
+}
+
+}  // namespace
 
 void init_causal_lm(py::module_& m) {
   using Release = py::call_guard<py::gil_scoped_release>;
+  bind_children(m);
   py::class_<KVCache>(m, "KVCache", "Keys and values per layer (this rank's KV heads) for incremental decoding.")
       .def_readwrite("length", &KVCache::length, "Positions filled so far (the next token's position).")
       .def_property_readonly("capacity", &KVCache::capacity);
@@ -69,6 +126,23 @@ void init_causal_lm(py::module_& m) {
             return model.lm_head->cross_entropy(local, target, ignore_index);
           },
           py::arg("local_logits"), py::arg("target"), py::arg("ignore_index") = -100, Release())
+      .def_property_readonly("embed_tokens",
+                             [](const std::shared_ptr<CausalLMImpl>& lm) { return child_of(lm, lm->embed_tokens); })
+      .def_property_readonly("norm", [](const std::shared_ptr<CausalLMImpl>& lm) { return child_of(lm, lm->norm); })
+      .def_property_readonly("lm_head",
+                             [](const std::shared_ptr<CausalLMImpl>& lm) { return child_of(lm, lm->lm_head); })
+      .def_property_readonly("layers",
+                             [](const std::shared_ptr<CausalLMImpl>& lm) {
+                               std::vector<std::shared_ptr<DecoderLayerImpl>> out;
+                               for (const auto& layer : lm->layers) out.push_back(child_of(lm, layer));
+                               return out;
+                             })
+      .def(
+          "rotary_cos_sin",
+          [](const CausalLMImpl& lm, const at::Tensor& positions) { return lm.rotary.cos_sin(positions, lm.dtype); },
+          py::arg("positions"), "(cos, sin) [batch, seq, head_dim] of positions [batch, seq], in the model dtype.")
+      .def_property_readonly("head_dim", [](const CausalLMImpl& lm) { return lm.config.head_dim; })
+      .def_property_readonly("dtype", [](const CausalLMImpl& lm) { return lm.dtype; })
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))
       .def("gather_weights", &CausalLMImpl::gather_weights, Release())
       .def("generate_greedy", &CausalLMImpl::generate_greedy, py::arg("prompt"), py::arg("new_tokens"), Release())

@@ -49,4 +49,5 @@ PYBIND11_MODULE(_C, m) {
   tp::python::init_models(m);
   tp::python::init_causal_lm(m);
   tp::python::init_differentiable(m);
+  tp::python::init_ops(m);
 }

@@ -9,8 +9,11 @@
     reduce_scatter_to_sequence_parallel    reduce-scatter along dim     all-gather
 
 They are the C++ autograd functions (tp/comm/differentiable.h): ``loss.backward()``
-runs their C++ backward. Sizes may be uneven, and a rank's piece may be empty; with
-world size 1 every function is the identity.
+runs their C++ backward. Under torch.compile (``fullgraph=True``) and torch.export each
+is the operator ``torch.ops.tp.<name>`` (tp/ops.py), with its paired collective as the
+autograd formula. Sizes may be uneven,
+and a rank's piece may be empty; with world size 1 every function is the identity.
+Under the compiler the gathers need ``sizes`` (exchanging them is a run-time value).
 
 Every rank must call them in the same order, with the same shapes (up to the split
 dimension) and the same ``requires_grad``, and must run the backward of each one it
@@ -28,7 +31,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, ops
 from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
 
 __all__ = [
@@ -66,12 +69,38 @@ def _comm(group, communicator) -> "_C.Communicator":
     return comm
 
 
-def _sizes(sizes: Optional[Sequence[int]]) -> List[int]:
-    return [] if sizes is None else [int(s) for s in sizes]
+@torch.compiler.assume_constant_result
+def _handle(group, communicator) -> int:
+    """The communicator's op handle: a constant to the compiler (looked up when tracing)."""
+    return ops.comm_handle(_comm(group, communicator))
+
+
+@torch.compiler.assume_constant_result
+def _world_rank(group, communicator):
+    comm = _comm(group, communicator)
+    return comm.world_size, comm.rank
+
+
+@torch.compiler.assume_constant_result
+def _reduce_codes(strategy, wire):
+    return int(all_reduce_strategy(strategy)), int(wire_precision(wire))
+
+
+def _gather_sizes(input, dim, sizes, group, communicator, what) -> List[int]:
+    if sizes is not None:
+        return [int(s) for s in sizes]
+    if torch.compiler.is_compiling():
+        raise ValueError(
+            f"tp.{what} under torch.compile / export needs sizes= (every rank's extent along dim): "
+            "exchanging them is a run-time value the graph cannot hold"
+        )
+    return list(_C.exchange_sizes(input, _comm(group, communicator), dim))
 
 
 def copy_to_parallel(input: torch.Tensor, group=None, *, communicator=None) -> torch.Tensor:
     """Identity forward; the backward all-reduces the gradient (Megatron's f)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.tp.copy_to_parallel(_handle(group, communicator), input)  # a copy
     return _C.copy_to_parallel(input, _comm(group, communicator))
 
 
@@ -84,9 +113,10 @@ def reduce_from_parallel(
     communicator=None,
 ) -> torch.Tensor:
     """All-reduce forward (a new tensor); identity backward (Megatron's g)."""
-    return _C.reduce_from_parallel(
-        input, _comm(group, communicator), all_reduce_strategy(strategy), wire_precision(wire)
-    )
+    if torch.compiler.is_compiling():
+        return torch.ops.tp.reduce_from_parallel(_handle(group, communicator), input, *_reduce_codes(strategy, wire))
+    return _C.reduce_from_parallel(input, _comm(group, communicator), all_reduce_strategy(strategy),
+                                   wire_precision(wire))
 
 
 def gather_from_parallel(
@@ -94,7 +124,8 @@ def gather_from_parallel(
 ) -> torch.Tensor:
     """All-gather along ``dim``; ``sizes[r]`` is rank r's extent (None: exchanged, one small
     all-gather). Backward: this rank's piece of the gradient."""
-    return _C.gather_from_parallel(input, _comm(group, communicator), dim, _sizes(sizes))
+    sizes = _gather_sizes(input, dim, sizes, group, communicator, "gather_from_parallel")
+    return _call("gather_from_parallel", input, dim, sizes, group, communicator)
 
 
 def scatter_to_parallel(
@@ -102,10 +133,8 @@ def scatter_to_parallel(
 ) -> torch.Tensor:
     """This rank's piece of a mirrored ``input`` along ``dim``: ``sizes[r]`` entries for rank r
     (None: the even split of ``sequence_sizes``). Backward: all-gathers the gradient."""
-    comm = _comm(group, communicator)
-    if sizes is None:
-        sizes = _C.sequence_sizes(input.shape[dim], comm.world_size)  # the even split
-    return _C.scatter_to_parallel(input, comm, dim, _sizes(sizes))
+    sizes = _even_sizes(input, dim, sizes, group, communicator)
+    return _call("scatter_to_parallel", input, dim, sizes, group, communicator)
 
 
 def gather_from_sequence_parallel(
@@ -113,7 +142,8 @@ def gather_from_sequence_parallel(
 ) -> torch.Tensor:
     """All-gather the token pieces along ``dim`` (None: sizes exchanged). Backward:
     reduce-scatters the gradient back to the pieces."""
-    return _C.gather_from_sequence_parallel(input, _comm(group, communicator), dim, _sizes(sizes))
+    sizes = _gather_sizes(input, dim, sizes, group, communicator, "gather_from_sequence_parallel")
+    return _call("gather_from_sequence_parallel", input, dim, sizes, group, communicator)
 
 
 def reduce_scatter_to_sequence_parallel(
@@ -121,18 +151,32 @@ def reduce_scatter_to_sequence_parallel(
 ) -> torch.Tensor:
     """Sum over ranks, then this rank's tokens along ``dim``: ``sizes[r]`` for rank r
     (None: ``sequence_sizes``). Backward: all-gathers the gradient."""
-    comm = _comm(group, communicator)
-    if sizes is None:
-        sizes = _C.sequence_sizes(input.shape[dim], comm.world_size)
-    return _C.reduce_scatter_to_sequence_parallel(input, comm, dim, _sizes(sizes))
+    sizes = _even_sizes(input, dim, sizes, group, communicator)
+    return _call("reduce_scatter_to_sequence_parallel", input, dim, sizes, group, communicator)
 
 
 def scatter_to_sequence_parallel(input: torch.Tensor, dim: int = 0, group=None, *, communicator=None) -> torch.Tensor:
     """Enters a sequence-parallel region: this rank's tokens (``sequence_ranges``) of a
     mirrored ``input`` along ``dim``; backward all-gathers. To leave one,
     ``gather_from_parallel(x, dim)``."""
-    comm = _comm(group, communicator)
-    return _C.scatter_to_parallel(input, comm, dim, _C.sequence_sizes(input.shape[dim], comm.world_size))
+    sizes = _even_sizes(input, dim, None, group, communicator)
+    return _call("scatter_to_parallel", input, dim, sizes, group, communicator)
+
+
+def _call(name, input, dim, sizes, group, communicator):
+    """The operator under the compiler; eagerly the C++ function with its own autograd."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.tp, name)(_handle(group, communicator), input, dim, sizes)
+    return getattr(_C, name)(input, _comm(group, communicator), dim, sizes)
+
+
+def _even_sizes(input, dim, sizes, group, communicator) -> List[int]:
+    """``sizes``, or the even split of ``sequence_sizes`` (computed, never exchanged)."""
+    if sizes is not None:
+        return [int(s) for s in sizes]
+    world, _ = _world_rank(group, communicator)
+    tokens = input.shape[dim]
+    return [tokens // world + (1 if r < tokens % world else 0) for r in range(world)]
 
 
 def sequence_ranges(tokens: int, world_size: int):

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import _C
+from . import _C, ops
 from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
 from .loading import LoadSession
 
@@ -118,7 +118,10 @@ class _ParallelLinear(nn.Module):
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
-        impl = impl_type(options, comm)
+        self._adopt(impl_type(options, comm))
+
+    def _adopt(self, impl) -> None:
+        """Takes the C++ module ``impl``: its tensors become this module's parameters."""
         self._impl = impl
         for name, tensor in impl.named_parameters():
             if type(tensor) is not nn.Parameter:
@@ -127,6 +130,19 @@ class _ParallelLinear(nn.Module):
             self.register_parameter(name, tensor)
         if "bias" not in self._parameters:
             self.register_parameter("bias", None)
+        ops.handle(self)
+        self._op_setup()
+
+    @classmethod
+    def _from_impl(cls, impl):
+        """The module over an existing C++ layer (a tp.CausalLM's child)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._adopt(impl)
+        return layer
+
+    def _op_setup(self) -> None:
+        """What the operator path needs to know eagerly (the fused layers' split)."""
 
     @classmethod
     def from_options(cls, options, *, group: Optional["dist.ProcessGroup"] = None,
@@ -146,8 +162,27 @@ class _ParallelLinear(nn.Module):
         return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        """Runs the C++ forward with the GIL released (collectives included)."""
+        """The C++ forward (GIL released, collectives included). Under torch.compile /
+        torch.export it is the operator torch.ops.tp.<layer> (tp/ops.py), one node of known
+        shape; eagerly the C++ module runs with its own autograd nodes (no recompute)."""
+        if torch.compiler.is_compiling():
+            return getattr(torch.ops.tp, self._op_name)(self._op_handle, input, self._op_params())
         return self._impl.forward(input)
+
+    def _op_params(self):
+        """The layer's own tensors, in the C++ registration order (the op checks them)."""
+        return [p for p in self._parameters.values() if p is not None]
+
+    def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
+        """What forward returns, as an empty tensor (the operator's fake kernel). Row
+        and the embedding override it; this is the column layers' (and the LM head's)."""
+        if getattr(self._impl.options, "sequence_parallel", False):
+            raise NotImplementedError(
+                f"{type(self).__name__}(sequence_parallel=True) under torch.compile / export: the gathered token "
+                "count depends on the other ranks' pieces (exchanged at run time); run it eagerly, or gather the "
+                "tokens with tp.gather_from_sequence_parallel(x, sizes=...) into a layer without sequence_parallel"
+            )
+        return input.new_empty((*input.shape[:-1], self._op_output_features()))
 
     def load_weights(self, checkpoint: CheckpointLike, prefix: str) -> None:
         """Loads this rank's slice of the checkpoint tensors named ``prefix`` + ...
@@ -247,6 +282,30 @@ class _SplitLinear(_ParallelLinear):
         return [tuple(r) for r in self._impl.ranges()]
 
 
+def _sequence_share(tokens: int, world: int, rank: int) -> int:
+    """This rank's token count under tp.sequence_ranges (the first tokens % world ranks
+    get one more); symbolic sizes allowed."""
+    return tokens // world + (1 if rank < tokens % world else 0)
+
+
+def _column_output(layer, gathered_features: int, local_features: int) -> int:
+    return gathered_features if layer._impl.options.gather_output else local_features
+
+
+class _FusedColumn(_ParallelLinear):
+    """QKV and GateUp: one column GEMM whose output holds several pieces."""
+
+    def _op_setup(self) -> None:
+        # The pieces' (offset, size) along the output's last dim, read once from the C++
+        # split (on a meta tensor): split() is then narrow()s that the compiler traces.
+        parts = self._impl.split(torch.empty(1, self._op_output_features(), device="meta"))
+        self._split_pieces = tuple((p.storage_offset(), p.shape[-1]) for p in parts)
+
+    def split(self, output: torch.Tensor):
+        """The pieces of a forward output, as views."""
+        return tuple(output.narrow(-1, offset, size) for offset, size in self._split_pieces)
+
+
 class ColumnParallelLinear(_SplitLinear):
     """y = x W^T + b with W's rows (output features) split over ranks.
 
@@ -262,6 +321,11 @@ class ColumnParallelLinear(_SplitLinear):
 
     _impl_type = _C.ColumnParallelLinear
     _options_type = _C.ColumnParallelLinearOptions
+    _op_name = "column_parallel_linear"
+
+    def _op_output_features(self) -> int:
+        begin, end = self._impl.local_range()
+        return _column_output(self, self.out_features, end - begin)
 
     @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(self, in_features: int, out_features: int, bias: bool = True, **keywords):
@@ -286,6 +350,14 @@ class RowParallelLinear(_SplitLinear):
 
     _impl_type = _C.RowParallelLinear
     _options_type = _C.RowParallelLinearOptions
+    _op_name = "row_parallel_linear"
+
+    def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
+        shape = [*input.shape[:-1], self.out_features]
+        if self._impl.options.sequence_parallel:  # reduce-scattered: this rank's tokens
+            dim = self._impl.options.sequence_dim % len(shape)
+            shape[dim] = _sequence_share(shape[dim], self.world_size, self.rank)
+        return input.new_empty(shape)
 
     @_layer_keywords(_SEQUENCE_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(
@@ -307,7 +379,7 @@ class RowParallelLinear(_SplitLinear):
         )
 
 
-class QKVParallelLinear(_ParallelLinear):
+class QKVParallelLinear(_FusedColumn):
     """The fused [Q | K | V] projection, split over ranks by whole heads.
 
     With GQA a rank owns whole KV heads and the query heads that read them; with
@@ -318,6 +390,12 @@ class QKVParallelLinear(_ParallelLinear):
 
     _impl_type = _C.QKVParallelLinear
     _options_type = _C.QKVParallelLinearOptions
+    _op_name = "qkv_parallel_linear"
+
+    def _op_output_features(self) -> int:
+        o = self._impl.options
+        return _column_output(self, (o.num_heads + 2 * o.num_kv_heads) * o.head_dim,
+                              (self.local_q_heads + 2 * self.local_kv_heads) * o.head_dim)
 
     @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(
@@ -337,7 +415,7 @@ class QKVParallelLinear(_ParallelLinear):
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(q, k, v) views of a forward output, each [..., heads * head_dim]."""
-        return self._impl.split(output)
+        return super().split(output)
 
     head_plan = property(lambda self: self._impl.head_plan, doc="Which heads this rank owns.")
     local_q_heads = property(lambda self: self._impl.local_q_heads)
@@ -349,7 +427,7 @@ class QKVParallelLinear(_ParallelLinear):
         return self._impl.attention_output_split()
 
 
-class GateUpParallelLinear(_ParallelLinear):
+class GateUpParallelLinear(_FusedColumn):
     """The fused [gate | up] projection of a gated MLP, column-parallel.
 
     Output [..., 2 * local intermediate] ([gate_local | up_local]); ``split(y)`` gives
@@ -358,6 +436,11 @@ class GateUpParallelLinear(_ParallelLinear):
 
     _impl_type = _C.GateUpParallelLinear
     _options_type = _C.GateUpParallelLinearOptions
+    _op_name = "gate_up_parallel_linear"
+
+    def _op_output_features(self) -> int:
+        begin, end = self._impl.local_range()
+        return _column_output(self, 2 * self._impl.options.intermediate_size, 2 * (end - begin))
 
     @_layer_keywords(_GATHER_KEYWORDS, _COMMON_KEYWORDS)
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, **keywords):
@@ -368,7 +451,7 @@ class GateUpParallelLinear(_ParallelLinear):
 
     def split(self, output: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """(gate, up) views of a forward output."""
-        return self._impl.split(output)
+        return super().split(output)
 
     def local_range(self) -> Tuple[int, int]:
         """This rank's slice of the intermediate dimension (the down projection's input)."""

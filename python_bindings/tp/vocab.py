@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from .layers import CheckpointLike, _ParallelLinear
+from . import ops
+from .layers import CheckpointLike, _ParallelLinear, _sequence_share
 
 __all__ = [
     "VocabParallelEmbedding",
@@ -32,7 +33,10 @@ class _VocabLayer(_ParallelLinear):
         options.dtype = torch.get_default_dtype() if dtype is None else dtype
         options.device = torch.device("cpu" if device is None else device)
         self._build(impl_type, options, group, communicator)
-        del self._parameters["bias"]  # no bias: _build registers None for the linear layers' sake
+
+    def _adopt(self, impl) -> None:
+        super()._adopt(impl)
+        del self._parameters["bias"]  # no bias: _adopt registers None for the linear layers' sake
 
     _tp_gathers_at_path = True  # tp.gather_weights calls gather_weights(its path)
 
@@ -90,6 +94,13 @@ class VocabParallelEmbedding(_VocabLayer):
 
     num_embeddings = property(lambda self: self._impl.options.num_embeddings)
     embedding_dim = property(lambda self: self._impl.options.embedding_dim)
+    _op_name = "vocab_parallel_embedding"
+
+    def _fake_output(self, ids: torch.Tensor) -> torch.Tensor:
+        shape = [*ids.shape, self.embedding_dim]
+        if self._impl.options.sequence_parallel:  # reduce-scattered along dim 0
+            shape[0] = _sequence_share(shape[0], self.world_size, self.rank)
+        return ids.new_empty(shape, dtype=self.weight.dtype)
 
 
 class ParallelLMHead(_VocabLayer):
@@ -106,6 +117,13 @@ class ParallelLMHead(_VocabLayer):
 
     _impl_type = _C.ParallelLMHead
     _options_type = _C.ParallelLMHeadOptions
+    _op_name = "parallel_lm_head"
+
+    def _op_output_features(self) -> int:
+        if self._impl.options.gather_output:
+            return self.vocab_size
+        begin, end = self.local_range()
+        return end - begin
 
     def __init__(
         self,
@@ -131,12 +149,18 @@ class ParallelLMHead(_VocabLayer):
         communicator are the embedding's)."""
         if not isinstance(embedding, VocabParallelEmbedding):
             raise TypeError(f"ParallelLMHead.tied: expected a tp.VocabParallelEmbedding, got {type(embedding).__name__}")
+        return cls._tied_over(_C.ParallelLMHead(embedding._impl, gather_output), embedding)
+
+    @classmethod
+    def _tied_over(cls, impl: "_C.ParallelLMHead", embedding: VocabParallelEmbedding) -> "ParallelLMHead":
+        """The module over a tied C++ head whose weight is ``embedding``'s."""
         head = cls.__new__(cls)
         torch.nn.Module.__init__(head)
-        head._impl = _C.ParallelLMHead(embedding._impl, gather_output)
+        head._impl = impl
         # The embedding's very Parameter, as transformers ties lm_head.weight: named
         # twice in state_dict(), once in parameters() (which drops duplicates).
         head.register_parameter("weight", embedding.weight)
+        ops.handle(head)
         return head
 
     is_tied = property(lambda self: self._impl.tied)
@@ -151,6 +175,8 @@ class ParallelLMHead(_VocabLayer):
     def cross_entropy(self, local_logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100):
         """Per-row cross entropy [...] from this rank's local logits (forward's output
         without gather_output); the same on every rank. Differentiable."""
+        if torch.compiler.is_compiling() and not self._impl.options.gather_output:
+            return torch.ops.tp.vocab_parallel_cross_entropy(self._op_handle, local_logits, target, ignore_index)
         return self._impl.cross_entropy(local_logits, target, ignore_index)
 
     def argmax(self, local_logits: torch.Tensor) -> torch.Tensor:

@@ -57,8 +57,8 @@ namespace {
 
 // Causal GQA attention of this rank's query heads. q: [b, hq, s, d]; k, v: [b, hkv, L, d]
 // with L = past + s (the cache's positions, then the new ones).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan, int64_t group,
-                     double scale) {
+at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan,
+                             int64_t group, double scale) {
   const int64_t b = q.size(0), nq = q.size(1), s = q.size(2), d = q.size(3), total = k.size(2);
   if (nq == 0) return at::empty({b, 0, s, d}, q.options());
   // Local query head h reads local KV head (q_begin + h) / group - kv_begin.
@@ -87,13 +87,20 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      KVCache* cache) {
-  const int64_t b = x.size(0), s = x.size(1), d = config.head_dim;
-  const auto& plan = qkv->head_plan();
   // The column layers route their mirrored input through copy_to_parallel themselves.
   auto [q, k, v] = qkv->split(qkv->forward(input_layernorm->forward(x)));
-  q = q.reshape({b, s, -1, d});
-  k = k.reshape({b, s, -1, d});
-  v = v.reshape({b, s, -1, d});
+  const at::Tensor h = x + o_proj->forward(attention(q, k, v, cos, sin, cache));
+  auto [gate, up] = gate_up->split(gate_up->forward(post_attention_layernorm->forward(h)));
+  return h + down_proj->forward(at::silu(gate) * up);
+}
+
+at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                       const at::Tensor& cos, const at::Tensor& sin, KVCache* cache) {
+  const int64_t b = q_in.size(0), s = q_in.size(1), d = config.head_dim;
+  const auto& plan = qkv->head_plan();
+  at::Tensor q = q_in.reshape({b, s, -1, d});
+  at::Tensor k = k_in.reshape({b, s, -1, d});
+  at::Tensor v = v_in.reshape({b, s, -1, d});
   if (qk_norm()) {
     // Each rank applies the shared per-head weight to its own heads: the weight's
     // gradient is the sum of every rank's part.
@@ -105,10 +112,8 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   v = v.transpose(1, 2);
   if (cache) std::tie(k, v) = cache->append(index, k, v);
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
-  const at::Tensor a = attention(q, k, v, plan, group, std::pow(static_cast<double>(d), -0.5));
-  const at::Tensor h = x + o_proj->forward(a.transpose(1, 2).reshape({b, s, -1}));
-  auto [gate, up] = gate_up->split(gate_up->forward(post_attention_layernorm->forward(h)));
-  return h + down_proj->forward(at::silu(gate) * up);
+  const at::Tensor a = grouped_attention(q, k, v, plan, group, std::pow(static_cast<double>(d), -0.5));
+  return a.transpose(1, 2).reshape({b, s, -1});
 }
 
 void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {

@@ -44,6 +44,13 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// without one the sequence attends causally to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache = nullptr);
 
+  /// The attention between QKV and O, as forward runs it: q, k, v are qkv's split
+  /// pieces [batch, seq, local heads * head_dim] (Qwen3's q/k norms, RoPE, the cache and
+  /// GQA attention applied here) -> [batch, seq, local q heads * head_dim], O's input.
+  /// (The Python DecoderLayer composes its children around it.)
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                       const at::Tensor& sin, KVCache* cache = nullptr);
+
   /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only
   /// (a LoadSession's checkpoint records them for its unread-tensor report).
   void load_weights(const Checkpoint& checkpoint);
