@@ -2,7 +2,7 @@
 """What torch.compile buys around tp's layers: the examples/llama_block.py decoder block,
 eager vs torch.compile(fullgraph=True) (inductor), forward time per call.
 
-    PYTHONPATH=build/python .venv/bin/python benchmarks/compile_bench.py [--tp 1 2] [--m 1 256]
+    PYTHONPATH=build/python .venv/bin/python benchmarks/compile_bench.py [--tp 1 2] [--m 1 256] [--backward]
 
 Each TP size runs that many processes over gloo (one thread each); every rank times
 the same calls, rank 0 prints the median of --reps calls after --warmup (the compile
@@ -40,20 +40,28 @@ def cpu_flags() -> str:
     return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
 
 
-def _median_ms(fn, x, warmup, reps):
-    with torch.no_grad():
-        for _ in range(warmup):
-            fn(x)
-        times = []
-        for _ in range(reps):
-            dist.barrier() if dist.is_initialized() else None
-            t = time.perf_counter()
-            fn(x)
-            times.append((time.perf_counter() - t) * 1e3)
+def _median_ms(fn, x, warmup, reps, backward):
+    """Median ms of fn(x) (no grad), or with `backward` of fn(x).sum().backward()."""
+
+    def call():
+        if backward:
+            fn(x).sum().backward()
+        else:
+            with torch.no_grad():
+                fn(x)
+
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
-def run_rank(rank, world, port, dtypes, ms, warmup, reps, queue):
+def run_rank(rank, world, port, dtypes, ms, warmup, reps, backward, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -67,9 +75,9 @@ def run_rank(rank, world, port, dtypes, ms, warmup, reps, queue):
             torch._dynamo.reset()
             compiled = torch.compile(block, fullgraph=True, dynamic=False)
             for m in ms:
-                x = torch.randn(1, m, CONFIG["hidden"], dtype=dtype)
-                eager = _median_ms(block, x, warmup, reps)
-                comp = _median_ms(compiled, x, warmup, reps)
+                x = torch.randn(1, m, CONFIG["hidden"], dtype=dtype, requires_grad=backward)
+                eager = _median_ms(block, x, warmup, reps, backward)
+                comp = _median_ms(compiled, x, warmup, reps, backward)
                 rows.append((str(dtype).replace("torch.", ""), m, eager, comp))
         if rank == 0:
             queue.put(rows)
@@ -90,17 +98,20 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--backward", action="store_true",
+                        help="time forward + backward (the compiled layers' backward reruns their forward)")
     args = parser.parse_args(argv)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     print(f"# cpu flags: {cpu_flags()}; {os.cpu_count()} cores; torch {torch.__version__}")
     print(f"# block: hidden {CONFIG['hidden']}, heads {CONFIG['heads']}/{CONFIG['kv_heads']} x {CONFIG['head_dim']}, "
-          f"intermediate {CONFIG['intermediate']}; median of {args.reps} after {args.warmup} warm-up calls")
+          f"intermediate {CONFIG['intermediate']}; {'forward + backward' if args.backward else 'forward'}, "
+          f"median of {args.reps} after {args.warmup} warm-up calls")
     print("| TP | dtype | M | eager ms | compiled ms | compiled / eager |")
     print("|---|---|---|---|---|---|")
     ctx = mp.get_context("spawn")
     for world in args.tp:
         queue = ctx.SimpleQueue()
-        mp.start_processes(run_rank, args=(world, free_port(), dtypes, args.m, args.warmup, args.reps, queue),
+        mp.start_processes(run_rank, args=(world, free_port(), dtypes, args.m, args.warmup, args.reps, args.backward, queue),
                            nprocs=world, start_method="spawn")
         for dtype, m, eager, comp in queue.get():
             print(f"| {world} | {dtype} | {m} | {eager:.3f} | {comp:.3f} | {comp / eager:.2f} |", flush=True)

@@ -23,11 +23,12 @@
 // op computes with its arguments, never silently with the old weights.
 //
 // The fake (meta) kernels and the autograd formulas are registered from Python
-// (tp/ops.py), next to the modules that know their output shapes. The layers' backward
-// is module_backward: it reruns the C++ forward with autograd on and differentiates it
+// (tp/ops.py), next to the modules that know their output shapes; the modules call the
+// ops under the compiler only (eagerly the C++ autograd runs). The ops' backward is
+// module_backward: it reruns the C++ forward with autograd on and differentiates it
 // (the same autograd nodes, hence the same bits, as an eager backward; the cost is one
-// more forward, collectives included, per layer: RESULTS.md "compile"). The collectives'
-// backward is the paired collective op, with no recompute.
+// more forward, collectives included, per layer: RESULTS.md "2026-12-03 (night)"). The
+// collectives' backward is the paired collective op, with no recompute.
 
 #include <cstdint>
 #include <functional>

@@ -74,6 +74,7 @@ from .layers import (
     gather_weights,
 )
 from .causal_lm import CausalLM
+from .dcp import ShardedParameter, dcp_state_dict
 from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_argmax, vocab_parallel_cross_entropy
 from ._C import VocabPartition, partition_vocab
 
@@ -101,12 +102,14 @@ __all__ = [
     "RopeParameters",
     "RopeType",
     "RowParallelLinear",
+    "ShardedParameter",
     "SplitPolicy",
     "VocabParallelEmbedding",
     "VocabPartition",
     "WirePrecision",
     "communicator",
     "copy_to_parallel",
+    "dcp_state_dict",
     "gather_from_parallel",
     "gather_from_sequence_parallel",
     "gather_weights",

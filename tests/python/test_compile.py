@@ -93,3 +93,4 @@ def test_causal_lm_children_are_tp_modules(folder):
     with torch.no_grad():
         model(torch.tensor([[1, 2, 3]]))
     assert seen and seen[0][:2] == (1, 3), seen
+

@@ -1,0 +1,204 @@
+"""Sharded saving and loading through torch.distributed.checkpoint (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    dcp.save(tp.dcp_state_dict(model), checkpoint_id="ckpt/")      # every rank: its shards
+    dcp.load(tp.dcp_state_dict(other_model), checkpoint_id="ckpt/") # at any TP size, in place
+
+``dcp_state_dict(module)`` describes every parameter by its GLOBAL tensor and this rank's
+pieces of it, under the module's own parameter names (as ``state_dict()`` names them):
+each rank writes only its pieces (a replicated piece — a mirrored norm or bias, a KV head
+held by several ranks — is written once: DCP keeps one of identical pieces), and reading
+fills this rank's parameters in place from whichever files hold their rows, so no rank
+ever holds more than its shards plus DCP's read buffer for one saved piece.
+
+tp's plans are not DTensor placements: shards are uneven and alignment-aware, a fused QKV
+weight holds pieces of three regions of the global tensor, replicated KV heads are held by
+several ranks, the vocabulary table has padding rows that are not part of the tensor. So
+each entry is a ``ShardedParameter``: the hooks DCP's planners call on DTensor
+(``__create_write_items__``, ``__create_chunk_list__``, ``__get_tensor_shard__``) over an
+explicit list of (global offsets, local view) pieces. The global shape of a fused
+parameter is the fused tensor's: ``layers.0.qkv.weight`` is [q | k | v] rows of all heads.
+
+Quantized layers are refused by name: their packed codes and scales follow each format's
+own packing (elm_packing, scale_span); describing them is not built yet.
+"""
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import _C
+from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
+from .vocab import ParallelLMHead, VocabParallelEmbedding
+
+__all__ = ["ShardedParameter", "dcp_state_dict"]
+
+Piece = Tuple[Tuple[int, ...], torch.Tensor]  # (offsets in the global tensor, this rank's view)
+
+
+class ShardedParameter(torch.Tensor):
+    """This rank's pieces of one global tensor, for DCP. A tensor of the global shape
+    without data (as DTensor is): only DCP's planner hooks and metadata work on it."""
+
+    @staticmethod
+    def __new__(cls, global_shape: Sequence[int], pieces: List[Piece], name: str):
+        dtype = pieces[0][1].dtype if pieces else torch.float32
+        device = pieces[0][1].device if pieces else torch.device("cpu")
+        r = torch.Tensor._make_wrapper_subclass(cls, torch.Size(global_shape), dtype=dtype, device=device)
+        r._pieces = pieces
+        r._name = name
+        return r
+
+    def __init__(self, global_shape, pieces, name):
+        for offsets, view in pieces:
+            if len(offsets) != len(global_shape) or any(
+                o < 0 or o + s > g for o, s, g in zip(offsets, view.shape, global_shape)
+            ):
+                raise ValueError(f"tp.dcp: {name}: piece at {offsets} of shape {tuple(view.shape)} is outside "
+                                 f"the global {tuple(global_shape)}")
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.detach.default:
+            return args[0]
+        raise TypeError(f"tp.dcp.ShardedParameter describes shards for torch.distributed.checkpoint; "
+                        f"{func} cannot run on it (use the module's parameters)")
+
+    def __repr__(self):
+        return f"ShardedParameter({self._name}, global {tuple(self.shape)}, {len(self._pieces)} piece(s) here)"
+
+    # -- DCP's hooks (the _Checkpointable protocol DTensor implements) --
+
+    def __create_write_items__(self, fqn: str, obj):
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+        from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
+
+        items = []
+        for offsets, view in self._pieces:
+            items.append(WriteItem(
+                index=MetadataIndex(fqn, torch.Size(offsets)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=view.shape),
+                    properties=TensorProperties.create_from_tensor(view),
+                    size=self.shape,
+                ),
+            ))
+        return items
+
+    def __create_chunk_list__(self):
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+        return [ChunkStorageMetadata(offsets=torch.Size(o), sizes=v.shape) for o, v in self._pieces]
+
+    def __get_tensor_shard__(self, index):
+        for offsets, view in self._pieces:
+            if torch.Size(offsets) == index.offset:
+                return view
+        raise ValueError(f"tp.dcp: {self._name} has no piece at {tuple(index.offset)} on this rank")
+
+
+def _rows(t: torch.Tensor, begin: int, size: int) -> torch.Tensor:
+    return t.detach().narrow(0, begin, size)
+
+
+def _check_unquantized(module, path):
+    quant = module._impl.options.quant
+    if quant.format != _C.QuantFormat.none:
+        raise NotImplementedError(
+            f"tp.dcp_state_dict: {path} ({type(module).__name__}) is quantized ({quant}); its packed tensors "
+            "are not described for torch.distributed.checkpoint yet (save the unquantized model, or its "
+            "checkpoint folder)")
+
+
+def _column_pieces(layer, path) -> Dict[str, ShardedParameter]:
+    """Column, QKV and GateUp: this rank's row pieces of the fused global [out, in]."""
+    _check_unquantized(layer, path)
+    if isinstance(layer, QKVParallelLinear):
+        plan, o = layer.head_plan, layer._impl.options
+        d, hq, hkv = o.head_dim, o.num_heads, o.num_kv_heads
+        q, kv = plan.q_heads, plan.kv_heads
+        # (global row offset, size) of each of the local output's pieces, in split() order.
+        globals_ = [(q.begin * d, (q.end - q.begin) * d), (hq * d + kv.begin * d, (kv.end - kv.begin) * d),
+                    ((hq + hkv) * d + kv.begin * d, (kv.end - kv.begin) * d)]
+        total = (hq + 2 * hkv) * d
+    elif isinstance(layer, GateUpParallelLinear):
+        begin, end = layer.local_range()
+        inter = layer._impl.options.intermediate_size
+        globals_ = [(begin, end - begin), (inter + begin, end - begin)]
+        total = 2 * inter
+    else:
+        begin, end = layer.local_range()
+        globals_ = [(begin, end - begin)]
+        total = layer.out_features
+    locals_ = list(layer._split_pieces) if isinstance(layer, (QKVParallelLinear, GateUpParallelLinear)) else [
+        (0, globals_[0][1])]
+    out = {}
+    for name, t in layer._parameters.items():
+        if t is None:
+            continue
+        shape = (total, *t.shape[1:])
+        pieces = [((g_off, *[0] * (t.dim() - 1)), _rows(t, l_off, size))
+                  for (l_off, _), (g_off, size) in zip(locals_, globals_) if size > 0]
+        out[f"{path}{name}"] = ShardedParameter(shape, pieces, f"{path}{name}")
+    return out
+
+
+def _row_pieces(layer, path) -> Dict[str, ShardedParameter]:
+    """Row: the weight's column piece; the bias is mirrored (written once)."""
+    _check_unquantized(layer, path)
+    begin, end = layer.local_range()
+    out = {}
+    w = layer.weight.detach()
+    out[f"{path}weight"] = ShardedParameter((layer.out_features, layer.in_features),
+                                            [((0, begin), w)] if end > begin else [], f"{path}weight")
+    if layer.bias is not None:
+        out[f"{path}bias"] = _whole(layer.bias, f"{path}bias")
+    return out
+
+
+def _vocab_pieces(layer, path) -> Dict[str, ShardedParameter]:
+    """Embedding / untied head: this rank's real vocabulary rows (padding rows are not
+    part of the tensor)."""
+    begin, end = layer.vocab_range()
+    w = layer.weight.detach()
+    rows = layer.num_embeddings if isinstance(layer, VocabParallelEmbedding) else layer.vocab_size
+    pieces = [((begin, 0), w.narrow(0, 0, end - begin))] if end > begin else []
+    return {f"{path}weight": ShardedParameter((rows, w.shape[1]), pieces, f"{path}weight")}
+
+
+def _whole(t: torch.Tensor, name: str) -> ShardedParameter:
+    """A mirrored tensor: every rank holds all of it (DCP writes it once)."""
+    t = t.detach()
+    return ShardedParameter(t.shape, [((0,) * t.dim(), t)], name)
+
+
+def dcp_state_dict(module: nn.Module) -> Dict[str, ShardedParameter]:
+    """{parameter name: ShardedParameter} for ``torch.distributed.checkpoint.save`` and
+    ``load`` (see the module docstring). Names are ``module.state_dict()``'s; a tied LM
+    head contributes nothing (its weight is the embedding's)."""
+    out: Dict[str, ShardedParameter] = {}
+
+    def visit(m, path):
+        if isinstance(m, (ColumnParallelLinear, QKVParallelLinear, GateUpParallelLinear)):
+            return out.update(_column_pieces(m, path))
+        if isinstance(m, RowParallelLinear):
+            return out.update(_row_pieces(m, path))
+        if isinstance(m, ParallelLMHead) and m.is_tied:
+            return None
+        if isinstance(m, (VocabParallelEmbedding, ParallelLMHead)):
+            return out.update(_vocab_pieces(m, path))
+        for name, p in m._parameters.items():  # mirrored: norms and plain modules
+            if p is not None:
+                out[f"{path}{name}"] = _whole(p, f"{path}{name}")
+        for name, b in m._buffers.items():
+            if b is not None and name not in m._non_persistent_buffers_set:
+                out[f"{path}{name}"] = _whole(b, f"{path}{name}")
+        for name, child in m._modules.items():
+            if child is not None:
+                visit(child, f"{path}{name}.")
+
+    visit(module, "")
+    return out
+

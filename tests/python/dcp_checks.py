@@ -1,0 +1,57 @@
+"""Per-rank checks of tp.dcp_state_dict with torch.distributed.checkpoint: a model saved at
+one TP size and loaded at another is the same model, bit for bit (every tensor gathered
+whole equals the saved model's), and reading touches only this rank's shards."""
+
+import resource
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+import tp
+
+
+def _example_block(dtype, seed):
+    import compile_checks
+
+    llama_block = compile_checks._example()
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        block = llama_block.TPDecoderBlock(dict(llama_block.CONFIG, kv_heads=1))  # 1 KV head: replicated at TP > 1
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():  # distinct random values everywhere, norms included (same on every rank)
+        g = torch.Generator().manual_seed(seed)
+        for norm in (block.input_layernorm, block.post_attention_layernorm):
+            norm.weight.copy_(torch.randn(norm.weight.shape, generator=g, dtype=dtype))
+    return block
+
+
+def _model(kind, folder, seed):
+    if kind == "block":
+        return _example_block(torch.float32, seed)
+    model = tp.CausalLM.from_pretrained(f"{folder}/{kind}", dtype=torch.float64)
+    if seed:  # other values than the folder's, so a load that did nothing is seen
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5).add_(0.25)
+    return model
+
+
+def save(rank, world, kind, folder, path):
+    """Saves the model (the folder's weights, or the seeded example block) at this TP size;
+    returns every tensor gathered whole."""
+    model = _model(kind, folder, 0)
+    dcp.save(tp.dcp_state_dict(model), checkpoint_id=path)
+    return tp.gather_weights(model)
+
+
+def load(rank, world, kind, folder, path):
+    """A model with other values, loaded from `path`: every tensor gathered whole, and
+    this process's peak RSS growth during the load (KiB)."""
+    model = _model(kind, folder, 1)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    dcp.load(tp.dcp_state_dict(model), checkpoint_id=path)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    return tp.gather_weights(model), grown
