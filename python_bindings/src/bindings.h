@@ -4,7 +4,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
@@ -47,6 +50,15 @@ std::shared_ptr<T> release_gil_on_delete(T* p) {
       delete q;
     }
   });
+}
+
+/// (name, tensor) of a torch::nn::Module's own parameters (not its children's), in
+/// registration order: what the tp package registers as the Python module's parameters.
+template <class Impl>
+std::vector<std::pair<std::string, at::Tensor>> own_parameters(const Impl& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
+  return out;
 }
 
 /// What `print(stream)` writes, as a string (for __repr__).

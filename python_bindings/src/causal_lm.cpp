@@ -33,13 +33,6 @@ std::shared_ptr<typename Holder::ContainedType> child_of(const std::shared_ptr<O
   return child.is_empty() ? std::shared_ptr<Impl>() : std::shared_ptr<Impl>(owner, child.ptr().get());
 }
 
-template <class Impl>
-std::vector<std::pair<std::string, at::Tensor>> own_tensors(const Impl& module) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
 void bind_children(py::module_& m) {
   py::class_<RMSNormImpl, std::shared_ptr<RMSNormImpl>>(m, "RMSNorm", "A model's RMSNorm (mirrored on every rank).")
       .def(
@@ -47,7 +40,7 @@ void bind_children(py::module_& m) {
       .def_property_readonly("weight", [](const RMSNormImpl& norm) { return norm.weight; })
       .def_property_readonly("size", [](const RMSNormImpl& norm) { return norm.options.size(); })
       .def_property_readonly("eps", [](const RMSNormImpl& norm) { return norm.options.eps(); })
-      .def("named_parameters", &own_tensors<RMSNormImpl>)
+      .def("named_parameters", &own_parameters<RMSNormImpl>)
       .def("__repr__", [](const RMSNormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
 
   using Layer = std::shared_ptr<DecoderLayerImpl>;

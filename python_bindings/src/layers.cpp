@@ -87,15 +87,8 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
       .def_property_readonly(
           "bias",
           [](const Impl& layer) { return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt; })
-      .def(
-          "named_parameters",
-          [](const Impl& layer) {
-            std::vector<std::pair<std::string, at::Tensor>> out;
-            for (const auto& item : layer.named_parameters(/*recurse=*/false))
-              out.emplace_back(item.key(), item.value());
-            return out;
-          },
-          "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
+      .def("named_parameters", &own_parameters<Impl>,
+           "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
       .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
   return cls;
 }

@@ -149,14 +149,21 @@ std::function<std::vector<at::Tensor>()> own_params(const std::weak_ptr<Impl>& w
   };
 }
 
+/// A new OpModule for `impl` (which must exist), named `what` in messages.
+template <class Impl>
+std::shared_ptr<OpModule> new_module(const std::shared_ptr<Impl>& impl, std::string what) {
+  TORCH_CHECK_VALUE(impl != nullptr, "tp.op_module: expected a ", what);
+  auto module = std::make_shared<OpModule>();
+  module->what = std::move(what);
+  module->alive = impl;
+  return module;
+}
+
 /// The handle of a module whose one method is forward(x).
 template <class Impl>
 int64_t forward_module(const std::shared_ptr<Impl>& impl, const char* what) {
-  TORCH_CHECK_VALUE(impl != nullptr, "tp.op_module: expected a ", what);
-  auto module = std::make_shared<OpModule>();
+  auto module = new_module(impl, what);
   std::weak_ptr<Impl> weak = impl;
-  module->what = what;
-  module->alive = impl;
   module->methods["forward"] = {
       [weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) { return weak.lock()->forward(in.at(0)); },
       own_params(weak)};
@@ -164,11 +171,8 @@ int64_t forward_module(const std::shared_ptr<Impl>& impl, const char* what) {
 }
 
 int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
-  TORCH_CHECK_VALUE(impl != nullptr, "tp.op_module: expected a ParallelLMHead");
-  auto module = std::make_shared<OpModule>();
+  auto module = new_module(impl, "ParallelLMHead");
   std::weak_ptr<ParallelLMHeadImpl> weak = impl;
-  module->what = "ParallelLMHead";
-  module->alive = impl;
   module->methods["forward"] = {
       [weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) { return weak.lock()->forward(in.at(0)); },
       // Its one parameter, also when tied (the embedding's, registered there).
@@ -182,11 +186,8 @@ int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
 /// A decoder layer's attention (DecoderLayerImpl::attention): q, k, v, cos, sin; its
 /// parameters are Qwen3's q/k norm weights (none otherwise).
 int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
-  TORCH_CHECK_VALUE(impl != nullptr, "tp.op_module: expected a DecoderLayer");
-  auto module = std::make_shared<OpModule>();
+  auto module = new_module(impl, impl ? "DecoderLayer " + std::to_string(impl->index) : "DecoderLayer");
   std::weak_ptr<DecoderLayerImpl> weak = impl;
-  module->what = "DecoderLayer " + std::to_string(impl->index);
-  module->alive = impl;
   module->methods["attention"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) {
                                     return weak.lock()->attention(in.at(0), in.at(1), in.at(2), in.at(3), in.at(4));
                                   },
@@ -201,11 +202,8 @@ int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
 
 /// A model's rotary table: positions [batch, seq] -> stack(cos, sin) [2, batch, seq, head_dim].
 int64_t model_module(const std::shared_ptr<CausalLMImpl>& impl) {
-  TORCH_CHECK_VALUE(impl != nullptr, "tp.op_module: expected a CausalLM");
-  auto module = std::make_shared<OpModule>();
+  auto module = new_module(impl, "CausalLM");
   std::weak_ptr<CausalLMImpl> weak = impl;
-  module->what = "CausalLM";
-  module->alive = impl;
   module->methods["rotary"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) {
     auto model = weak.lock();
     const auto [cos, sin] = model->rotary.cos_sin(in.at(0), model->dtype);

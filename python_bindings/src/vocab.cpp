@@ -31,13 +31,6 @@ using Release = py::call_guard<py::gil_scoped_release>;
       #field, [](const Options& o) { return o.field(); }, \
       [](Options& o, std::decay_t<decltype(std::declval<const Options&>().field())> v) { o.field(std::move(v)); })
 
-template <class Impl>
-std::vector<std::pair<std::string, at::Tensor>> own_parameters(const Impl& layer) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : layer.named_parameters(/*recurse=*/false)) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
 void bind_partition(py::module_& m) {
   py::class_<VocabPartition>(m, "VocabPartition", "How a vocabulary is split over ranks (padding included).")
       .def_readonly("vocab_size", &VocabPartition::vocab_size)
