@@ -19,8 +19,11 @@ each entry is a ``ShardedParameter``: the hooks DCP's planners call on DTensor
 explicit list of (global offsets, local view) pieces. The global shape of a fused
 parameter is the fused tensor's: ``layers.0.qkv.weight`` is [q | k | v] rows of all heads.
 
-Quantized layers are refused by name: their packed codes and scales follow each format's
-own packing (elm_packing, scale_span); describing them is not built yet.
+Quantized layers are described the same way, tensor by tensor, in tp's stored layout (not
+the checkpoint format's): each tensor's output- and input-feature dimensions and how many
+features one index covers (``_AXES``: int32 words of eight codes, scale groups, FP8
+blocks); a piece that does not fall on whole indices, or a tensor without a declared split,
+is an error naming it.
 """
 
 from typing import Dict, List, Sequence, Tuple
@@ -99,27 +102,69 @@ class ShardedParameter(torch.Tensor):
         raise ValueError(f"tp.dcp: {self._name} has no piece at {tuple(index.offset)} on this rank")
 
 
-def _rows(t: torch.Tensor, begin: int, size: int) -> torch.Tensor:
-    return t.detach().narrow(0, begin, size)
+# (n_dim, n_div, k_dim, k_div) of a layer parameter: the dimension that carries the output
+# features N and how many features one index of it covers (8 for codes packed eight to an
+# int32, ...), the same for the input features K; None: the tensor has no such dimension
+# (a per-row scale has no K, a per-tensor scale neither). "g" stands for the group size.
+_AXES = {
+    "weight": (0, 1, 1, 1),
+    "bias": (0, 1, None, None),
+    "weight_scale": (0, 1, None, None),  # [N, 1]: per output row (int8, FP8 tensor / channel)
+    "input_scale": (None, None, None, None),
+    "weight_scale_inv": (0, 1, 1, 128),  # FP8 block: [N, K / 128] per row
+    "qweight": (1, 1, 0, 8),  # GPTQ [K / 8, N]
+    "qzeros": (1, 8, 0, "g"),
+    "scales": (1, 1, 0, "g"),
+    "g_idx": (None, None, 0, 1),
+}
+_AXES_BY_FORMAT = {
+    "int4_awq": {"qweight": (1, 8, 0, 1)},  # [K, N / 8]
+    "int4_pack_quantized": {"weight_packed": (0, 1, 1, 8), "weight_scale": (0, 1, 1, "g"),
+                            "weight_zero_point": (0, 8, 1, "g")},
+}
 
 
-def _check_unquantized(module, path):
-    quant = module._impl.options.quant
-    if quant.format != _C.QuantFormat.none:
-        raise NotImplementedError(
-            f"tp.dcp_state_dict: {path} ({type(module).__name__}) is quantized ({quant}); its packed tensors "
-            "are not described for torch.distributed.checkpoint yet (save the unquantized model, or its "
-            "checkpoint folder)")
+def _axes(layer, name, path):
+    quant = layer._impl.options.quant
+    fmt = str(quant.format).split(".")[-1]
+    axes = _AXES_BY_FORMAT.get(fmt, {}).get(name, _AXES.get(name))
+    if axes is None:
+        raise NotImplementedError(f"tp.dcp_state_dict: {path}{name} ({type(layer).__name__}, {fmt}) has no "
+                                  "declared split; it is not described for torch.distributed.checkpoint")
+    return tuple(quant.group_size if a == "g" else a for a in axes)
+
+
+def _cut(what, offset, size, div):
+    if offset % div or size % div:
+        raise ValueError(f"tp.dcp: {what}: the piece [{offset}, {offset + size}) does not fall on whole "
+                         f"indices of {div} features")
+    return offset // div, size // div
+
+
+def _split_along(t, dim, pieces, total, name) -> ShardedParameter:
+    """t's pieces along `dim`: (local index, global index, size) each, of `total` indices."""
+    if sum(size for _, _, size in pieces) != t.shape[dim]:
+        raise ValueError(f"tp.dcp: {name}: pieces of {sum(p[2] for p in pieces)} along dim {dim}, the tensor "
+                         f"has {t.shape[dim]}")
+    shape = list(t.shape)
+    shape[dim] = total
+    views = []
+    for local, glob, size in pieces:
+        if size:
+            offsets = [0] * t.dim()
+            offsets[dim] = glob
+            views.append((tuple(offsets), t.detach().narrow(dim, local, size)))
+    return ShardedParameter(shape, views, name)
 
 
 def _column_pieces(layer, path) -> Dict[str, ShardedParameter]:
-    """Column, QKV and GateUp: this rank's row pieces of the fused global [out, in]."""
-    _check_unquantized(layer, path)
+    """Column, QKV and GateUp: this rank's pieces of the output features of the fused
+    global [out, in] (and of every quantized tensor along its N dimension)."""
     if isinstance(layer, QKVParallelLinear):
         plan, o = layer.head_plan, layer._impl.options
         d, hq, hkv = o.head_dim, o.num_heads, o.num_kv_heads
         q, kv = plan.q_heads, plan.kv_heads
-        # (global row offset, size) of each of the local output's pieces, in split() order.
+        # (global offset, size) in features of each of the local output's pieces, in split() order.
         globals_ = [(q.begin * d, (q.end - q.begin) * d), (hq * d + kv.begin * d, (kv.end - kv.begin) * d),
                     ((hq + hkv) * d + kv.begin * d, (kv.end - kv.begin) * d)]
         total = (hq + 2 * hkv) * d
@@ -132,29 +177,41 @@ def _column_pieces(layer, path) -> Dict[str, ShardedParameter]:
         begin, end = layer.local_range()
         globals_ = [(begin, end - begin)]
         total = layer.out_features
-    locals_ = list(layer._split_pieces) if isinstance(layer, (QKVParallelLinear, GateUpParallelLinear)) else [
-        (0, globals_[0][1])]
+    locals_ = [off for off, _ in layer._split_pieces] if isinstance(layer, (QKVParallelLinear, GateUpParallelLinear)) \
+        else [0]
     out = {}
     for name, t in layer._parameters.items():
         if t is None:
             continue
-        shape = (total, *t.shape[1:])
-        pieces = [((g_off, *[0] * (t.dim() - 1)), _rows(t, l_off, size))
-                  for (l_off, _), (g_off, size) in zip(locals_, globals_) if size > 0]
-        out[f"{path}{name}"] = ShardedParameter(shape, pieces, f"{path}{name}")
+        n_dim, n_div, _, _ = _axes(layer, name, path)
+        if n_dim is None:
+            out[f"{path}{name}"] = _whole(t, f"{path}{name}")
+            continue
+        what = f"{path}{name}"
+        pieces = []
+        for local, (glob, size) in zip(locals_, globals_):
+            l_idx, n = _cut(what, local, size, n_div)
+            g_idx, _ = _cut(what, glob, size, n_div)
+            pieces.append((l_idx, g_idx, n))
+        out[what] = _split_along(t, n_dim, pieces, total // n_div, what)
     return out
 
 
 def _row_pieces(layer, path) -> Dict[str, ShardedParameter]:
-    """Row: the weight's column piece; the bias is mirrored (written once)."""
-    _check_unquantized(layer, path)
+    """Row: this rank's piece of the input features (of every tensor along its K
+    dimension); tensors without one (the bias, per-row scales) are mirrored."""
     begin, end = layer.local_range()
     out = {}
-    w = layer.weight.detach()
-    out[f"{path}weight"] = ShardedParameter((layer.out_features, layer.in_features),
-                                            [((0, begin), w)] if end > begin else [], f"{path}weight")
-    if layer.bias is not None:
-        out[f"{path}bias"] = _whole(layer.bias, f"{path}bias")
+    for name, t in layer._parameters.items():
+        if t is None:
+            continue
+        _, _, k_dim, k_div = _axes(layer, name, path)
+        what = f"{path}{name}"
+        if k_dim is None:
+            out[what] = _whole(t, what)
+            continue
+        g_idx, n = _cut(what, begin, end - begin, k_div)
+        out[what] = _split_along(t, k_dim, [(0, g_idx, n)], -(-layer.in_features // k_div), what)
     return out
 
 

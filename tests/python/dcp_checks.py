@@ -55,3 +55,35 @@ def load(rank, world, kind, folder, path):
     dcp.load(tp.dcp_state_dict(model), checkpoint_id=path)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     return tp.gather_weights(model), grown
+
+
+def quantized_layers(quant, seed):
+    """QKV (1 KV head: replicated; 4 query heads of 32: uneven at TP 3), O, gate/up and down,
+    in `quant`, random codes and scales drawn from `seed`."""
+    torch.manual_seed(seed)
+    qkv = tp.QKVParallelLinear(128, 32, 4, 1, quant=quant, dtype=torch.bfloat16)
+    return torch.nn.ModuleDict(dict(
+        qkv=qkv,
+        o=tp.RowParallelLinear(128, 128, bias=False, split=qkv.attention_output_split(), quant=quant,
+                               dtype=torch.bfloat16),
+        gate_up=tp.GateUpParallelLinear(128, 256, quant=quant, dtype=torch.bfloat16),
+        down=tp.RowParallelLinear(256, 128, quant=quant, dtype=torch.bfloat16),
+    ))
+
+
+def pieces(sd):
+    """{name: (global shape, [(offsets, this rank's values)])} of a dcp_state_dict."""
+    return {n: (tuple(p.shape), [(o, v.clone()) for o, v in p._pieces]) for n, p in sd.items()}
+
+
+def save_quantized(rank, world, quant, path):
+    sd = tp.dcp_state_dict(quantized_layers(quant, 0))
+    dcp.save(sd, checkpoint_id=path)
+    return pieces(sd)
+
+
+def load_quantized(rank, world, quant, path):
+    sd = tp.dcp_state_dict(quantized_layers(quant, 1))
+    before = pieces(sd)
+    dcp.load(sd, checkpoint_id=path)
+    return before, pieces(sd)

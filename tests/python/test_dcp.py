@@ -1,5 +1,5 @@
 """Sharded saving through torch.distributed.checkpoint (tp.dcp_state_dict): saved at TP 4,
-loaded at TP 1, 2, 3, every tensor bitwise the saved one; quantized layers refused."""
+loaded at TP 1, 2, 3, every tensor bitwise the saved one (quantized codes and scales too)."""
 
 import pytest
 import torch
@@ -29,12 +29,46 @@ def test_dcp_save_at_tp4_loads_exactly_at_tp1_2_3(folder, tmp_path, kind):
             assert not bad, f"TP {world} rank {rank}: {bad} differ from the TP 4 save"
 
 
-def test_dcp_state_dict_describes_the_shards_and_refuses_quantized_layers():
+def _assemble(per_rank):
+    """Global tensors from every rank's pieces (a replicated piece comes from each holder)."""
+    out = {}
+    for res in per_rank:
+        for name, (shape, pieces) in res.items():
+            for offsets, value in pieces:
+                whole = out.setdefault(name, torch.zeros(shape, dtype=value.dtype))
+                region = whole[tuple(slice(o, o + s) for o, s in zip(offsets, value.shape))]
+                region.copy_(value)
+    return out
+
+
+@pytest.mark.parametrize("quant", ["int8_w8a8", "fp8_channel", "int4_gptq:g32:asym", "int4_awq:g32",
+                                   "int4_pack_quantized:g32"])
+def test_dcp_quantized_layers_saved_at_tp4_load_their_codes_and_scales_at_tp1_2_3(tmp_path, quant):
+    path = str(tmp_path / "ckpt")
+    saved = _assemble(launcher.run(4, dcp_checks.save_quantized, quant, path))
+    for world in (1, 2, 3):
+        for rank, (before, after) in enumerate(launcher.run(world, dcp_checks.load_quantized, quant, path)):
+            assert after.keys() == saved.keys()
+            changed = False
+            for name, (shape, pieces) in after.items():
+                assert shape == tuple(saved[name].shape), (name, shape)
+                for (offsets, value), (_, old) in zip(pieces, before[name][1]):
+                    want = saved[name][tuple(slice(o, o + s) for o, s in zip(offsets, value.shape))]
+                    assert torch.equal(value.view(torch.uint8) if value.dtype.itemsize == 1 else value,
+                                       want.view(torch.uint8) if want.dtype.itemsize == 1 else want), \
+                        f"{quant} TP {world} rank {rank}: {name} at {offsets}"
+                    changed |= not torch.equal(value.view(torch.uint8) if value.dtype.itemsize == 1 else value,
+                                               old.view(torch.uint8) if old.dtype.itemsize == 1 else old)
+            assert changed, f"{quant} TP {world} rank {rank}: the load changed nothing"
+
+
+def test_dcp_state_dict_describes_the_shards():
     layer = tp.QKVParallelLinear(16, 4, 6, 2, bias=True, dtype=torch.float64)
     sd = tp.dcp_state_dict(layer)
     assert set(sd) == {"weight", "bias"}
     assert tuple(sd["weight"].shape) == ((6 + 2 * 2) * 4, 16)  # the fused [q | k | v] of all heads
     with pytest.raises(TypeError, match="describes shards"):
         sd["weight"].sum()
-    with pytest.raises(NotImplementedError, match="w8a8"):
-        tp.dcp_state_dict(torch.nn.Sequential(tp.ColumnParallelLinear(16, 8, quant="int8_w8a8")))
+    gptq = tp.dcp_state_dict(tp.ColumnParallelLinear(64, 24, quant="int4_gptq:g32:asym"))
+    assert {n: tuple(p.shape) for n, p in gptq.items()} == {"qweight": (8, 24), "qzeros": (2, 3), "scales": (2, 24),
+                                                            "bias": (24,)}
