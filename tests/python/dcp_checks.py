@@ -58,16 +58,19 @@ def load(rank, world, kind, folder, path):
 
 
 def quantized_layers(quant, seed):
-    """QKV (1 KV head: replicated; 4 query heads of 32: uneven at TP 3), O, gate/up and down,
-    in `quant`, random codes and scales drawn from `seed`."""
+    """QKV (1 KV head: replicated; 4 query heads: uneven at TP 3), O, gate/up and down, in
+    `quant`, random codes and scales drawn from `seed`. Heads of 32 (of 128 for FP8 block,
+    whose 128 x 128 blocks every rank's slice must hold whole)."""
     torch.manual_seed(seed)
-    qkv = tp.QKVParallelLinear(128, 32, 4, 1, quant=quant, dtype=torch.bfloat16)
+    d = 128 if quant.startswith("fp8_block") else 32
+    hidden, inter = 4 * d, 8 * d
+    qkv = tp.QKVParallelLinear(hidden, d, 4, 1, quant=quant, dtype=torch.bfloat16)
     return torch.nn.ModuleDict(dict(
         qkv=qkv,
-        o=tp.RowParallelLinear(128, 128, bias=False, split=qkv.attention_output_split(), quant=quant,
+        o=tp.RowParallelLinear(hidden, hidden, bias=False, split=qkv.attention_output_split(), quant=quant,
                                dtype=torch.bfloat16),
-        gate_up=tp.GateUpParallelLinear(128, 256, quant=quant, dtype=torch.bfloat16),
-        down=tp.RowParallelLinear(256, 128, quant=quant, dtype=torch.bfloat16),
+        gate_up=tp.GateUpParallelLinear(hidden, inter, quant=quant, dtype=torch.bfloat16),
+        down=tp.RowParallelLinear(inter, hidden, quant=quant, dtype=torch.bfloat16),
     ))
 
 
