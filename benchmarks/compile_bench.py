@@ -13,7 +13,6 @@ count (batch 1). The CPU flags are printed first: compare ratios within one run 
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -85,12 +84,6 @@ def run_rank(rank, world, port, dtypes, ms, warmup, reps, backward, queue):
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
@@ -111,7 +104,7 @@ def main(argv=None):
     ctx = mp.get_context("spawn")
     for world in args.tp:
         queue = ctx.SimpleQueue()
-        mp.start_processes(run_rank, args=(world, free_port(), dtypes, args.m, args.warmup, args.reps, args.backward, queue),
+        mp.start_processes(run_rank, args=(world, llama_block.free_port(), dtypes, args.m, args.warmup, args.reps, args.backward, queue),
                            nprocs=world, start_method="spawn")
         for dtype, m, eager, comp in queue.get():
             print(f"| {world} | {dtype} | {m} | {eager:.3f} | {comp:.3f} | {comp / eager:.2f} |", flush=True)

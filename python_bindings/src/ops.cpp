@@ -368,24 +368,12 @@ at::Tensor reduce_op(int64_t comm, const at::Tensor& input, int64_t strategy, in
   });
 }
 
-at::Tensor gather_op(int64_t comm, const at::Tensor& input, int64_t dim, c10::ArrayRef<int64_t> sizes) {
+/// A collective over `sizes[r]` entries per rank along `dim` (gathers, scatters,
+/// reduce-scatters alike).
+template <at::Tensor (*F)(const at::Tensor&, const Communicator&, int64_t, const std::vector<int64_t>&)>
+at::Tensor sized_op(int64_t comm, const at::Tensor& input, int64_t dim, c10::ArrayRef<int64_t> sizes) {
   auto c = Registry::get().comm(comm);
-  return collective(input, [&] { return gather_from_parallel(input, *c, dim, sizes.vec()); });
-}
-
-at::Tensor scatter_op(int64_t comm, const at::Tensor& input, int64_t dim, c10::ArrayRef<int64_t> sizes) {
-  auto c = Registry::get().comm(comm);
-  return collective(input, [&] { return scatter_to_parallel(input, *c, dim, sizes.vec()); });
-}
-
-at::Tensor gather_sequence_op(int64_t comm, const at::Tensor& input, int64_t dim, c10::ArrayRef<int64_t> sizes) {
-  auto c = Registry::get().comm(comm);
-  return collective(input, [&] { return gather_from_sequence_parallel(input, *c, dim, sizes.vec()); });
-}
-
-at::Tensor reduce_scatter_op(int64_t comm, const at::Tensor& input, int64_t dim, c10::ArrayRef<int64_t> sizes) {
-  auto c = Registry::get().comm(comm);
-  return collective(input, [&] { return reduce_scatter_to_sequence_parallel(input, *c, dim, sizes.vec()); });
+  return collective(input, [&] { return F(input, *c, dim, sizes.vec()); });
 }
 
 }  // namespace
@@ -447,8 +435,8 @@ TORCH_LIBRARY_IMPL(tp, CompositeExplicitAutograd, m) {
   m.impl("module_backward", TORCH_FN(module_backward));
   m.impl("copy_to_parallel", TORCH_FN(copy_op));
   m.impl("reduce_from_parallel", TORCH_FN(reduce_op));
-  m.impl("gather_from_parallel", TORCH_FN(gather_op));
-  m.impl("scatter_to_parallel", TORCH_FN(scatter_op));
-  m.impl("gather_from_sequence_parallel", TORCH_FN(gather_sequence_op));
-  m.impl("reduce_scatter_to_sequence_parallel", TORCH_FN(reduce_scatter_op));
+  m.impl("gather_from_parallel", TORCH_FN(sized_op<&tp::gather_from_parallel>));
+  m.impl("scatter_to_parallel", TORCH_FN(sized_op<&tp::scatter_to_parallel>));
+  m.impl("gather_from_sequence_parallel", TORCH_FN(sized_op<&tp::gather_from_sequence_parallel>));
+  m.impl("reduce_scatter_to_sequence_parallel", TORCH_FN(sized_op<&tp::reduce_scatter_to_sequence_parallel>));
 }

@@ -87,6 +87,8 @@ def _reduce_codes(strategy, wire):
 
 
 def _gather_sizes(input, dim, sizes, group, communicator, what) -> List[int]:
+    """``sizes``, or [] eagerly (the C++ gather exchanges them); under the compiler they
+    must be given."""
     if sizes is not None:
         return [int(s) for s in sizes]
     if torch.compiler.is_compiling():
@@ -94,7 +96,7 @@ def _gather_sizes(input, dim, sizes, group, communicator, what) -> List[int]:
             f"tp.{what} under torch.compile / export needs sizes= (every rank's extent along dim): "
             "exchanging them is a run-time value the graph cannot hold"
         )
-    return list(_C.exchange_sizes(input, _comm(group, communicator), dim))
+    return []
 
 
 def copy_to_parallel(input: torch.Tensor, group=None, *, communicator=None) -> torch.Tensor:
