@@ -39,6 +39,7 @@
 #include "bench_util.h"
 #include "cpu/dense/gemm.h"
 #include "cpu/dense/table.h"
+#include "guarded_main.h"
 #include "machine_limits.h"
 
 using tp::bench::format;
@@ -227,7 +228,7 @@ void write_tuned_table(const std::string& path,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (args.threads > 0) at::set_num_threads(args.threads);
   c10::InferenceMode inference;  // as a model's forward runs; the backends need no graph
@@ -353,3 +354,5 @@ int main(int argc, char** argv) {
   if (!args.tune.empty()) write_tuned_table(args.tune, tuned, args);
   return wrong == 0 ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return tp::bench::guarded_main("tp-cpu-gemm-bench", argc, argv, run); }

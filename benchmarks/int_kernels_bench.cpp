@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "cpu/features.h"
+#include "guarded_main.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int4/packing.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
@@ -85,7 +86,7 @@ struct Candidate {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<int64_t> threads{1, 2}, ms{1, 16, 256};
   std::vector<std::string> shapes{"4096x11008", "14336x4096", "4096x14336"}, formats{"int4", "int8"}, isa_names;
   int64_t reps = 15, group = 128;
@@ -218,3 +219,5 @@ int main(int argc, char** argv) {
   }
   return failed ? 1 : 0;
 }
+
+int main(int argc, char** argv) { return tp::bench::guarded_main("tp-int-kernels-bench", argc, argv, run); }

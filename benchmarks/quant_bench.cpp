@@ -25,6 +25,7 @@
 
 #include "bench_util.h"
 #include "cpu/kernel_counts.h"
+#include "guarded_main.h"
 #include "machine_limits.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/quant/quantize.h"
@@ -150,7 +151,7 @@ double rel_error(const at::Tensor& y, const at::Tensor& ref) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   at::NoGradGuard no_grad;  // a forward as inference runs it: the CPU GEMMs need no graph
   std::printf("tp-quant-bench: one %lld x %lld layer (in x out), TP = 1, %s, torch threads %d, load %s\n",
@@ -238,3 +239,5 @@ int main(int argc, char** argv) {
   std::printf("%s", table.str().c_str());
   return wrong == 0 ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return tp::bench::guarded_main("tp-quant-bench", argc, argv, run); }

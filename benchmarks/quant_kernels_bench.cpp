@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "cpu/features.h"
+#include "guarded_main.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int8/w8a8_kernels.h"
 #include "tp/quant/quantize.h"
@@ -90,7 +91,7 @@ std::pair<Timing, Timing> race(const std::function<void()>& a, const std::functi
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> shapes = {{11008, 4096}, {14336, 4096}, {4096, 14336}};
   std::vector<int64_t> ms = {1, 16, 256}, threads = {1, 2};
   std::vector<std::string> formats = {"fp8_tensor", "fp8_channel", "fp8_block", "int8_w8a8"};
@@ -185,3 +186,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+int main(int argc, char** argv) { return tp::bench::guarded_main("tp-quant-kernels-bench", argc, argv, run); }

@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
       return same ? 0 : 1;
     }
     return 0;
+  } catch (const c10::Error& e) {
+    // The message alone; torch's backtrace (frames of addresses) only when asked for.
+    const char* bt = std::getenv("TP_BACKTRACE");
+    std::cerr << "hf_model_example: " << (bt && *bt == '1' ? e.what() : e.what_without_backtrace()) << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "hf_model_example: " << e.what() << "\n";
     return 1;

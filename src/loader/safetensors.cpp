@@ -82,6 +82,9 @@ at::ScalarType to_scalar_type(detail::StDtype d) {
     case StDtype::kI32: return at::kInt;
     case StDtype::kI16: return at::kShort;
     case StDtype::kI8: return at::kChar;
+    case StDtype::kU64: return at::kUInt64;
+    case StDtype::kU32: return at::kUInt32;
+    case StDtype::kU16: return at::kUInt16;
     case StDtype::kU8: return at::kByte;
     case StDtype::kBool: return at::kBool;
     case StDtype::kF8E4M3: return at::kFloat8_e4m3fn;
@@ -220,9 +223,10 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
     const auto d = static_cast<detail::StDtype>(i);
     if (to_scalar_type(d) == dtype) return detail::st_dtype_name(d);
   }
-  TORCH_CHECK_VALUE(false, "dtype ", dtype,
-                    " has no safetensors equivalent (supported: float64, float32, float16, "
-                    "bfloat16, int64, int32, int16, int8, uint8, bool, float8_e4m3fn, float8_e5m2)");
+  TORCH_CHECK_VALUE(
+      false, "dtype ", dtype,
+      " has no safetensors equivalent (supported: float64, float32, float16, "
+      "bfloat16, int64, int32, int16, int8, uint64, uint32, uint16, uint8, bool, float8_e4m3fn, float8_e5m2)");
 }
 
 }  // namespace tp

@@ -29,7 +29,7 @@ namespace tp::detail {
 // aside, which the size caps make unreachable for any input under the header cap).
 
 /// The dtypes torch can hold, by their safetensors names.
-enum class StDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2 };
+enum class StDtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU64, kU32, kU16, kU8, kBool, kF8E4M3, kF8E5M2 };
 
 /// "F32", "BF16", ... as written in the header.
 const char* st_dtype_name(StDtype dtype);
@@ -57,8 +57,6 @@ struct StHeader {
 
 /// The largest header accepted (the Rust reference implementation's cap is 100 MB).
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
-/// The most dimensions a tensor may have (torch's own limit is 64 too, in practice).
-constexpr size_t kMaxDims = 64;
 
 /// Parses and validates a whole file held in `data[0, size)` (typically a mapping).
 /// Only the first 8 + N bytes are read; the rest only has its size checked.

@@ -187,9 +187,12 @@ TEST_CASE("a broken safetensors file is an error naming the file, the tensor and
            R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
            "ab"),
        {"'w' appears twice"}},
-      {"unknown key",
-       raw_file(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}})", "a"),
-       {"unknown key 'x'"}},
+      {"unknown key with an invalid value",
+       raw_file(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":[1,}}})", "a"),
+       {"invalid JSON"}},
+      {"header starting with a space",
+       raw_file(R"( {"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", "a"),
+       {"must start with '{'"}},
       {"missing key", raw_file(R"({"w":{"dtype":"U8","shape":[1]}})", "a"), {"'w' is missing \"data_offsets\""}},
   };
   for (const auto& c : cases) {
