@@ -33,6 +33,9 @@ const std::vector<BlockShape>& presets() {
       {"llama3-8b", 4096, 14336, 32, 8, 128},
       {"llama3-70b", 8192, 28672, 64, 8, 128},
       {"qwen3-32b", 5120, 25600, 64, 8, 128},
+      {"mistral-7b", 4096, 14336, 32, 8, 128, "mistral"},
+      {"phi3-mini", 3072, 8192, 32, 32, 96, "phi3"},
+      {"gemma2-9b", 3584, 14336, 16, 8, 256, "gemma2"},
   };
   return all;
 }

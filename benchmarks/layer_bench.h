@@ -27,11 +27,14 @@ namespace tp::bench {
 struct BlockShape {
   std::string name;
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  /// The model_type of the `model` row's folder: llama, mistral, phi3 or gemma2.
+  std::string family = "llama";
 };
 
 /// The built-in presets: "default" (hidden 2048, intermediate 5632, 16 heads, 4 KV
 /// heads, head_dim 128: small enough for a quick run), and one layer of
-/// "llama3-8b", "llama3-70b" and "qwen3-32b" (their Hugging Face config.json).
+/// "llama3-8b", "llama3-70b", "qwen3-32b", "mistral-7b", "phi3-mini" and "gemma2-9b"
+/// (their Hugging Face config.json; the model row builds that family).
 const std::vector<BlockShape>& presets();
 /// The preset named `name`; an error listing the presets otherwise.
 BlockShape preset(const std::string& name);

@@ -25,8 +25,10 @@ bool exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
-// A Llama folder of the preset's shape: config.json and one model.safetensors of
-// random float32 weights (linear N(0, 1/K), embeddings N(0, 1), norms 1 + N(0, 0.01)).
+// A folder of the preset's family and shape: config.json and one model.safetensors of
+// random float32 weights (linear N(0, 1/K), embeddings N(0, 1), norms 1 + N(0, 0.01); Gemma's
+// norm offsets N(0, 0.01)), stored as the family stores them (Phi-3's fused qkv_proj and
+// gate_up_proj, Gemma's four norms per layer and tied embeddings).
 std::string write_folder(const ModelBenchConfig& c) {
   std::string dir = c.ckpt_dir;
   if (dir.empty()) {
@@ -34,43 +36,71 @@ std::string write_folder(const ModelBenchConfig& c) {
     dir = std::string(home && *home ? home : "/tmp") + "/.cache/tp/bench";
   }
   const auto& s = c.shape;
+  const std::string& family = s.family;
+  TORCH_CHECK_VALUE(family == "llama" || family == "mistral" || family == "phi3" || family == "gemma2",
+                    "tp-bench --rows model: no folder writer for family ", family);
+  TORCH_CHECK_VALUE(family != "phi3" || s.heads * s.head_dim == s.hidden,
+                    "tp-bench --rows model: Phi-3 has head_dim = hidden / heads; got ", s.head_dim);
   std::ostringstream name;
-  name << dir << "/model-" << s.name << "-h" << s.hidden << "-i" << s.intermediate << "-q" << s.heads << "-kv"
-       << s.kv_heads << "-d" << s.head_dim << "-L" << c.layers << "-V" << c.vocab << "-s" << c.seed;
+  name << dir << "/model-" << s.name << "-" << family << "-h" << s.hidden << "-i" << s.intermediate << "-q" << s.heads
+       << "-kv" << s.kv_heads << "-d" << s.head_dim << "-L" << c.layers << "-V" << c.vocab << "-s" << c.seed;
   const std::string folder = name.str();
   if (exists(folder + "/config.json") && exists(folder + "/model.safetensors")) return folder;
   TORCH_CHECK(std::system(("mkdir -p '" + folder + "'").c_str()) == 0, "tp-bench: cannot create ", folder);
   std::cerr << "  writing the model folder " << folder << "\n" << std::flush;
   auto gen = at::detail::createCPUGenerator(c.seed);
   auto randn = [&](std::vector<int64_t> shape) { return at::randn(shape, gen, at::kFloat); };
+  const bool gemma = family == "gemma2", fused = family == "phi3";
+  auto norm = [&] { return (gemma ? 0 : 1) + 0.1 * randn({s.hidden}); };
   std::map<std::string, at::Tensor> t;
   t["model.embed_tokens.weight"] = randn({c.vocab, s.hidden});
-  t["lm_head.weight"] = randn({c.vocab, s.hidden}) / std::sqrt(double(s.hidden));
-  t["model.norm.weight"] = 1 + 0.1 * randn({s.hidden});
+  if (!gemma) t["lm_head.weight"] = randn({c.vocab, s.hidden}) / std::sqrt(double(s.hidden));
+  t["model.norm.weight"] = norm();
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l);
-    auto linear = [&](const std::string& n, int64_t out, int64_t in) {
-      t[p + n + ".weight"] = randn({out, in}) / std::sqrt(double(in));
-    };
-    linear(".self_attn.q_proj", s.heads * s.head_dim, s.hidden);
-    linear(".self_attn.k_proj", s.kv_heads * s.head_dim, s.hidden);
-    linear(".self_attn.v_proj", s.kv_heads * s.head_dim, s.hidden);
-    linear(".self_attn.o_proj", s.hidden, s.heads * s.head_dim);
-    linear(".mlp.gate_proj", s.intermediate, s.hidden);
-    linear(".mlp.up_proj", s.intermediate, s.hidden);
-    linear(".mlp.down_proj", s.hidden, s.intermediate);
-    t[p + ".input_layernorm.weight"] = 1 + 0.1 * randn({s.hidden});
-    t[p + ".post_attention_layernorm.weight"] = 1 + 0.1 * randn({s.hidden});
+    auto linear = [&](int64_t out, int64_t in) { return randn({out, in}) / std::sqrt(double(in)); };
+    const auto q = linear(s.heads * s.head_dim, s.hidden), k = linear(s.kv_heads * s.head_dim, s.hidden),
+               v = linear(s.kv_heads * s.head_dim, s.hidden);
+    const auto gate = linear(s.intermediate, s.hidden), up = linear(s.intermediate, s.hidden);
+    if (fused) {
+      t[p + ".self_attn.qkv_proj.weight"] = at::cat({q, k, v}, 0);
+      t[p + ".mlp.gate_up_proj.weight"] = at::cat({gate, up}, 0);
+    } else {
+      t[p + ".self_attn.q_proj.weight"] = q;
+      t[p + ".self_attn.k_proj.weight"] = k;
+      t[p + ".self_attn.v_proj.weight"] = v;
+      t[p + ".mlp.gate_proj.weight"] = gate;
+      t[p + ".mlp.up_proj.weight"] = up;
+    }
+    t[p + ".self_attn.o_proj.weight"] = linear(s.hidden, s.heads * s.head_dim);
+    t[p + ".mlp.down_proj.weight"] = linear(s.hidden, s.intermediate);
+    t[p + ".input_layernorm.weight"] = norm();
+    t[p + ".post_attention_layernorm.weight"] = norm();
+    if (gemma) {
+      t[p + ".pre_feedforward_layernorm.weight"] = norm();
+      t[p + ".post_feedforward_layernorm.weight"] = norm();
+    }
   }
   save_safetensors(folder + "/model.safetensors", t, {{"format", "pt"}});
   std::ofstream config(folder + "/config.json");
-  config << "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": " << s.hidden
+  config << "{\"model_type\": \"" << family << "\", \"hidden_size\": " << s.hidden
          << ", \"intermediate_size\": " << s.intermediate << ", \"num_hidden_layers\": " << c.layers
          << ", \"num_attention_heads\": " << s.heads << ", \"num_key_value_heads\": " << s.kv_heads
-         << ", \"head_dim\": " << s.head_dim << ", \"vocab_size\": " << c.vocab
-         << ", \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
-         << "\"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false, "
-         << "\"tie_word_embeddings\": false, \"torch_dtype\": \"float32\"}\n";
+         << (fused ? "" : ", \"head_dim\": " + std::to_string(s.head_dim)) << ", \"vocab_size\": " << c.vocab
+         << ", \"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-05, \"torch_dtype\": \"float32\"";
+  if (family == "llama")
+    config << ", \"rope_theta\": 500000.0, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false";
+  if (family == "mistral")  // Mistral-7B-v0.1's window
+    config << ", \"rope_theta\": 10000.0, \"hidden_act\": \"silu\", \"sliding_window\": 4096";
+  if (family == "phi3")  // Phi-3-mini-4k
+    config << ", \"rope_theta\": 10000.0, \"hidden_act\": \"silu\", \"sliding_window\": 2047";
+  if (family == "gemma2") {  // Gemma-2-9B
+    config << ", \"rope_theta\": 10000.0, \"hidden_activation\": \"gelu_pytorch_tanh\", \"query_pre_attn_scalar\": "
+           << s.head_dim
+           << ", \"attn_logit_softcapping\": 50.0, \"final_logit_softcapping\": 30.0, \"sliding_window\": 4096, "
+              "\"tie_word_embeddings\": true";
+  }
+  config << "}\n";
   return folder;
 }
 
@@ -134,8 +164,8 @@ double bound(c10::ScalarType dtype) {
 
 int run_model_rows(const ModelBenchConfig& c) {
   const auto& s = c.shape;
-  std::cout << "tp-bench --rows model: a tp::CausalLM (Llama) of shape '" << s.name << "' with " << c.layers
-            << " decoder layers and vocab " << c.vocab << ", from a Hugging Face folder of random weights\n"
+  std::cout << "tp-bench --rows model: a tp::CausalLM (" << s.family << ") of shape '" << s.name << "' with "
+            << c.layers << " decoder layers and vocab " << c.vocab << ", from a Hugging Face folder of random weights\n"
             << "  machine: " << machine_description() << "; " << at::get_num_threads()
             << " intra-op threads (each of N ranks gets 1/N of them); ranks are threads of this process\n"
             << "  load average (1, 5, 15 min) at the start: " << load_average() << "\n"

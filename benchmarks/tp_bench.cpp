@@ -47,7 +47,8 @@ using namespace tp::bench;
 namespace {
 
 const char* kUsage = R"(usage: tp-bench [options]
-  --preset NAME      default | llama3-8b | llama3-70b | qwen3-32b     (default: default)
+  --preset NAME      default | llama3-8b | llama3-70b | qwen3-32b | mistral-7b | phi3-mini |
+                     gemma2-9b (the model row builds that family)         (default: default)
   --hidden N --intermediate N --heads N --kv-heads N --head-dim N     a custom shape (overrides the preset's)
   --tp LIST          TP sizes                                             (default 1,2)
   --launch HOW       threads: ranks are threads of this process; processes: one process

@@ -29,7 +29,7 @@
 #include "tp/models/kv_cache.h"
 #include "tp/models/layer_options.h"
 #include "tp/models/model_config.h"
-#include "tp/models/rms_norm.h"
+#include "tp/models/norm.h"
 #include "tp/models/rotary_embedding.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"

@@ -14,12 +14,14 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cmath>
+
 #include "bindings.h"
 #include "tp/comm/communicator.h"
 #include "tp/models/causal_lm.h"
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
-#include "tp/models/rms_norm.h"
+#include "tp/models/norm.h"
 
 namespace py = pybind11;
 
@@ -34,14 +36,21 @@ std::shared_ptr<typename Holder::ContainedType> child_of(const std::shared_ptr<O
 }
 
 void bind_children(py::module_& m) {
-  py::class_<RMSNormImpl, std::shared_ptr<RMSNormImpl>>(m, "RMSNorm", "A model's RMSNorm (mirrored on every rank).")
+  py::class_<NormImpl, std::shared_ptr<NormImpl>>(
+      m, "Norm", "A model's norm: RMSNorm, Gemma's (1 + w) RMSNorm or LayerNorm (mirrored on every rank).")
       .def(
-          "forward", [](RMSNormImpl& norm, const at::Tensor& x) { return norm.forward(x); }, py::arg("input"))
-      .def_property_readonly("weight", [](const RMSNormImpl& norm) { return norm.weight; })
-      .def_property_readonly("size", [](const RMSNormImpl& norm) { return norm.options.size(); })
-      .def_property_readonly("eps", [](const RMSNormImpl& norm) { return norm.options.eps(); })
-      .def("named_parameters", &own_parameters<RMSNormImpl>)
-      .def("__repr__", [](const RMSNormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
+          "forward", [](NormImpl& norm, const at::Tensor& x) { return norm.forward(x); }, py::arg("input"))
+      .def_property_readonly("weight", [](const NormImpl& norm) { return norm.weight; })
+      .def_property_readonly("bias",
+                             [](const NormImpl& norm) -> std::optional<at::Tensor> {
+                               if (!norm.bias.defined()) return std::nullopt;
+                               return norm.bias;
+                             })
+      .def_property_readonly("kind", [](const NormImpl& norm) { return to_string(norm.options.kind()); })
+      .def_property_readonly("size", [](const NormImpl& norm) { return norm.options.size(); })
+      .def_property_readonly("eps", [](const NormImpl& norm) { return norm.options.eps(); })
+      .def("named_parameters", &own_parameters<NormImpl>)
+      .def("__repr__", [](const NormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
 
   using Layer = std::shared_ptr<DecoderLayerImpl>;
   py::class_<DecoderLayerImpl, Layer>(m, "DecoderLayer", "One decoder block of a CausalLM.")
@@ -51,11 +60,22 @@ void bind_children(py::module_& m) {
       .def_property_readonly("input_layernorm", [](const Layer& l) { return child_of(l, l->input_layernorm); })
       .def_property_readonly("post_attention_layernorm",
                              [](const Layer& l) { return child_of(l, l->post_attention_layernorm); })
+      .def_property_readonly("pre_feedforward_layernorm",
+                             [](const Layer& l) { return child_of(l, l->pre_feedforward_layernorm); })
+      .def_property_readonly("post_feedforward_layernorm",
+                             [](const Layer& l) { return child_of(l, l->post_feedforward_layernorm); })
+      .def_property_readonly("sandwich_norms", [](const DecoderLayerImpl& l) { return l.config.sandwich_norms; })
+      .def_property_readonly("gated_mlp", [](const DecoderLayerImpl& l) { return l.config.gated_mlp; })
+      .def_property_readonly("parallel_residual", [](const DecoderLayerImpl& l) { return l.config.parallel_residual; })
+      .def_property_readonly("hidden_act", [](const DecoderLayerImpl& l) { return to_string(l.config.hidden_act); })
+      .def_property_readonly("communicator",
+                             [](const DecoderLayerImpl& l) { return release_gil_on_delete(new Communicator(l.comm)); })
       .def_property_readonly("q_norm", [](const Layer& l) { return child_of(l, l->q_norm); })
       .def_property_readonly("k_norm", [](const Layer& l) { return child_of(l, l->k_norm); })
       .def_property_readonly("qkv", [](const Layer& l) { return child_of(l, l->qkv); })
       .def_property_readonly("o_proj", [](const Layer& l) { return child_of(l, l->o_proj); })
       .def_property_readonly("gate_up", [](const Layer& l) { return child_of(l, l->gate_up); })
+      .def_property_readonly("up_proj", [](const Layer& l) { return child_of(l, l->up_proj); })
       .def_property_readonly("down_proj", [](const Layer& l) { return child_of(l, l->down_proj); })
       .def(
           "attention",
@@ -77,7 +97,7 @@ void init_causal_lm(py::module_& m) {
       .def_property_readonly("capacity", &KVCache::capacity);
 
   py::class_<CausalLMImpl, std::shared_ptr<CausalLMImpl>>(
-      m, "CausalLM", "A Llama / Qwen2 / Qwen3 decoder, tensor-parallel; logits split over the vocabulary.")
+      m, "CausalLM", "A decoder from a Hugging Face folder, tensor-parallel; logits split over the vocabulary.")
       .def_static(
           "from_pretrained",
           [](const std::string& folder, const Communicator& comm, std::optional<at::ScalarType> dtype,
@@ -130,10 +150,22 @@ void init_causal_lm(py::module_& m) {
                                for (const auto& layer : lm->layers) out.push_back(child_of(lm, layer));
                                return out;
                              })
-      .def(
-          "rotary_cos_sin",
-          [](const CausalLMImpl& lm, const at::Tensor& positions) { return lm.rotary.cos_sin(positions, lm.dtype); },
-          py::arg("positions"), "(cos, sin) [batch, seq, head_dim] of positions [batch, seq], in the model dtype.")
+      .def("rotary_tables", &CausalLMImpl::rotary_tables, py::arg("positions"),
+           "[(cos, sin) of the model's RoPE, of the sliding layers' (Gemma 3; else the same)], each [batch, seq, "
+           "rotary_dim] for positions [batch, seq], in the model dtype.")
+      .def("rotary_table_of", &CausalLMImpl::rotary_table_of, py::arg("layer"),
+           "Which of rotary_tables layer `layer` reads.")
+      .def("finish_logits", &CausalLMImpl::finish_logits, py::arg("local_logits"),
+           "The family's final soft cap on the local logits (Gemma 2), else the logits.")
+      .def_property_readonly("final_logit_softcapping",
+                             [](const CausalLMImpl& lm) { return lm.config.final_logit_softcapping; })
+      .def_property_readonly("embedding_scale",
+                             [](const CausalLMImpl& lm) {
+                               return lm.config.scale_embeddings ? std::sqrt(static_cast<double>(lm.config.hidden_size))
+                                                                 : 1.0;
+                             })
+      .def_property_readonly("local_vocab", [](const CausalLMImpl& lm) { return lm.lm_head->vocab_range().size(); })
+      .def_property_readonly("rotary_dim", [](const CausalLMImpl& lm) { return lm.config.rotary_dim; })
       .def_property_readonly("head_dim", [](const CausalLMImpl& lm) { return lm.config.head_dim; })
       .def_property_readonly("dtype", [](const CausalLMImpl& lm) { return lm.dtype; })
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))

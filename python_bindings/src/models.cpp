@@ -95,7 +95,7 @@ void init_models(py::module_& m) {
       .def_readonly("o_bias", &ModelConfig::o_bias)
       .def_readonly("mlp_bias", &ModelConfig::mlp_bias)
       .def_readonly("tie_word_embeddings", &ModelConfig::tie_word_embeddings)
-      .def_readonly("rms_norm_eps", &ModelConfig::rms_norm_eps)
+      .def_readonly("norm_eps", &ModelConfig::norm_eps)
       .def_readonly("rope", &ModelConfig::rope)
       .def_readonly("dtype", &ModelConfig::dtype)
       .def_readonly("quantization", &ModelConfig::quantization)

@@ -4,10 +4,10 @@
 //
 //   tp::column_parallel_linear(int module, Tensor input, Tensor[] params) -> Tensor
 //   ... one op per layer kind (row, QKV, gate/up, vocab embedding, LM head, a model's
-//   RMSNorm), alike
+//   norm), alike
 //   tp::decoder_attention(int module, Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin,
 //                         Tensor[] params) -> Tensor            a CausalLM layer's attention
-//   tp::rotary_cos_sin(int module, Tensor positions) -> Tensor     a CausalLM's RoPE table
+//   tp::rotary_cos_sin(int module, Tensor positions) -> Tensor     a CausalLM's RoPE tables
 //   tp::vocab_parallel_cross_entropy(int module, Tensor local_logits, Tensor target, int ignore_index)
 //   tp::module_backward(int module, str method, Tensor[] inputs, int[] ints, Tensor[] params,
 //                       Tensor grad_output, bool[] needs) -> Tensor[]
@@ -62,7 +62,7 @@
 #include "tp/layers/vocab_parallel_embedding.h"
 #include "tp/models/causal_lm.h"
 #include "tp/models/decoder_layer.h"
-#include "tp/models/rms_norm.h"
+#include "tp/models/norm.h"
 
 namespace py = pybind11;
 
@@ -184,7 +184,7 @@ int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
 }
 
 /// A decoder layer's attention (DecoderLayerImpl::attention): q, k, v, cos, sin; its
-/// parameters are Qwen3's q/k norm weights (none otherwise).
+/// parameters are the q/k norm weights (Qwen3, Gemma 3; none otherwise).
 int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
   auto module = new_module(impl, impl ? "DecoderLayer " + std::to_string(impl->index) : "DecoderLayer");
   std::weak_ptr<DecoderLayerImpl> weak = impl;
@@ -200,14 +200,15 @@ int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
   return Registry::get().add(std::move(module));
 }
 
-/// A model's rotary table: positions [batch, seq] -> stack(cos, sin) [2, batch, seq, head_dim].
+/// A model's rotary tables: positions [batch, seq] -> stack(cos, sin, local cos, local sin)
+/// [4, batch, seq, rotary_dim] (CausalLMImpl::rotary_tables).
 int64_t model_module(const std::shared_ptr<CausalLMImpl>& impl) {
   auto module = new_module(impl, "CausalLM");
   std::weak_ptr<CausalLMImpl> weak = impl;
   module->methods["rotary"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) {
     auto model = weak.lock();
-    const auto [cos, sin] = model->rotary.cos_sin(in.at(0), model->dtype);
-    return at::stack({cos, sin});
+    const auto tables = model->rotary_tables(in.at(0));
+    return at::stack({tables.at(0).first, tables.at(0).second, tables.at(1).first, tables.at(1).second});
   }};
   return Registry::get().add(std::move(module));
 }
@@ -392,7 +393,7 @@ void init_ops(py::module_& m) {
     return forward_module(l, "VocabParallelEmbedding");
   });
   m.def("op_module", &head_module);
-  m.def("op_module", [](const std::shared_ptr<RMSNormImpl>& l) { return forward_module(l, "RMSNorm"); });
+  m.def("op_module", [](const std::shared_ptr<NormImpl>& l) { return forward_module(l, "Norm"); });
   m.def("op_module", &attention_module);
   m.def("op_module", &model_module);
   m.def(
@@ -404,7 +405,7 @@ void init_ops(py::module_& m) {
 
 TORCH_LIBRARY(tp, m) {
   for (const char* layer : {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear",
-                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "rms_norm"})
+                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "norm"})
     m.def((std::string(layer) + "(int module, Tensor input, Tensor[] params) -> Tensor").c_str());
   m.def(
       "decoder_attention(int module, Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor[] params) -> "
@@ -427,7 +428,7 @@ TORCH_LIBRARY(tp, m) {
 TORCH_LIBRARY_IMPL(tp, CompositeExplicitAutograd, m) {
   using namespace tp::python;
   for (const char* layer : {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear",
-                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "rms_norm"})
+                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "norm"})
     m.impl(layer, TORCH_FN(module_forward));
   m.impl("decoder_attention", TORCH_FN(attention_op));
   m.impl("rotary_cos_sin", TORCH_FN(rotary_op));

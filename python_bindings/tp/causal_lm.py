@@ -1,4 +1,5 @@
-"""tp.CausalLM: a whole Llama / Qwen2 / Qwen3 decoder built from a Hugging Face folder
+"""tp.CausalLM: a whole decoder (Llama, Qwen2, Qwen3, Mistral, Phi-3, GPT-NeoX, Gemma 2,
+Gemma 3 text) built from a Hugging Face folder
 (config.json through tp.ModelConfig, the safetensors loaded strictly, each rank reading
 only its shards), as a torch.nn.Module whose parameters are the C++ model's tensors.
 
@@ -7,13 +8,16 @@ only its shards), as a torch.nn.Module whose parameters are the C++ model's tens
     logits = model.gather_logits(model(prompt_ids))             # [batch, seq, vocab]
 
 Its children are the tp modules over the C++ model's own children (``embed_tokens``,
-``layers[i]`` with ``input_layernorm``, ``qkv``, ``o_proj``, ``post_attention_layernorm``,
-``gate_up``, ``down_proj`` and Qwen3's ``q_norm`` / ``k_norm``, ``norm``, ``lm_head``), and
+``layers[i]`` with ``input_layernorm``, ``post_attention_layernorm``, Gemma's
+``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the ``q_norm`` / ``k_norm``
+of Qwen3 and Gemma 3, ``qkv``, ``o_proj``, ``gate_up`` (or GPT-NeoX's ``up_proj``),
+``down_proj``; ``norm``, ``lm_head``), and
 ``forward`` (without a cache) composes them through the ``torch.ops.tp`` operators: print,
 named_modules, forward hooks and torch.compile see the structure, and the result is the
 C++ model's, bit for bit. With a KV cache (``generate``) the C++ model runs whole.
 """
 
+import math
 from typing import Dict, Optional
 
 import torch
@@ -23,30 +27,41 @@ from torch import nn
 
 from . import _C, ops
 from .distributed import communicator as make_communicator
-from .layers import GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
+from .collectives import reduce_from_parallel
+from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
-__all__ = ["CausalLM", "DecoderLayer", "RMSNorm"]
+__all__ = ["CausalLM", "DecoderLayer", "Norm"]
 
 
-class RMSNorm(nn.Module):
-    """A model's RMSNorm (the C++ tp::RMSNorm; its weight mirrored on every rank)."""
+def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
+    if type(tensor) is not nn.Parameter:
+        tensor.__class__ = nn.Parameter  # the C++ tensor itself
+    return tensor
 
-    _op_name = "rms_norm"
 
-    def __init__(self, impl: "_C.RMSNorm"):
+class Norm(nn.Module):
+    """A model's norm (the C++ tp::Norm: RMSNorm, Gemma's (1 + w) RMSNorm or LayerNorm;
+    its weight and bias mirrored on every rank)."""
+
+    _op_name = "norm"
+
+    def __init__(self, impl: "_C.Norm"):
         super().__init__()
         self._impl = impl
-        weight = impl.weight
-        if type(weight) is not nn.Parameter:
-            weight.__class__ = nn.Parameter  # the C++ tensor itself
-        self.weight = weight
+        self.weight = _as_parameter(impl.weight)
+        self._has_bias = impl.bias is not None  # a constant for torch.compile
+        if self._has_bias:
+            self.bias = _as_parameter(impl.bias)
         ops.handle(self)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return torch.ops.tp.rms_norm(self._op_handle, input, [self.weight])
+            return torch.ops.tp.norm(self._op_handle, input, self._op_params())
         return self._impl.forward(input)
+
+    def _op_params(self):
+        return [self.weight, self.bias] if self._has_bias else [self.weight]
 
     def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(input)
@@ -56,12 +71,25 @@ class RMSNorm(nn.Module):
         return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
 
 
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    # transformers' NewGELUActivation and FastGELUActivation, as the C++ layer computes them
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0)))),
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+}
+
+
 class DecoderLayer(nn.Module):
-    """One decoder block of a tp.CausalLM, composed of its children:
+    """One decoder block of a tp.CausalLM, composed of its children as the C++ layer is:
 
         q, k, v = qkv.split(qkv(input_layernorm(x)))
-        h = x + o_proj(attention(q, k, v))        # q/k norms (Qwen3), RoPE, causal GQA
-        out = h + down_proj(silu(gate) * up)     # gate, up = gate_up.split(gate_up(post_attention_layernorm(h)))
+        a = o_proj(attention(q, k, v))            # q/k norms, RoPE, causal GQA, window, soft cap
+        out = x + a + mlp(post_attention_layernorm(x))       # parallel residual: one all-reduce
+        h = x + post_attention_layernorm(a);  out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))   # Gemma
+        h = x + a;  out = h + mlp(post_attention_layernorm(h))                                                         # the rest
+        mlp(y) = down_proj(act(gate) * up), gate, up = gate_up.split(gate_up(y));  or down_proj(act(up_proj(y)))
 
     ``attention`` is the operator torch.ops.tp.decoder_attention (the C++ layer's own)."""
 
@@ -69,30 +97,56 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self._impl = impl
         # In the C++ module's registration order, so parameters() lists what it does.
-        self.input_layernorm = RMSNorm(impl.input_layernorm)
-        self.post_attention_layernorm = RMSNorm(impl.post_attention_layernorm)
+        self.input_layernorm = Norm(impl.input_layernorm)
+        self.post_attention_layernorm = Norm(impl.post_attention_layernorm)
+        if impl.sandwich_norms:
+            self.pre_feedforward_layernorm = Norm(impl.pre_feedforward_layernorm)
+            self.post_feedforward_layernorm = Norm(impl.post_feedforward_layernorm)
         if impl.qk_norm:
-            self.q_norm = RMSNorm(impl.q_norm)
-            self.k_norm = RMSNorm(impl.k_norm)
+            self.q_norm = Norm(impl.q_norm)
+            self.k_norm = Norm(impl.k_norm)
         self.qkv = QKVParallelLinear._from_impl(impl.qkv)
         self.o_proj = RowParallelLinear._from_impl(impl.o_proj)
-        self.gate_up = GateUpParallelLinear._from_impl(impl.gate_up)
+        if impl.gated_mlp:
+            self.gate_up = GateUpParallelLinear._from_impl(impl.gate_up)
+        else:
+            self.up_proj = ColumnParallelLinear._from_impl(impl.up_proj)
         self.down_proj = RowParallelLinear._from_impl(impl.down_proj)
+        # The block's form as plain attributes: torch.compile reads them as constants (a
+        # pybind11 property inside forward would break the graph).
+        self._act = _ACTIVATIONS[impl.hidden_act]
+        self._gated = impl.gated_mlp
+        self._sandwich = impl.sandwich_norms
+        self._qk_norm = impl.qk_norm
+        self._communicator = impl.communicator if impl.parallel_residual else None
         ops.handle(self)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [batch, seq, hidden] (mirrored); cos, sin [batch, seq, head_dim]."""
+        """x [batch, seq, hidden] (mirrored); cos, sin [batch, seq, rotary_dim]."""
         q, k, v = self.qkv.split(self.qkv(self.input_layernorm(x)))
         if torch.compiler.is_compiling():
             a = torch.ops.tp.decoder_attention(self._op_handle, q, k, v, cos, sin, self._attention_params())
         else:
             a = self._impl.attention(q, k, v, cos, sin)
-        h = x + self.o_proj(a)
-        gate, up = self.gate_up.split(self.gate_up(self.post_attention_layernorm(h)))
-        return h + self.down_proj(F.silu(gate) * up)
+        a = self.o_proj(a)
+        if self._communicator is not None:  # O and down hand on partial sums: one all-reduce for both
+            return x + reduce_from_parallel(a + self.mlp(self.post_attention_layernorm(x)),
+                                            communicator=self._communicator)
+        if self._sandwich:
+            h = x + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = x + a
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """down(act(gate) * up), or down(act(up)) for an ungated MLP (GPT-NeoX)."""
+        if not self._gated:
+            return self.down_proj(self._act(self.up_proj(x)))
+        gate, up = self.gate_up.split(self.gate_up(x))
+        return self.down_proj(self._act(gate) * up)
 
     def _attention_params(self):
-        return [self.q_norm.weight, self.k_norm.weight] if self._impl.qk_norm else []
+        return [self.q_norm.weight, self.k_norm.weight] if self._qk_norm else []
 
     def _fake_output(self, q: torch.Tensor) -> torch.Tensor:
         # [batch, seq, local q heads * head_dim]: q's own shape.
@@ -112,7 +166,12 @@ class CausalLM(nn.Module):
         self._impl = impl
         self.embed_tokens = VocabParallelEmbedding._from_impl(impl.embed_tokens)
         self.layers = nn.ModuleList(DecoderLayer(layer) for layer in impl.layers)
-        self.norm = RMSNorm(impl.norm)
+        self.norm = Norm(impl.norm)
+        # What forward reads of the C++ model, as constants for torch.compile.
+        self._embedding_scale = impl.embedding_scale
+        self._rotary_table_of = [impl.rotary_table_of(i) for i in range(len(impl.layers))]
+        self._final_cap = impl.final_logit_softcapping
+        self._local_vocab = impl.local_vocab
         head = impl.lm_head
         self.lm_head = (ParallelLMHead._tied_over(head, self.embed_tokens) if head.tied
                         else ParallelLMHead._from_impl(head))
@@ -147,19 +206,34 @@ class CausalLM(nn.Module):
         b, s = ids.shape
         positions = torch.arange(s, device=ids.device).unsqueeze(0).expand(b, s)
         if torch.compiler.is_compiling():
-            cos, sin = torch.ops.tp.rotary_cos_sin(self._op_handle, positions).unbind(0)
+            cos0, sin0, cos1, sin1 = torch.ops.tp.rotary_cos_sin(self._op_handle, positions).unbind(0)
+            tables = [(cos0, sin0), (cos1, sin1)]
         else:
-            cos, sin = self._impl.rotary_cos_sin(positions)
+            tables = self._impl.rotary_tables(positions)
         h = self.embed_tokens(ids)
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        scale = self._embedding_scale
+        if scale != 1.0:  # Gemma: sqrt(hidden) rounded to the model's dtype, as the C++ model does
+            h = h * torch.tensor(scale, dtype=h.dtype, device=h.device)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, *tables[self._rotary_table_of[i]])
         if 0 < logits_to_keep < s:
             h = h.narrow(1, s - logits_to_keep, logits_to_keep)
-        return self.lm_head(self.norm(h))
+        return self._finish_logits(self.lm_head(self.norm(h)))
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's final soft cap on the real vocabulary columns (the padding stays -inf)."""
+        cap = self._final_cap
+        if cap <= 0:
+            return logits
+        real = self._local_vocab
+        capped = torch.tanh(logits.narrow(-1, 0, real) / cap) * cap
+        if real == logits.shape[-1]:
+            return capped
+        return torch.cat([capped, logits.narrow(-1, real, logits.shape[-1] - real)], -1)
 
     def _fake_output(self, positions: torch.Tensor) -> torch.Tensor:
-        """rotary_cos_sin's output: [2, batch, seq, head_dim] in the model's dtype."""
-        return positions.new_empty((2, *positions.shape, self._impl.head_dim), dtype=self._impl.dtype)
+        """rotary_cos_sin's output: [4, batch, seq, rotary_dim] in the model's dtype."""
+        return positions.new_empty((4, *positions.shape, self._impl.rotary_dim), dtype=self._impl.dtype)
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[..., vocab_size] on every rank (an all-gather; padding left out)."""

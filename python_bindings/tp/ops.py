@@ -9,7 +9,7 @@ is traced and fused instead of being cut at every layer.
     op                                   forward                         backward
     tp.<layer>(module, x, params)        the layer's C++ forward         module_backward
     tp.vocab_parallel_cross_entropy      the vocab-parallel loss         module_backward
-    tp.rms_norm(module, x, params)       a model's RMSNorm               module_backward
+    tp.norm(module, x, params)           a model's norm                  module_backward
     tp.decoder_attention(module, q, k,   a decoder layer's attention     module_backward
         v, cos, sin, params)             (q/k norms, RoPE, GQA)
     tp.rotary_cos_sin(module, positions) a model's RoPE table            (positions: none)
@@ -42,7 +42,7 @@ LAYER_OPS = (
     "gate_up_parallel_linear",
     "vocab_parallel_embedding",
     "parallel_lm_head",
-    "rms_norm",
+    "norm",
 )
 
 # handle -> the Python module, whose _fake_output(input) gives the op's output (fake).

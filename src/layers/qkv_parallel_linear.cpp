@@ -133,10 +133,22 @@ void QKVParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std
 
 std::map<std::string, at::Tensor> QKVParallelLinearImpl::gather_weights(const std::string& prefix,
                                                                         const QKVCheckpointLayout& layout) const {
-  TORCH_CHECK_VALUE(layout.layout() != QKVLayout::kInterleavedGroups, kLayer,
-                    ": gather_weights writes the separate or fused layout, not ", to_string(layout.layout()));
-  const auto [w, b] = core_->gather_parameters();
-  if (layout.layout() == QKVLayout::kFused) {
+  auto [w, b] = core_->gather_parameters();  // [Q | K | V] rows
+  if (layout.layout() == QKVLayout::kInterleavedGroups) {
+    // Per KV group g: its query heads' rows, then k head g's, then v head g's.
+    const int64_t d = options.head_dim(), kv = options.num_kv_heads(), group = options.num_heads() / kv;
+    const int64_t q_rows = options.num_heads() * d, kv_rows = kv * d;
+    std::vector<int64_t> order;
+    for (int64_t g = 0; g < kv; ++g) {
+      for (int64_t r = 0; r < group * d; ++r) order.push_back(g * group * d + r);
+      for (int64_t r = 0; r < d; ++r) order.push_back(q_rows + g * d + r);
+      for (int64_t r = 0; r < d; ++r) order.push_back(q_rows + kv_rows + g * d + r);
+    }
+    const auto index = at::tensor(order, at::TensorOptions(at::kLong).device(w.device()));
+    w = w.index_select(0, index);
+    if (b.defined()) b = b.index_select(0, index);
+  }
+  if (layout.layout() != QKVLayout::kSeparate) {
     std::map<std::string, at::Tensor> out{{detail::join_name(prefix, layout.fused_name() + ".weight"), w}};
     if (b.defined()) out[detail::join_name(prefix, layout.fused_name() + ".bias")] = b;
     return out;

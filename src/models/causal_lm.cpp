@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <cmath>
+
 #include "models/model_common.h"
 #include "tp/layers/load_session.h"
 #include "tp/loader/checkpoint.h"
@@ -35,7 +37,7 @@ void CausalLMImpl::reset() {
     layer_list->push_back(layers.back());
   }
   norm = register_module(
-      "norm", RMSNorm(RMSNormOptions(c.hidden_size).eps(c.rms_norm_eps).dtype(dtype).device(options.device())));
+      "norm", Norm(NormOptions(c.hidden_size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(options.device())));
   if (c.tie_word_embeddings) {
     lm_head = register_module("lm_head", ParallelLMHead(embed_tokens));  // holds no parameter of its own
   } else {
@@ -45,7 +47,8 @@ void CausalLMImpl::reset() {
                                                             .device(options.device()),
                                                         comm));
   }
-  rotary = RotaryEmbedding(c.head_dim, c.rope);
+  rotary = RotaryEmbedding(c.rotary_dim, c.rope);
+  if (c.has_local_rope) local_rotary = RotaryEmbedding(c.rotary_dim, c.local_rope);
 }
 
 void CausalLMImpl::pretty_print(std::ostream& stream) const {
@@ -64,12 +67,34 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, KVCache* cache, int64_t 
                     "CausalLM: a cache for ", cache ? cache->keys.size() : 0, " layers, the model has ", layers.size());
   const auto positions =
       at::arange(past, past + s, at::TensorOptions(at::kLong).device(ids.device())).unsqueeze(0).expand({b, s});
-  const auto [cos, sin] = rotary.cos_sin(positions, dtype);
+  const auto tables = rotary_tables(positions);
   at::Tensor h = embed_tokens->forward(ids);
-  for (auto& layer : layers) h = layer->forward(h, cos, sin, cache);
+  // Gemma: the embeddings times sqrt(hidden) rounded to the model's dtype, as transformers does.
+  if (config.scale_embeddings)
+    h = h * at::scalar_tensor(std::sqrt(static_cast<double>(config.hidden_size)), h.options());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const auto& [cos, sin] = tables[static_cast<size_t>(rotary_table_of(static_cast<int64_t>(i)))];
+    h = layers[i]->forward(h, cos, sin, cache);
+  }
   if (cache) cache->length += s;
   if (logits_to_keep > 0 && logits_to_keep < s) h = h.narrow(1, s - logits_to_keep, logits_to_keep);
-  return lm_head->forward(norm->forward(h));
+  return finish_logits(lm_head->forward(norm->forward(h)));
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> CausalLMImpl::rotary_tables(const at::Tensor& positions) const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out{rotary.cos_sin(positions, dtype)};
+  out.push_back(config.has_local_rope ? local_rotary.cos_sin(positions, dtype) : out.front());
+  return out;
+}
+
+at::Tensor CausalLMImpl::finish_logits(const at::Tensor& local_logits) const {
+  const double cap = config.final_logit_softcapping;
+  if (cap <= 0) return local_logits;
+  // cap * tanh(logits / cap) on the real columns; tanh would turn the padding's -inf into -cap.
+  const int64_t real = lm_head->vocab_range().size();
+  const at::Tensor capped = at::tanh(local_logits.narrow(-1, 0, real) / cap) * cap;
+  if (real == local_logits.size(-1)) return capped;
+  return at::cat({capped, local_logits.narrow(-1, real, local_logits.size(-1) - real)}, -1);
 }
 
 at::Tensor CausalLMImpl::gather_logits(const at::Tensor& local_logits) const {
@@ -97,7 +122,16 @@ at::Tensor CausalLMImpl::generate_greedy(const at::Tensor& prompt, int64_t new_t
   auto cache = make_cache(prompt.size(0), prompt.size(1) + new_tokens);
   std::vector<at::Tensor> out;
   at::Tensor next = prompt;
+  const auto& rope = config.rope;
   for (int64_t i = 0; i < new_tokens; ++i) {
+    if (rope.type == RopeType::kLongRope && cache.length > 0 && cache.length <= rope.original_max_position_embeddings &&
+        cache.length + next.size(1) > rope.original_max_position_embeddings) {
+      // The sequence outgrows the pretrained context: the cached keys were rotated with
+      // the short factors. As transformers' Phi-3 does, drop them and run the whole
+      // sequence again, now with the long factors.
+      cache.length = 0;
+      next = at::cat({prompt, at::cat(out, 1)}, 1);
+    }
     const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);  // [batch, 1, local vocab]
     next = lm_head->argmax(logits);                                         // [batch, 1]
     out.push_back(next);
@@ -106,25 +140,29 @@ at::Tensor CausalLMImpl::generate_greedy(const at::Tensor& prompt, int64_t new_t
 }
 
 std::map<std::string, at::Tensor> CausalLMImpl::gather_weights() const {
-  auto out = embed_tokens->gather_weights("model.embed_tokens");
+  const auto& n = config.names;
+  auto out = embed_tokens->gather_weights(n.embed);
   for (const auto& layer : layers) {
     auto part = layer->gather_weights();
     out.insert(part.begin(), part.end());
   }
   at::NoGradGuard no_grad;
-  out["model.norm.weight"] = norm->weight.clone();
+  out[n.final_norm + ".weight"] = norm->weight.clone();
+  if (norm->bias.defined()) out[n.final_norm + ".bias"] = norm->bias.clone();
   if (!config.tie_word_embeddings) {
-    auto head = lm_head->gather_weights("lm_head");
+    auto head = lm_head->gather_weights(n.lm_head);
     out.insert(head.begin(), head.end());
   }
   return out;
 }
 
 void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {
-  embed_tokens->load_weights(checkpoint, "model.embed_tokens");
+  const auto& n = config.names;
+  embed_tokens->load_weights(checkpoint, n.embed);
   for (auto& layer : layers) layer->load_weights(checkpoint);
-  detail::load_mirrored(checkpoint, "model.norm.weight", norm->weight);
-  if (!config.tie_word_embeddings) lm_head->load_weights(checkpoint, "lm_head");
+  detail::load_mirrored(checkpoint, n.final_norm + ".weight", norm->weight);
+  if (norm->bias.defined()) detail::load_mirrored(checkpoint, n.final_norm + ".bias", norm->bias);
+  if (!config.tie_word_embeddings) lm_head->load_weights(checkpoint, n.lm_head);
 }
 
 std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& folder, CausalLMOptions options,
@@ -132,8 +170,14 @@ std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& f
   auto model = std::make_shared<CausalLMImpl>(ModelConfig::from_pretrained(folder), options, std::move(comm));
   // Strict: every tensor of the folder is read, but those of the layers num_layers leaves out.
   auto allow = LoadSessionOptions::default_allow_unread();
-  for (auto i = static_cast<int64_t>(model->layers.size()); i < model->config.num_hidden_layers; ++i)
-    allow.push_back("model.layers." + std::to_string(i) + ".*");
+  const auto& c = model->config;
+  for (auto i = static_cast<int64_t>(model->layers.size()); i < c.num_hidden_layers; ++i)
+    allow.push_back(c.layer_prefix(i) + ".*");
+  if (c.model_type == ModelType::kGptNeoX) {
+    // Older GPT-NeoX files store the attention's constant buffers: the causal mask and its fill value.
+    allow.push_back(c.names.layers + ".*.attention.bias");
+    allow.push_back(c.names.layers + ".*.attention.masked_bias");
+  }
   const LoadSession session(open_checkpoint(folder), model->comm, LoadSessionOptions().allow_unread(allow));
   model->load_weights(session.checkpoint());
   session.finish();

@@ -106,6 +106,11 @@ class ConfigFields {
   std::string prefix_;
 };
 
+/// The family's part of config.json (model_families.cpp): norms, activation, residual
+/// form, attention variants, RoPE, biases, checkpoint names and fused layouts. Runs after
+/// the sizes (model_type, hidden_size, heads, head_dim) are read.
+void read_family(const ConfigFields& f, ModelConfig& c);
+
 /// quantization_config -> CheckpointQuantization (quantization_config.cpp).
 struct QuantizationParser {
   static CheckpointQuantization parse(const ConfigFields& config);

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <limits>
 
 #include "models/model_common.h"
 #include "tp/comm/differentiable.h"
@@ -20,16 +21,20 @@ DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::Scal
   reset();
 }
 
-std::string DecoderLayerImpl::prefix() const { return "model.layers." + std::to_string(index); }
+std::string DecoderLayerImpl::prefix() const { return config.layer_prefix(index); }
 
 void DecoderLayerImpl::reset() {
   const auto& c = config;
   const std::string p = prefix();
   auto norm = [&](int64_t size) {
-    return RMSNorm(RMSNormOptions(size).eps(c.rms_norm_eps).dtype(dtype).device(device));
+    return Norm(NormOptions(size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(device));
   };
   input_layernorm = register_module("input_layernorm", norm(c.hidden_size));
   post_attention_layernorm = register_module("post_attention_layernorm", norm(c.hidden_size));
+  if (c.sandwich_norms) {
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", norm(c.hidden_size));
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm", norm(c.hidden_size));
+  }
   if (qk_norm()) {
     q_norm = register_module("q_norm", norm(c.head_dim));
     k_norm = register_module("k_norm", norm(c.head_dim));
@@ -38,27 +43,52 @@ void DecoderLayerImpl::reset() {
   qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
   // O owns exactly this rank's query heads, even when heads split unevenly.
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
-  // gate_up (column) and down (row) must cut the intermediate dimension alike: one
+  // The MLP's column layer and down (row) must cut the intermediate dimension alike: one
   // granularity that satisfies both formats' alignments.
-  const auto split = SplitPolicy{}.with_granularity(combine_granularity(
-      tp_alignment(opts.gate_up.quant(), ShardMode::kColumn), tp_alignment(opts.down.quant(), ShardMode::kRow)));
-  gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up.split(split), comm));
+  const QuantConfig& first = c.gated_mlp ? opts.gate_up.quant() : opts.up.quant();
+  const auto split = SplitPolicy{}.with_granularity(
+      combine_granularity(tp_alignment(first, ShardMode::kColumn), tp_alignment(opts.down.quant(), ShardMode::kRow)));
+  Range column_range;
+  if (c.gated_mlp) {
+    gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up.split(split), comm));
+    column_range = gate_up->local_range();
+  } else {
+    up_proj = register_module("up_proj", ColumnParallelLinear(opts.up.split(split), comm));
+    column_range = up_proj->local_range();
+  }
   down_proj = register_module("down_proj", RowParallelLinear(opts.down.split(split), comm));
-  TORCH_CHECK_VALUE(gate_up->local_range() == down_proj->local_range(), p, ": gate_up's intermediate slice ",
-                    gate_up->local_range(), " differs from down_proj's ", down_proj->local_range());
+  TORCH_CHECK_VALUE(column_range == down_proj->local_range(), p, ": the MLP's intermediate slice ", column_range,
+                    " differs from down_proj's ", down_proj->local_range());
 }
 
 void DecoderLayerImpl::pretty_print(std::ostream& stream) const {
-  stream << "tp::DecoderLayer(index=" << index << ", " << to_string(config.model_type) << ", rank=" << comm.rank()
-         << "/" << comm.world_size() << ")";
+  stream << "tp::DecoderLayer(index=" << index << ", " << to_string(config.model_type);
+  if (config.is_sliding(index)) stream << ", sliding_window=" << config.sliding_window;
+  if (config.parallel_residual) stream << ", parallel_residual";
+  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 
 namespace {
 
+// Which keys each new query sees: key j (of `total`, the cache's then the new ones) for
+// the query at position past + i when j <= past + i and, with a window, past + i - j < window.
+// Undefined when every key is visible (one token, no window cut), or, with `implicit_causal`,
+// when plain causal attention does it (SDPA's is_causal).
+at::Tensor attention_mask(int64_t s, int64_t total, int64_t window, const at::Device& device, bool implicit_causal) {
+  const int64_t past = total - s;
+  const bool windowed = window > 0 && total > window;
+  if (!windowed && (s == 1 || (implicit_causal && past == 0))) return {};
+  const auto opts = at::TensorOptions(at::kLong).device(device);
+  const at::Tensor key = at::arange(total, opts).unsqueeze(0), query = (at::arange(s, opts) + past).unsqueeze(1);
+  at::Tensor mask = key <= query;
+  if (windowed) mask = mask.logical_and(query - key < window);
+  return mask;
+}
+
 // Causal GQA attention of this rank's query heads. q: [b, hq, s, d]; k, v: [b, hkv, L, d]
 // with L = past + s (the cache's positions, then the new ones).
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan,
-                             int64_t group, double scale) {
+                             int64_t group, const ModelConfig& config, int64_t window) {
   const int64_t b = q.size(0), nq = q.size(1), s = q.size(2), d = q.size(3), total = k.size(2);
   if (nq == 0) return at::empty({b, 0, s, d}, q.options());
   // Local query head h reads local KV head (q_begin + h) / group - kv_begin.
@@ -74,24 +104,61 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
     kh = k.index_select(1, index);
     vh = v.index_select(1, index);
   }
-  const int64_t past = total - s;
-  if (s == 1 || past == 0)  // one new token sees everything; a fresh sequence is plainly causal
+  const double scale = config.attention_scale;
+  if (config.attn_logit_softcapping > 0) {
+    // Soft-capped scores, as transformers' eager attention (the one implementation that
+    // applies the cap) computes them: cap * tanh(q.k * scale / cap), masked, softmax in float32.
+    const double cap = config.attn_logit_softcapping;
+    at::Tensor scores = at::matmul(q, kh.transpose(2, 3)) * scale;
+    scores = at::tanh(scores / cap) * cap;
+    const at::Tensor visible = attention_mask(s, total, window, q.device(), /*implicit_causal=*/false);
+    if (visible.defined()) scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+    const at::Tensor weights = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    return at::matmul(weights, vh);
+  }
+  const at::Tensor mask = attention_mask(s, total, window, q.device(), /*implicit_causal=*/true);
+  if (!mask.defined())  // one new token sees everything; a fresh sequence is plainly causal
     return at::scaled_dot_product_attention(q, kh, vh, {}, 0.0, /*is_causal=*/s > 1, scale);
-  // New tokens after cached ones: token i (position past + i) sees keys 0 .. past + i.
-  const auto opts = at::TensorOptions(at::kLong).device(q.device());
-  const at::Tensor mask = at::arange(total, opts).unsqueeze(0) <= (at::arange(s, opts) + past).unsqueeze(1);
   return at::scaled_dot_product_attention(q, kh, vh, mask, 0.0, false, scale);
+}
+
+at::Tensor activation(Activation act, const at::Tensor& x) {
+  switch (act) {
+    case Activation::kGelu: return at::gelu(x);
+    case Activation::kGeluTanh: return at::gelu(x, "tanh");
+    // transformers' NewGELUActivation and FastGELUActivation, operation for operation.
+    case Activation::kGeluNew:
+      return 0.5 * x * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * at::pow(x, 3.0))));
+    case Activation::kGeluFast: return 0.5 * x * (1.0 + at::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
+    case Activation::kSilu: break;
+  }
+  return at::silu(x);
 }
 
 }  // namespace
 
+at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
+  // The column layers route their mirrored input through copy_to_parallel themselves.
+  if (!config.gated_mlp) return down_proj->forward(activation(config.hidden_act, up_proj->forward(x)));
+  auto [gate, up] = gate_up->split(gate_up->forward(x));
+  return down_proj->forward(activation(config.hidden_act, gate) * up);
+}
+
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      KVCache* cache) {
-  // The column layers route their mirrored input through copy_to_parallel themselves.
   auto [q, k, v] = qkv->split(qkv->forward(input_layernorm->forward(x)));
-  const at::Tensor h = x + o_proj->forward(attention(q, k, v, cos, sin, cache));
-  auto [gate, up] = gate_up->split(gate_up->forward(post_attention_layernorm->forward(h)));
-  return h + down_proj->forward(at::silu(gate) * up);
+  at::Tensor attn = o_proj->forward(attention(q, k, v, cos, sin, cache));
+  if (config.parallel_residual) {
+    // O and down hand on partial sums: one all-reduce serves both (each row layer adds its
+    // bias on one rank only, so each bias is counted once).
+    return x + reduce_from_parallel(attn + mlp(post_attention_layernorm->forward(x)), comm);
+  }
+  if (config.sandwich_norms) {
+    const at::Tensor h = x + post_attention_layernorm->forward(attn);
+    return h + post_feedforward_layernorm->forward(mlp(pre_feedforward_layernorm->forward(h)));
+  }
+  const at::Tensor h = x + attn;
+  return h + mlp(post_attention_layernorm->forward(h));
 }
 
 at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -112,37 +179,63 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
   v = v.transpose(1, 2);
   if (cache) std::tie(k, v) = cache->append(index, k, v);
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
-  const at::Tensor a = grouped_attention(q, k, v, plan, group, std::pow(static_cast<double>(d), -0.5));
+  const int64_t window = config.is_sliding(index) ? config.sliding_window : 0;
+  const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window);
   return a.transpose(1, 2).reshape({b, s, -1});
 }
 
-void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
-  const std::string p = prefix();
-  detail::load_mirrored(checkpoint, p + ".input_layernorm.weight", input_layernorm->weight);
-  detail::load_mirrored(checkpoint, p + ".post_attention_layernorm.weight", post_attention_layernorm->weight);
-  if (qk_norm()) {
-    detail::load_mirrored(checkpoint, p + ".self_attn.q_norm.weight", q_norm->weight);
-    detail::load_mirrored(checkpoint, p + ".self_attn.k_norm.weight", k_norm->weight);
+namespace {
+
+// The norms of a layer under their checkpoint names, in registration order.
+std::vector<std::pair<std::string, Norm>> named_norms(const DecoderLayerImpl& l) {
+  const auto& n = l.config.names;
+  const std::string p = l.prefix() + ".", attn = p + n.attention + ".";
+  std::vector<std::pair<std::string, Norm>> out{{p + n.input_norm, l.input_layernorm},
+                                                {p + n.post_attention_norm, l.post_attention_layernorm}};
+  if (l.config.sandwich_norms) {
+    out.emplace_back(p + n.pre_feedforward_norm, l.pre_feedforward_layernorm);
+    out.emplace_back(p + n.post_feedforward_norm, l.post_feedforward_layernorm);
   }
-  qkv->load_weights(checkpoint, p + ".self_attn");
-  o_proj->load_weights(checkpoint, p + ".self_attn.o_proj");
-  gate_up->load_weights(checkpoint, p + ".mlp");
-  down_proj->load_weights(checkpoint, p + ".mlp.down_proj");
+  if (l.qk_norm()) {
+    out.emplace_back(attn + "q_norm", l.q_norm);
+    out.emplace_back(attn + "k_norm", l.k_norm);
+  }
+  return out;
+}
+
+}  // namespace
+
+void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
+  for (auto& [name, norm] : named_norms(*this)) {
+    detail::load_mirrored(checkpoint, name + ".weight", norm->weight);
+    if (norm->bias.defined()) detail::load_mirrored(checkpoint, name + ".bias", norm->bias);
+  }
+  const auto opts = decoder_layer_options(config, index, dtype, device);
+  qkv->load_weights(checkpoint, opts.qkv_prefix, config.names.qkv);
+  o_proj->load_weights(checkpoint, opts.o_prefix);
+  if (config.gated_mlp)
+    gate_up->load_weights(checkpoint, opts.gate_up_prefix, config.names.gate_up);
+  else
+    up_proj->load_weights(checkpoint, opts.up_prefix);
+  down_proj->load_weights(checkpoint, opts.down_prefix);
 }
 
 std::map<std::string, at::Tensor> DecoderLayerImpl::gather_weights() const {
-  const std::string p = prefix();
-  at::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> out{
-      {p + ".input_layernorm.weight", input_layernorm->weight.clone()},
-      {p + ".post_attention_layernorm.weight", post_attention_layernorm->weight.clone()}};
-  if (qk_norm()) {
-    out[p + ".self_attn.q_norm.weight"] = q_norm->weight.clone();
-    out[p + ".self_attn.k_norm.weight"] = k_norm->weight.clone();
+  const auto opts = decoder_layer_options(config, index, dtype, device);
+  std::map<std::string, at::Tensor> out;
+  {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, norm] : named_norms(*this)) {
+      out[name + ".weight"] = norm->weight.clone();
+      if (norm->bias.defined()) out[name + ".bias"] = norm->bias.clone();
+    }
   }
-  for (auto&& part : {qkv->gather_weights(p + ".self_attn"), o_proj->gather_weights(p + ".self_attn.o_proj"),
-                      gate_up->gather_weights(p + ".mlp"), down_proj->gather_weights(p + ".mlp.down_proj")})
-    out.insert(part.begin(), part.end());
+  const auto add = [&](std::map<std::string, at::Tensor> part) { out.insert(part.begin(), part.end()); };
+  add(qkv->gather_weights(opts.qkv_prefix, config.names.qkv));
+  add(o_proj->gather_weights(opts.o_prefix));
+  add(config.gated_mlp ? gate_up->gather_weights(opts.gate_up_prefix, config.names.gate_up)
+                       : up_proj->gather_weights(opts.up_prefix));
+  add(down_proj->gather_weights(opts.down_prefix));
   return out;
 }
 

@@ -7,13 +7,14 @@
 
 namespace tp {
 
-RotaryEmbedding::RotaryEmbedding(int64_t head_dim, const RopeParameters& rope) {
-  TORCH_CHECK_VALUE(head_dim > 0 && head_dim % 2 == 0, "RotaryEmbedding: head_dim must be positive and even; got ",
-                    head_dim);
+RotaryEmbedding::RotaryEmbedding(int64_t rotary_dim, const RopeParameters& rope) : rope_(rope) {
+  TORCH_CHECK_VALUE(rotary_dim > 0 && rotary_dim % 2 == 0,
+                    "RotaryEmbedding: the rotary dimension must be positive and even; got ", rotary_dim);
   at::NoGradGuard no_grad;
-  // 1 / theta^(2i / d), as transformers' _compute_default_rope_parameters (float32).
-  const at::Tensor exponent = at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) / head_dim;
-  at::Tensor inv_freq = at::pow(rope.theta, exponent).reciprocal() * 1.0;
+  // theta^(2i / d), as transformers' rope initialisers compute it (float32).
+  const at::Tensor exponent = at::arange(0, rotary_dim, 2, at::kLong).to(at::kFloat) / rotary_dim;
+  const at::Tensor base = at::pow(rope.theta, exponent);
+  at::Tensor inv_freq = base.reciprocal() * 1.0;
   if (rope.type == RopeType::kLlama3) {
     // transformers' _compute_llama3_parameters, operation for operation.
     const double factor = rope.factor, low = rope.low_freq_factor, high = rope.high_freq_factor;
@@ -25,6 +26,17 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_dim, const RopeParameters& rope) {
     const at::Tensor smoothed = at::rsub(smooth, 1) * scaled / factor + smooth * scaled;
     const at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
     inv_freq = at::where(medium, smoothed, scaled);
+  } else if (rope.type == RopeType::kLinear) {
+    inv_freq = inv_freq / rope.factor;  // _compute_linear_scaling_rope_parameters
+  } else if (rope.type == RopeType::kLongRope) {
+    // _compute_longrope_parameters: 1 / (ext_factors * theta^(2i / d)).
+    const auto factors = [&](const std::vector<double>& f) {
+      TORCH_CHECK_VALUE(static_cast<int64_t>(f.size()) == rotary_dim / 2, "RotaryEmbedding: longrope has ", f.size(),
+                        " factors for rotary dimension ", rotary_dim);
+      return (at::tensor(f, at::kDouble).to(at::kFloat) * base).reciprocal() * 1.0;
+    };
+    inv_freq = factors(rope.short_factor);
+    long_inv_freq_ = factors(rope.long_factor);
   }
   inv_freq_ = inv_freq;
 }
@@ -33,12 +45,26 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
   TORCH_CHECK_VALUE(inv_freq_.defined(), "RotaryEmbedding: not initialised");
   TORCH_CHECK_VALUE(positions.dim() == 2, "RotaryEmbedding: positions must be [batch, seq]; got ", positions.sizes());
   at::NoGradGuard no_grad;
-  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq_.to(positions.device());
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [batch, seq, head_dim]
-  return {(emb.cos() * 1.0).to(dtype), (emb.sin() * 1.0).to(dtype)};
+  const at::Tensor& inv_freq = uses_long_factors(positions) ? long_inv_freq_ : inv_freq_;
+  const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq.to(positions.device());
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [batch, seq, rotary_dim]
+  const double scaling = rope_.type == RopeType::kLongRope ? rope_.attention_factor : 1.0;
+  return {(emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)};
+}
+
+bool RotaryEmbedding::uses_long_factors(const at::Tensor& positions) const {
+  // transformers' dynamic LongRoPE: the long factors once the sequence (its largest
+  // position + 1) is longer than the pretrained context; keys cached before keep theirs.
+  return long_inv_freq_.defined() && positions.numel() > 0 &&
+         positions.max().item<int64_t>() + 1 > rope_.original_max_position_embeddings;
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t dim = cos.size(-1);
+  if (dim < x.size(-1)) {
+    // Partial rotary: the leading `dim` features rotate, the rest pass through.
+    return at::cat({apply_rotary(x.narrow(-1, 0, dim), cos, sin), x.narrow(-1, dim, x.size(-1) - dim)}, -1);
+  }
   const int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);

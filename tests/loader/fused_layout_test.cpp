@@ -1,7 +1,8 @@
 // Declared fused layouts: the same weights written as separate q/k/v, one [Q|K|V]
 // tensor, or Megatron's per-KV-group interleaving (and gate/up separate or fused)
 // load into identical layers at TP 1-4, from safetensors files; each rank reads
-// only its rows; a layout that does not fit the shapes is an error.
+// only its rows; a layout that does not fit the shapes is an error, and one that fits
+// them but is wrong (per-head read as contiguous) computes other heads.
 
 #include "support/tp_catch.h"
 
@@ -206,4 +207,45 @@ TEST_CASE("a fused tensor that does not fit the declared layout is an error nami
   REQUIRE_THROWS_WITH(gu->load_weights(ckpt, "mlp", GateUpCheckpointLayout().layout(GateUpLayout::kFused)),
                       Contains("GateUpParallelLinear") && Contains("fused [gate|up]") && Contains("[30, 16]") &&
                           Contains("expected [32, 16]"));
+}
+
+TEST_CASE("a per-head interleaved QKV declared contiguous loads but computes other heads: the declaration decides",
+          "[loader][layers]") {
+  // GPT-NeoX's query_key_value: [q_h | k_h | v_h] per head, the grouped layout with one
+  // query head per group. Read as [Q | K | V] the shapes agree, so nothing can refuse it;
+  // what shows the difference is the output. Declared right, every rank computes exactly
+  // its heads, and gather_weights writes the tensor back as the file holds it.
+  const AttnShape s{24, 4, 6, 6};
+  const auto q = randn({24, 24}, 11).to(at::kFloat), k = randn({24, 24}, 12).to(at::kFloat);
+  const auto v = randn({24, 24}, 13).to(at::kFloat), x = randn({5, 24}, 14).to(at::kFloat);
+  const auto fused = interleave(q, k, v, s);
+  Checkpoint ckpt;
+  ckpt.add("attention.query_key_value.weight", fused);
+  const auto per_head = QKVCheckpointLayout().layout(QKVLayout::kInterleavedGroups).fused_name("query_key_value");
+  const auto contiguous = QKVCheckpointLayout().layout(QKVLayout::kFused).fused_name("query_key_value");
+  for (int64_t world = 1; world <= 4; ++world) {
+    INFO("TP " << world);
+    std::mutex mu;
+    double right = 0, wrong = 0;
+    bool gathered = true;
+    run_ranks_in_threads(world, [&](Communicator& comm) {
+      QKVParallelLinear good(QKVParallelLinearOptions(24, 4, 6, 6).bias(false), comm);
+      QKVParallelLinear bad(QKVParallelLinearOptions(24, 4, 6, 6).bias(false), comm);
+      good->load_weights(ckpt, "attention", per_head);
+      bad->load_weights(ckpt, "attention", contiguous);  // loads: the shapes agree
+      const auto& heads = good->head_plan().q_heads;
+      const auto rows = [&](const at::Tensor& w) { return w.narrow(0, heads.begin * 4, heads.size() * 4); };
+      const auto want = at::cat({at::linear(x, rows(q)), at::linear(x, rows(k)), at::linear(x, rows(v))}, -1);
+      const double r = (good->forward(x) - want).abs().max().item<double>();
+      const double w = (bad->forward(x) - want).abs().max().item<double>();
+      const auto back = good->gather_weights("attention", per_head);
+      std::lock_guard<std::mutex> lock(mu);
+      right = std::max(right, r);
+      wrong = std::max(wrong, w);
+      gathered = gathered && at::equal(back.at("attention.query_key_value.weight"), fused);
+    });
+    CHECK(right <= 1e-5);
+    CHECK(wrong > 0.1);
+    CHECK(gathered);
+  }
 }

@@ -242,7 +242,7 @@ TEST_CASE("ModelConfig reads every folder transformers and the quantizers wrote"
     CHECK(c.o_bias == b("o_bias"));
     CHECK(c.mlp_bias == b("mlp_bias"));
     CHECK(c.tie_word_embeddings == b("tie_word_embeddings"));
-    CHECK(c.rms_norm_eps == f("rms_norm_eps"));
+    CHECK(c.norm_eps == f("rms_norm_eps"));
     CHECK(to_string(c.rope.type) == want.find("rope_type")->as_string(""));
     CHECK(c.rope.theta == f("rope_theta"));
     if (c.rope.type == RopeType::kLlama3) {

@@ -5,6 +5,7 @@
 
 #include "support/tp_catch.h"
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,7 +87,7 @@ TEST_CASE("ModelConfig reads Llama, Qwen2 and Qwen3 fields", "[model]") {
     CHECK(c.o_bias);
     CHECK(c.mlp_bias);
     CHECK_FALSE(c.tie_word_embeddings);
-    CHECK(c.rms_norm_eps == 1e-5);
+    CHECK(c.norm_eps == 1e-5);
     CHECK(c.dtype == at::kBFloat16);
     CHECK(c.rope.type == RopeType::kLlama3);
     CHECK(c.rope.theta == 500000.0);
@@ -142,6 +143,151 @@ TEST_CASE("ModelConfig reads Llama, Qwen2 and Qwen3 fields", "[model]") {
   }
 }
 
+TEST_CASE("ModelConfig reads Mistral, Phi-3, GPT-NeoX, Gemma 2 and Gemma 3 as transformers 5.24 writes them",
+          "[model]") {
+  // The fields that matter of the config.json files transformers' own classes saved
+  // (tests/python/family_fixtures.py), and their older spellings.
+  SECTION("mistral: a sliding window on every layer") {
+    const auto c = ModelConfig::from_json(R"({"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 128,
+      "hidden_act": "silu", "rms_norm_eps": 1e-06, "max_position_embeddings": 131072,
+      "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "sliding_window": 4,
+      "tie_word_embeddings": false, "dtype": "float64"})");
+    CHECK(c.model_type == ModelType::kMistral);
+    CHECK(c.sliding_window == 4);
+    CHECK((c.is_sliding(0) && c.is_sliding(1)));
+    CHECK(c.rotary_dim == 16);
+    CHECK(c.names.qkv.layout() == QKVLayout::kSeparate);
+    CHECK(c.attention_scale == 0.25);
+    const auto none = ModelConfig::from_json(R"({"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": null, "vocab_size": 128, "sliding_window": null})");
+    CHECK((none.head_dim == 16 && !none.is_sliding(0)));
+  }
+  SECTION("phi3: fused layouts, partial rotary, LongRoPE with the top-level pretrained context") {
+    const auto c = ModelConfig::from_json(R"({"model_type": "phi3", "hidden_size": 192, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 128,
+      "hidden_act": "silu", "rms_norm_eps": 1e-05, "max_position_embeddings": 48,
+      "original_max_position_embeddings": 12, "partial_rotary_factor": 0.5,
+      "rope_parameters": {"long_factor": [1.5, 3.0, 6.0, 12.0], "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.5, "rope_theta": 10000.0, "rope_type": "longrope",
+        "short_factor": [1.0, 1.25, 1.5, 2.0]}, "sliding_window": 5})");
+    CHECK(c.model_type == ModelType::kPhi3);
+    CHECK(c.names.qkv.layout() == QKVLayout::kFused);
+    CHECK(c.names.qkv.fused_name() == "qkv_proj");
+    CHECK(c.names.gate_up.layout() == GateUpLayout::kFused);
+    CHECK(c.rotary_dim == 8);
+    CHECK(c.rope.type == RopeType::kLongRope);
+    CHECK(c.rope.original_max_position_embeddings == 12);
+    CHECK(c.rope.long_factor == std::vector<double>{1.5, 3.0, 6.0, 12.0});
+    CHECK(c.rope.attention_factor == Approx(std::sqrt(1 + std::log(4.0) / std::log(12.0))).epsilon(1e-15));
+    CHECK((c.sliding_window == 5 && c.is_sliding(1)));
+  }
+  SECTION("gpt_neox: LayerNorm, the ungated MLP, per-head interleaved qkv, parallel residual") {
+    const auto c = ModelConfig::from_json(R"({"model_type": "gpt_neox", "hidden_size": 96, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 6, "vocab_size": 128, "hidden_act": "gelu",
+      "layer_norm_eps": 1e-05, "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0,
+      "rope_type": "default"}, "use_parallel_residual": true, "attention_bias": true, "tie_word_embeddings": false})");
+    CHECK(c.model_type == ModelType::kGptNeoX);
+    CHECK(c.norm == NormKind::kLayerNorm);
+    CHECK(c.norm_eps == 1e-5);
+    CHECK((!c.gated_mlp && c.parallel_residual && c.qkv_bias && c.o_bias && c.mlp_bias));
+    CHECK(c.hidden_act == Activation::kGelu);
+    CHECK(c.names.qkv.layout() == QKVLayout::kInterleavedGroups);
+    CHECK(c.names.qkv.fused_name() == "query_key_value");
+    CHECK(c.names.embed == "gpt_neox.embed_in");
+    CHECK(c.names.lm_head == "embed_out");
+    CHECK(c.layer_prefix(1) == "gpt_neox.layers.1");
+    CHECK(c.rotary_dim == 4);
+    // 4.x: rotary_pct and rotary_emb_base; no rotary field at all is GPT-NeoX's 0.25.
+    const auto old = ModelConfig::from_json(R"({"model_type": "gpt_neox", "hidden_size": 96,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 6, "vocab_size": 128,
+      "rotary_pct": 0.5, "rotary_emb_base": 20000, "use_parallel_residual": false, "hidden_act": "gelu_fast"})");
+    CHECK((old.rotary_dim == 8 && old.rope.theta == 20000 && !old.parallel_residual));
+    CHECK(old.hidden_act == Activation::kGeluFast);
+    const auto bare = ModelConfig::from_json(R"({"model_type": "gpt_neox", "hidden_size": 96,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 6, "vocab_size": 128})");
+    CHECK(bare.rotary_dim == 4);
+  }
+  SECTION("gemma2: unit-offset norms, sandwich, soft caps, query_pre_attn_scalar, alternating windows") {
+    const auto c = ModelConfig::from_json(R"({"model_type": "gemma2", "hidden_size": 128, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 128,
+      "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0,
+      "final_logit_softcapping": 0.3, "sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"],
+      "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "rms_norm_eps": 1e-06,
+      "attention_bias": false, "tie_word_embeddings": true, "use_bidirectional_attention": null})");
+    CHECK(c.norm == NormKind::kRMSUnitOffset);
+    CHECK((c.sandwich_norms && c.scale_embeddings && c.tie_word_embeddings && !c.qk_norm));
+    CHECK(c.hidden_act == Activation::kGeluTanh);
+    CHECK(c.attention_scale == std::pow(24.0, -0.5));
+    CHECK((c.attn_logit_softcapping == 2.0 && c.final_logit_softcapping == 0.3));
+    CHECK((c.is_sliding(0) && !c.is_sliding(1)));
+    // 4.x: no layer_types; even layers slide.
+    const auto old = ModelConfig::from_json(R"({"model_type": "gemma2", "hidden_size": 128,
+      "intermediate_size": 256, "num_hidden_layers": 3, "num_attention_heads": 8, "head_dim": 32,
+      "vocab_size": 128, "sliding_window": 4})");
+    CHECK((old.is_sliding(0) && !old.is_sliding(1) && old.is_sliding(2)));
+  }
+  SECTION("gemma3_text: q/k norms, a RoPE per layer type (linear on the global layers)") {
+    const auto c = ModelConfig::from_json(R"({"model_type": "gemma3_text", "hidden_size": 128,
+      "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+      "head_dim": 32, "vocab_size": 128, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 40,
+      "attn_logit_softcapping": null, "final_logit_softcapping": null, "sliding_window": 4,
+      "layer_types": ["sliding_attention", "full_attention"], "rope_parameters": {"full_attention": {"factor": 8.0,
+      "rope_theta": 1000000.0, "rope_type": "linear"}, "sliding_attention": {"rope_theta": 10000.0,
+      "rope_type": "default"}}, "rms_norm_eps": 1e-06, "tie_word_embeddings": true})");
+    CHECK(c.model_type == ModelType::kGemma3);
+    CHECK((c.qk_norm && c.sandwich_norms && c.has_local_rope));
+    CHECK((c.rope.type == RopeType::kLinear && c.rope.factor == 8.0 && c.rope.theta == 1e6));
+    CHECK((c.local_rope.type == RopeType::kDefault && c.local_rope.theta == 1e4));
+    CHECK((c.attn_logit_softcapping == 0 && c.final_logit_softcapping == 0));
+    // 4.x: rope_local_base_freq, rope_scaling for the global layers, sliding_window_pattern.
+    const auto old = ModelConfig::from_json(R"({"model_type": "gemma3_text", "hidden_size": 128,
+      "intermediate_size": 256, "num_hidden_layers": 6, "num_attention_heads": 8, "head_dim": 32,
+      "vocab_size": 128, "sliding_window": 4, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+      "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window_pattern": 3})");
+    CHECK((old.is_sliding(0) && old.is_sliding(1) && !old.is_sliding(2) && !old.is_sliding(5)));
+    CHECK((old.local_rope.theta == 1e4 && old.rope.type == RopeType::kLinear));
+  }
+}
+
+TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the field and the value",
+          "[model][errors]") {
+  const auto fails = [](const std::string& json) {
+    try {
+      ModelConfig::from_json(json);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(no error)");
+  };
+  const std::string phi3 = R"({"model_type": "phi3", "hidden_size": 192, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 12, "vocab_size": 128, "partial_rotary_factor": 0.5, )";
+  CHECK_THAT(fails(phi3 + R"("rope_parameters": {"rope_type": "longrope", "short_factor": [1, 2],
+      "long_factor": [1, 2, 3, 4]}})"),
+             Contains("rope_parameters.short_factor") && Contains("2 factors") && Contains("rotary_dim / 2 = 4"));
+  CHECK_THAT(fails(phi3 + R"("rope_parameters": {"rope_type": "dynamic", "factor": 2.0}})"),
+             Contains("rope_parameters.rope_type = \"dynamic\" is not supported"));
+  CHECK_THAT(fails(R"({"model_type": "phi3", "hidden_size": 192, "intermediate_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 12, "vocab_size": 128, "partial_rotary_factor": 1.5})"),
+             Contains("partial_rotary_factor = 1.5"));
+  const std::string gemma = R"({"model_type": "gemma2", "hidden_size": 128, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 32, "vocab_size": 128, )";
+  CHECK_THAT(fails(gemma + R"("sliding_window": 4, "layer_types": ["sliding_attention"]})"),
+             Contains("layer_types") && Contains("1 entries for num_hidden_layers=2"));
+  CHECK_THAT(fails(gemma + R"("sliding_window": 4, "layer_types": ["sliding_attention", "chunked_attention"]})"),
+             Contains("layer_types[1] = \"chunked_attention\""));
+  CHECK_THAT(fails(R"({"model_type": "mistral", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 8, "vocab_size": 128, "sliding_window": null,
+      "layer_types": ["sliding_attention", "full_attention"]})"),
+             Contains("sliding_window") && Contains("sliding_attention layers"));
+  CHECK_THAT(fails(gemma + R"("hidden_activation": "geglu"})"), Contains("hidden_activation = \"geglu\""));
+  CHECK_THAT(fails(gemma + R"("final_logit_softcapping": 0})"), Contains("final_logit_softcapping = 0"));
+  CHECK_THAT(fails(gemma + R"("use_bidirectional_attention": true})"), Contains("use_bidirectional_attention"));
+  CHECK_THAT(fails(R"({"model_type": "gpt_neox", "hidden_size": 96, "intermediate_size": 256,
+      "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "vocab_size": 128})"),
+             Contains("num_key_value_heads = 2") && Contains("one k and v per head"));
+}
+
 TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the value", "[model][errors]") {
   const auto fails = [](const std::string& json) {
     try {
@@ -151,12 +297,16 @@ TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the va
     }
     return std::string("(no error)");
   };
-  CHECK_THAT(fails(llama("", "mistral")), Contains("model_type = \"mistral\"") && Contains("llama, qwen2 and qwen3"));
+  const auto unknown = fails(llama("", "falcon"));
+  CHECK_THAT(unknown, Contains("model_type = \"falcon\" is not supported; tp reads llama, qwen2, qwen3, mistral, "
+                               "phi3, gpt_neox, gemma2, gemma3_text"));
+  CHECK_THAT(fails(llama(R"("vision_config": {"hidden_size": 64})", "gemma3")),
+             Contains("vision_config") && Contains("multimodal") && Contains("gemma3_text"));
   CHECK_THAT(fails(llama(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})")),
              Contains("rope_parameters.rope_type = \"yarn\""));
   CHECK_THAT(fails(llama(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})")),
              Contains("rope_scaling.low_freq_factor") && Contains("required"));
-  CHECK_THAT(fails(llama(R"("hidden_act": "gelu")")), Contains("hidden_act = \"gelu\""));
+  CHECK_THAT(fails(llama(R"("hidden_act": "relu2")")), Contains("hidden_act = \"relu2\" is not supported"));
   CHECK_THAT(fails(llama(R"("dtype": "int8")")), Contains("dtype = \"int8\""));
   CHECK_THAT(fails(llama(R"("use_sliding_window": true)", "qwen2")), Contains("use_sliding_window = true"));
   CHECK_THAT(fails(llama(R"("layer_types": ["full_attention", "sliding_attention"])", "qwen3")),

@@ -225,17 +225,17 @@ def compiled_block_cases(rank, world, cases, backend):
 
 
 def _opcheck_model_ops(model, ids):
-    """opcheck of the operators only a tp.CausalLM has: rms_norm, decoder_attention (with
+    """opcheck of the operators only a tp.CausalLM has: norm, decoder_attention (with
     Qwen3's q/k norm weights as parameters), rotary_cos_sin."""
     b, s = ids.shape
     positions = torch.arange(s).unsqueeze(0).expand(b, s)
     opcheck(torch.ops.tp.rotary_cos_sin, (model._op_handle, positions))
     with torch.no_grad():
-        cos, sin = torch.ops.tp.rotary_cos_sin(model._op_handle, positions).unbind(0)
+        cos, sin = torch.ops.tp.rotary_cos_sin(model._op_handle, positions).unbind(0)[:2]
         x = model.embed_tokens(ids)
     layer = model.layers[0]
     norm = layer.input_layernorm
-    opcheck(torch.ops.tp.rms_norm, (norm._op_handle, x.clone().requires_grad_(), [norm.weight]))
+    opcheck(torch.ops.tp.norm, (norm._op_handle, x.clone().requires_grad_(), norm._op_params()))
     with torch.no_grad():
         q, k, v = (t.clone().requires_grad_() for t in layer.qkv.split(layer.qkv(norm(x))))
     opcheck(torch.ops.tp.decoder_attention, (layer._op_handle, q, k, v, cos, sin, layer._attention_params()))

@@ -85,7 +85,7 @@ def test_causal_lm_children_are_tp_modules(folder):
     model = tp.CausalLM.from_pretrained(f"{folder}/qwen3", dtype=torch.float64)
     text = repr(model)
     for child in ("(embed_tokens): VocabParallelEmbedding(", "(qkv): QKVParallelLinear(", "(o_proj): RowParallelLinear(",
-                  "(gate_up): GateUpParallelLinear(", "(q_norm): RMSNorm(", "(lm_head): ParallelLMHead("):
+                  "(gate_up): GateUpParallelLinear(", "(q_norm): Norm(", "(lm_head): ParallelLMHead("):
         assert child in text, text
     assert "Module()" not in text, text
     seen = []

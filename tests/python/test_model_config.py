@@ -48,7 +48,7 @@ def test_model_config_reads_every_folder(fixtures):
             "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
             "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "vocab_size": c.vocab_size,
             "qkv_bias": c.qkv_bias, "o_bias": c.o_bias, "mlp_bias": c.mlp_bias,
-            "tie_word_embeddings": c.tie_word_embeddings, "rms_norm_eps": c.rms_norm_eps,
+            "tie_word_embeddings": c.tie_word_embeddings, "rms_norm_eps": c.norm_eps,
             "rope_type": c.rope.type.name, "rope_theta": c.rope.theta,
             "dtype": str(c.dtype).replace("torch.", ""),
         }

@@ -88,7 +88,8 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   /// The whole q, k and v weights (and biases) gathered from every rank's heads,
   /// replicated KV heads once, under the names load_weights reads with `layout`:
   /// `prefix + ".q_proj.weight"` etc. (kSeparate, the default) or one
-  /// `prefix + "." + fused_name + ".weight"` [Q|K|V] (kFused). Every rank calls it (it
+  /// `prefix + "." + fused_name + ".weight"` ([Q|K|V] for kFused, per KV group for
+  /// kInterleavedGroups). Every rank calls it (it
   /// all-gathers) and gets the same tensors. Unquantized layers only.
   /// Example: tp::save_safetensors(path, qkv->gather_weights("model.layers.0.self_attn"));
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,

@@ -1,7 +1,9 @@
 #pragma once
-// CausalLM: a whole Llama / Qwen2 / Qwen3 decoder from a Hugging Face folder, tensor-
-// parallel over a Communicator: VocabParallelEmbedding, the DecoderLayers, the final
-// RMSNorm and a ParallelLMHead (tied to the embedding when the config says so).
+// CausalLM: a whole decoder from a Hugging Face folder (Llama, Qwen2, Qwen3, Mistral,
+// Phi-3, GPT-NeoX, Gemma 2, Gemma 3 text), tensor-parallel over a Communicator:
+// VocabParallelEmbedding, the DecoderLayers, the final norm and a ParallelLMHead (tied to
+// the embedding when the config says so), with the family's embedding scale and final
+// soft cap.
 //
 // Split states: token ids and hidden states are mirrored; logits are split over the
 // vocabulary (ParallelLMHead's local slice, padding columns -inf); greedy decoding and
@@ -25,7 +27,7 @@
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
-#include "tp/models/rms_norm.h"
+#include "tp/models/norm.h"
 #include "tp/models/rotary_embedding.h"
 
 namespace tp {
@@ -65,7 +67,9 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// Greedy decoding: `new_tokens` tokens after `prompt` (int64 [batch, seq]), each the
   /// argmax over the whole vocabulary (ties: lowest id), with a KV cache: one forward of
   /// the prompt, then one token at a time. Returns int64 [batch, new_tokens], the same on
-  /// every rank.
+  /// every rank. LongRoPE (Phi-3): once the sequence outgrows
+  /// original_max_position_embeddings, the cache is dropped and the whole sequence runs
+  /// again with the long factors, as transformers' generate does.
   at::Tensor generate_greedy(const at::Tensor& prompt, int64_t new_tokens);
 
   /// Loads every tensor of the model from `checkpoint` (Hugging Face names), this rank's
@@ -94,9 +98,20 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   VocabParallelEmbedding embed_tokens{nullptr};
   std::vector<DecoderLayer> layers;  // also in layer_list, registered as "layers" ("layers.{i}.*")
   torch::nn::ModuleList layer_list{nullptr};
-  RMSNorm norm{nullptr};
+  Norm norm{nullptr};
   ParallelLMHead lm_head{nullptr};
   RotaryEmbedding rotary;
+  /// Gemma 3's sliding layers' own RoPE (config.has_local_rope), else unused.
+  RotaryEmbedding local_rotary;
+
+  /// The (cos, sin) tables of `positions` for each RoPE the layers use: [0] the model's,
+  /// [1] the sliding layers' local one (Gemma 3; else the same tables).
+  std::vector<std::pair<at::Tensor, at::Tensor>> rotary_tables(const at::Tensor& positions) const;
+  /// Which of rotary_tables layer i reads.
+  int64_t rotary_table_of(int64_t layer) const { return config.has_local_rope && config.is_sliding(layer) ? 1 : 0; }
+  /// The head's output as the family finishes it: Gemma 2's final soft cap on the real
+  /// vocabulary columns (the padding stays -inf), else unchanged.
+  at::Tensor finish_logits(const at::Tensor& local_logits) const;
 };
 
 /// A ModuleHolder for CausalLMImpl.

@@ -1,13 +1,19 @@
 #pragma once
-// DecoderLayer: one Llama / Qwen2 / Qwen3 block over the tp layers.
+// DecoderLayer: one block of a decoder family over the tp layers. The Llama form,
 //
-//   h   = x + O(attention(RoPE(norm_q(Q)), RoPE(norm_k(K)), V))   Q, K, V = QKV(RMSNorm(x))
-//   out = h + down(SiLU(gate) * up)                              gate, up = gate_up(RMSNorm(h))
+//   h   = x + O(attention(RoPE(norm_q(Q)), RoPE(norm_k(K)), V))   Q, K, V = QKV(norm1(x))
+//   out = h + down(act(gate) * up)                                gate, up = gate_up(norm2(h))
+//
+// and the variants the config selects (tp::ModelConfig): Gemma's sandwich norms
+// (h = x + norm_post_attn(O(..)), out = h + norm_post_ff(down(..(norm_pre_ff(h))))), GPT-NeoX's
+// ungated MLP (down(act(up(..)))) and parallel residual (out = x + O(..) + down(..(norm2(x))),
+// the two partial sums added before one all-reduce), sliding-window attention, soft-capped
+// attention scores, partial rotary.
 //
 // Split states: x, h and out are mirrored; Q/K/V by whole heads (QKVParallelLinear's
 // plan, GQA and KV replication included), gate/up by intermediate columns; O and down
-// give partial sums, all-reduced. norm_q / norm_k (Qwen3) are per-head RMSNorms whose
-// weight every rank applies to its own heads, so their gradient is summed over ranks.
+// give partial sums, all-reduced. norm_q / norm_k (Qwen3, Gemma 3) are per-head norms
+// whose weight every rank applies to its own heads, so their gradient is summed over ranks.
 
 #include <cstdint>
 #include <map>
@@ -18,13 +24,14 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
-#include "tp/models/rms_norm.h"
+#include "tp/models/norm.h"
 
 namespace tp {
 
@@ -38,41 +45,47 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
 
-  /// x: [batch, seq, hidden] (mirrored); cos, sin: [batch, seq, head_dim] for the
+  /// x: [batch, seq, hidden] (mirrored); cos, sin: [batch, seq, rotary_dim] for the
   /// tokens' positions. With a cache, the new keys and values are appended at
   /// cache->length (not advanced here) and attention reads every cached position;
   /// without one the sequence attends causally to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache = nullptr);
 
   /// The attention between QKV and O, as forward runs it: q, k, v are qkv's split
-  /// pieces [batch, seq, local heads * head_dim] (Qwen3's q/k norms, RoPE, the cache and
-  /// GQA attention applied here) -> [batch, seq, local q heads * head_dim], O's input.
+  /// pieces [batch, seq, local heads * head_dim] (the q/k norms, RoPE, the cache and
+  /// GQA attention, sliding window and soft cap applied here) -> [batch, seq, local q heads * head_dim], O's input.
   /// (The Python DecoderLayer composes its children around it.)
   at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                        const at::Tensor& sin, KVCache* cache = nullptr);
 
-  /// Loads "model.layers.{index}." + every tensor of the block, this rank's shards only
+  /// Loads prefix() + "." + every tensor of the block, this rank's shards only
   /// (a LoadSession's checkpoint records them for its unread-tensor report).
   void load_weights(const Checkpoint& checkpoint);
   /// Every tensor load_weights reads, whole (the shards all-gathered: every rank calls
   /// this), under the same names.
   std::map<std::string, at::Tensor> gather_weights() const;
 
-  /// "model.layers.{index}"
+  /// The MLP of the block on its (normed) input: down(act(gate) * up), or down(act(up))
+  /// for an ungated MLP (a partial sum under the parallel residual: down does not reduce).
+  at::Tensor mlp(const at::Tensor& x);
+
+  /// "<names.layers>.{index}", e.g. "model.layers.3"
   std::string prefix() const;
-  /// Whether q and k have per-head RMSNorms (Qwen3).
-  bool qk_norm() const { return config.model_type == ModelType::kQwen3; }
+  /// Whether q and k have per-head norms (Qwen3, Gemma 3).
+  bool qk_norm() const { return config.qk_norm; }
 
   ModelConfig config;
   int64_t index;
   at::ScalarType dtype;
   at::Device device;
   Communicator comm;
-  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
-  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
+  Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma only
+  Norm q_norm{nullptr}, k_norm{nullptr};                                         // qk_norm only
   QKVParallelLinear qkv{nullptr};
   RowParallelLinear o_proj{nullptr};
-  GateUpParallelLinear gate_up{nullptr};
+  GateUpParallelLinear gate_up{nullptr};  // a gated MLP
+  ColumnParallelLinear up_proj{nullptr};  // an ungated one (GPT-NeoX's dense_h_to_4h)
   RowParallelLinear down_proj{nullptr};
 };
 

@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
@@ -16,12 +17,15 @@
 
 namespace tp {
 
-/// Layer `layer`'s projections, as the checkpoint stores them:
+/// Layer `layer`'s projections, as the checkpoint stores them (Llama's names; each
+/// family's are in config.names, the fused layouts in names.qkv / names.gate_up):
 ///   qkv      QKVParallelLinear from  "<prefix>.self_attn" (q_proj, k_proj, v_proj)
 ///   o        RowParallelLinear from  "<prefix>.self_attn.o_proj"
-///   gate_up  GateUpParallelLinear from "<prefix>.mlp" (gate_proj, up_proj)
+///   gate_up  GateUpParallelLinear from "<prefix>.mlp" (gate_proj, up_proj), a gated MLP
+///   up       ColumnParallelLinear from "<prefix>.mlp.<names.up_proj>", an ungated one
 ///   down     RowParallelLinear from  "<prefix>.mlp.down_proj"
-/// with prefix = "model.layers.<layer>".
+/// with prefix = "model.layers.<layer>". Under the parallel residual (GPT-NeoX) o and down
+/// do not reduce: the block adds their partial sums and reduces once.
 /// Example:
 ///   auto opts = tp::decoder_layer_options(config, i, at::kBFloat16);
 ///   tp::QKVParallelLinear qkv(opts.qkv, comm);
@@ -30,13 +34,14 @@ namespace tp {
 ///   o->load_weights(ckpt, opts.o_prefix);
 struct DecoderLayerOptions {
   int64_t layer = 0;
-  std::string qkv_prefix, o_prefix, gate_up_prefix, down_prefix;
+  std::string qkv_prefix, o_prefix, gate_up_prefix, up_prefix, down_prefix;
   QKVParallelLinearOptions qkv{1, 1, 1, 1};
   /// Without the attention split: build O with o_proj(qkv), which sets it. (A split of
   /// O's in_features that differs from qkv's query heads is wrong whenever the heads
   /// do not divide evenly: Llama's 4 KV groups at TP 3 give q heads 6, 3, 3.)
   RowParallelLinearOptions o{1, 1};
   GateUpParallelLinearOptions gate_up{1, 1};
+  ColumnParallelLinearOptions up{1, 1};
   RowParallelLinearOptions down{1, 1};
 
   /// `o` with the split that gives it exactly `qkv`'s query heads on every rank.

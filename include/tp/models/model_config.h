@@ -9,6 +9,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
 
 namespace tp {
@@ -18,16 +19,18 @@ struct QuantizationParser;
 }
 
 /// The decoder families tp reads (config.json's model_type).
-enum class ModelType { kLlama, kQwen2, kQwen3 };
-/// "llama", "qwen2", "qwen3".
+enum class ModelType { kLlama, kQwen2, kQwen3, kMistral, kPhi3, kGptNeoX, kGemma2, kGemma3 };
+/// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text".
 const char* to_string(ModelType type);
 
 /// The RoPE variants tp reads (rope_type).
 enum class RopeType {
-  kDefault,  ///< inv_freq[i] = theta^(-2i / head_dim)
-  kLlama3,   ///< Llama 3.1's frequency-band scaling (factor, low/high_freq_factor, original max positions)
+  kDefault,   ///< inv_freq[i] = theta^(-2i / rotary_dim)
+  kLlama3,    ///< Llama 3.1's frequency-band scaling (factor, low/high_freq_factor, original max positions)
+  kLinear,    ///< positions divided by `factor` (Gemma 3's global layers)
+  kLongRope,  ///< Phi-3's LongRoPE: per-frequency short / long factors, cos and sin scaled
 };
-/// "default", "llama3".
+/// "default", "llama3", "linear", "longrope".
 const char* to_string(RopeType type);
 
 /// Rotary position embedding parameters, from transformers 5's `rope_parameters` or
@@ -35,11 +38,58 @@ const char* to_string(RopeType type);
 struct RopeParameters {
   RopeType type = RopeType::kDefault;
   double theta = 10000.0;
-  /// kLlama3 only (read from the config, every one of them required there).
+  /// kLlama3 and kLinear (read from the config, every one of them required there).
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  /// kLlama3, kLongRope: the context the model was pretrained with.
   int64_t original_max_position_embeddings = 0;
+  /// kLongRope: one factor per frequency (rotary_dim / 2 each): the short ones while
+  /// the sequence (its largest position + 1) fits original_max_position_embeddings,
+  /// the long ones beyond; cos and sin are multiplied by attention_factor.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
+};
+
+/// The normalisation layers of a family.
+enum class NormKind {
+  kRMS,            ///< weight * x / rms(x) (Llama, Qwen, Mistral, Phi-3)
+  kRMSUnitOffset,  ///< (1 + weight) * x / rms(x), all in float32 (Gemma)
+  kLayerNorm,      ///< LayerNorm with weight and bias (GPT-NeoX)
+};
+/// "rms", "rms_unit_offset", "layer_norm".
+const char* to_string(NormKind kind);
+
+/// The MLP activation (config.json's hidden_act / hidden_activation).
+enum class Activation {
+  kSilu,      ///< "silu" / "swish"
+  kGelu,      ///< "gelu": the exact (erf) GELU
+  kGeluTanh,  ///< "gelu_pytorch_tanh": torch's tanh approximation
+  kGeluNew,   ///< "gelu_new": the same formula in transformers' operations
+  kGeluFast,  ///< "gelu_fast": with its truncated constant 0.7978845608 (GPT-NeoX-20B)
+};
+/// "silu", "gelu", "gelu_tanh", "gelu_new", "gelu_fast".
+const char* to_string(Activation act);
+
+/// Where a family stores each tensor: the names (without ".weight" / ".bias") and the
+/// declared layouts of the fused projections (tp/loader/fused_layout.h).
+struct CheckpointNames {
+  std::string embed = "model.embed_tokens";
+  std::string final_norm = "model.norm";
+  std::string lm_head = "lm_head";
+  std::string layers = "model.layers";  ///< layer i is "<layers>.<i>"
+  /// Under a layer:
+  std::string attention = "self_attn";
+  std::string o_proj = "o_proj";  ///< under attention
+  std::string mlp = "mlp";
+  std::string up_proj = "up_proj";  ///< under mlp, the ungated MLP's first projection
+  std::string down_proj = "down_proj";
+  std::string input_norm = "input_layernorm";
+  std::string post_attention_norm = "post_attention_layernorm";
+  std::string pre_feedforward_norm = "pre_feedforward_layernorm";    ///< Gemma
+  std::string post_feedforward_norm = "post_feedforward_layernorm";  ///< Gemma
+  QKVCheckpointLayout qkv;                                           ///< under attention
+  GateUpCheckpointLayout gate_up;                                    ///< under mlp
 };
 
 /// Which linear layers of a checkpoint are quantized, and how: config.json's
@@ -95,7 +145,10 @@ class CheckpointQuantization {
   std::vector<Pattern> ignore_;  // modules left unquantized whatever the rules say
 };
 
-/// config.json of a Llama / Qwen2 / Qwen3 checkpoint.
+/// config.json of a decoder checkpoint: Llama, Qwen2, Qwen3, Mistral, Phi-3, GPT-NeoX,
+/// Gemma 2 or Gemma 3 (text). The family sets the architecture fields below (the norm,
+/// the activation, the residual form, the checkpoint names and fused layouts), some
+/// from the family's own config fields; docs/checkpoint_formats.md lists them.
 /// Example:
 ///   auto config = tp::ModelConfig::from_pretrained("/models/Qwen3-8B");
 ///   auto opts = tp::decoder_layer_options(config, 0);   // tp/models/layer_options.h
@@ -125,8 +178,43 @@ struct ModelConfig {
   bool mlp_bias = false;
   /// The LM head is model.embed_tokens.weight (no lm_head.weight in the files).
   bool tie_word_embeddings = false;
-  double rms_norm_eps = 1e-6;
+  /// The norms' epsilon (rms_norm_eps, or GPT-NeoX's layer_norm_eps).
+  double norm_eps = 1e-6;
   RopeParameters rope;
+
+  // The architecture, as the family defines it.
+  NormKind norm = NormKind::kRMS;
+  Activation hidden_act = Activation::kSilu;
+  /// act(gate) * up through gate_up (true), or act(up) through up_proj (GPT-NeoX).
+  bool gated_mlp = true;
+  /// out = x + attention(norm1(x)) + mlp(norm2(x)) with one all-reduce for both sums
+  /// (GPT-NeoX's use_parallel_residual); false: the sequential pre-norm residuals.
+  bool parallel_residual = false;
+  /// Per-head norms of q and k before RoPE (Qwen3, Gemma 3).
+  bool qk_norm = false;
+  /// Gemma 2 / 3: the attention and MLP outputs normed before their residual adds
+  /// (post_attention_layernorm, post_feedforward_layernorm), the MLP input by
+  /// pre_feedforward_layernorm.
+  bool sandwich_norms = false;
+  /// The leading part of each head RoPE rotates (partial_rotary_factor * head_dim; the
+  /// rest passes through); head_dim when the config has no partial rotary.
+  int64_t rotary_dim = 0;
+  /// Sliding-window attention: a query at position p sees keys p - window < j <= p
+  /// (0: none), on the layers `sliding_layers` marks (Mistral, Phi-3: every layer).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  /// The multiplier of q . k (head_dim^-0.5, or Gemma's query_pre_attn_scalar^-0.5).
+  double attention_scale = 0;
+  /// Gemma 2's soft caps: cap * tanh(x / cap) on the attention scores and the final
+  /// logits (0: none).
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
+  /// Embeddings multiplied by sqrt(hidden_size) (Gemma; in the model's dtype).
+  bool scale_embeddings = false;
+  /// Gemma 3: the sliding layers' own RoPE (rope_local_base_freq, no scaling).
+  bool has_local_rope = false;
+  RopeParameters local_rope;
+  CheckpointNames names;
   /// dtype (transformers 5) or torch_dtype (4.x) the tensors were saved in (absent: float32).
   at::ScalarType dtype = at::kFloat;
   /// quantization_config (absent: unquantized).
@@ -138,6 +226,13 @@ struct ModelConfig {
   int64_t q_size() const { return num_attention_heads * head_dim; }
   /// Key / value width num_key_value_heads * head_dim.
   int64_t kv_size() const { return num_key_value_heads * head_dim; }
+  /// Whether layer `layer` attends through the sliding window.
+  bool is_sliding(int64_t layer) const {
+    return sliding_window > 0 && layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+           sliding_layers[static_cast<size_t>(layer)];
+  }
+  /// "<names.layers>.<layer>"
+  std::string layer_prefix(int64_t layer) const { return names.layers + "." + std::to_string(layer); }
   /// The format of a linear layer, by checkpoint name (quantization.for_module).
   QuantConfig quant_config(const std::string& module) const { return quantization.for_module(module); }
 };

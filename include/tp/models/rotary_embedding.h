@@ -1,5 +1,6 @@
 #pragma once
-// Rotary position embedding (the rotate-half form), with plain and Llama-3 frequencies.
+// Rotary position embedding (the rotate-half form, over the leading rotary_dim features
+// of a head), with plain, Llama-3, linear and LongRoPE frequencies.
 
 #include <cstdint>
 #include <utility>
@@ -10,25 +11,33 @@
 
 namespace tp {
 
-/// The cos / sin tables of one head size. The inverse frequencies and the angles are
-/// computed in float32 with the operations of transformers' rope initialisers and
-/// LlamaRotaryEmbedding.forward, then cast to the model dtype: so a float64 model
+/// The cos / sin tables of one rotary dimension. The inverse frequencies and the angles
+/// are computed in float32 with the operations of transformers' rope initialisers and
+/// its rotary embeddings' forward, then cast to the model dtype: so a float64 model
 /// sees exactly the tables transformers' does.
 class RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
-  RotaryEmbedding(int64_t head_dim, const RopeParameters& rope);
+  /// rotary_dim: the features of a head that rotate (head_dim, or less for partial rotary).
+  RotaryEmbedding(int64_t rotary_dim, const RopeParameters& rope);
 
-  /// positions: int64 [batch, seq] -> (cos, sin), each [batch, seq, head_dim] in `dtype`.
+  /// positions: int64 [batch, seq] -> (cos, sin), each [batch, seq, rotary_dim] in
+  /// `dtype`. LongRoPE takes its long factors when the largest position + 1 exceeds
+  /// original_max_position_embeddings (per call, as transformers does), and scales
+  /// both tables by its attention_factor.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, at::ScalarType dtype) const;
-  /// The inverse frequencies, float32 [head_dim / 2].
+  /// The inverse frequencies, float32 [rotary_dim / 2] (LongRoPE: the short ones).
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  at::Tensor inv_freq_;
+  bool uses_long_factors(const at::Tensor& positions) const;
+
+  RopeParameters rope_;
+  at::Tensor inv_freq_, long_inv_freq_;
 };
 
-/// x * cos + rotate_half(x) * sin. x: [batch, heads, seq, head_dim]; cos, sin: [batch, seq, head_dim].
+/// x * cos + rotate_half(x) * sin on the leading cos.size(-1) features of each head (the
+/// rest unchanged). x: [batch, heads, seq, head_dim]; cos, sin: [batch, seq, rotary_dim].
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace tp

@@ -1,0 +1,334 @@
+// The families' part of config.json (docs/checkpoint_formats.md §2): what each
+// model_type fixes (names, fused layouts, norms, residual form) and the fields it adds
+// (sliding windows, partial rotary, soft caps, RoPE variants). Adding a family: one
+// read_<family> below, one row of kFamilies in model_config.cpp, and what is new in its
+// layer (src/models/decoder_layer.cpp) if anything is.
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "models/config_fields.h"
+
+namespace tp::detail {
+namespace {
+
+// ---- RoPE ------------------------------------------------------------------------
+
+std::vector<double> factors(const ConfigFields& rope, const std::string& key, int64_t count) {
+  const auto& items = rope.array(key);
+  if (static_cast<int64_t>(items.size()) != count)
+    rope.fail(key,
+              "has " + std::to_string(items.size()) + " factors; expected rotary_dim / 2 = " + std::to_string(count));
+  std::vector<double> out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!items[i].is_number()) rope.fail(key, "must be a list of numbers; element " + std::to_string(i) + " is not");
+    out.push_back(items[i].as_double(rope.path(key)));
+    if (!(out.back() > 0)) rope.fail(key, "element " + std::to_string(i) + " must be > 0");
+  }
+  return out;
+}
+
+// rope_type and its parameters from one object (transformers 5's rope_parameters, or
+// 4.x's rope_scaling with the top-level rope_theta).
+void parse_rope_object(const ConfigFields& top, const ConfigFields& rope, const ModelConfig& c, RopeParameters& out) {
+  // Older files say "type" instead of "rope_type".
+  const std::string key = rope.has("rope_type") ? "rope_type" : (rope.has("type") ? "type" : "rope_type");
+  const std::string type = rope.string(key, "default");
+  if (type == "default") {
+    out.type = RopeType::kDefault;
+  } else if (type == "llama3") {
+    out.type = RopeType::kLlama3;
+    out.factor = rope.required_double("factor");
+    out.low_freq_factor = rope.required_double("low_freq_factor");
+    out.high_freq_factor = rope.required_double("high_freq_factor");
+    out.original_max_position_embeddings = rope.required_int("original_max_position_embeddings");
+    if (!(out.factor > 0)) rope.fail("factor", "must be > 0");
+    if (!(out.high_freq_factor > out.low_freq_factor))
+      rope.fail("high_freq_factor", "must be greater than low_freq_factor");
+    if (out.original_max_position_embeddings <= 0) rope.fail("original_max_position_embeddings", "must be > 0");
+  } else if (type == "linear") {
+    out.type = RopeType::kLinear;
+    out.factor = rope.required_double("factor");
+    if (!(out.factor > 0)) rope.fail("factor", "must be > 0");
+  } else if (type == "longrope" || type == "su") {
+    // transformers' _compute_longrope_parameters: the pretrained context from the RoPE
+    // object or the config's top level; the attention factor given, or from the
+    // context's growth factor = max_position_embeddings / original.
+    out.type = RopeType::kLongRope;
+    const int64_t n = c.rotary_dim / 2;
+    out.short_factor = factors(rope, "short_factor", n);
+    out.long_factor = factors(rope, "long_factor", n);
+    double factor = rope.number("factor", 1.0);
+    if (rope.has("original_max_position_embeddings") || top.has("original_max_position_embeddings")) {
+      // Phi-3 writes it at the top and in the RoPE object; transformers takes the top one.
+      const auto& src = top.has("original_max_position_embeddings") ? top : rope;
+      out.original_max_position_embeddings = src.required_positive("original_max_position_embeddings");
+      factor = static_cast<double>(c.max_position_embeddings) / out.original_max_position_embeddings;
+    } else {
+      out.original_max_position_embeddings = c.max_position_embeddings;
+    }
+    if (rope.has("attention_factor")) {
+      out.attention_factor = rope.required_double("attention_factor");
+      if (!(out.attention_factor > 0)) rope.fail("attention_factor", "must be > 0");
+    } else {
+      out.attention_factor =
+          factor <= 1.0
+              ? 1.0
+              : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(out.original_max_position_embeddings)));
+    }
+  } else {
+    rope.fail(key, "is not supported; tp reads the RoPE types default, llama3, linear and longrope");
+  }
+}
+
+// The model's RoPE, and Gemma 3's local one: transformers 5 writes rope_parameters (one
+// object, or one per layer type); 4.x rope_theta + rope_scaling (+ rope_local_base_freq).
+void parse_rope(const ConfigFields& f, ModelConfig& c) {
+  const auto theta_of = [&](const ConfigFields& p, const char* fallback_key, double fallback) {
+    return p.has("rope_theta") ? p.required_double("rope_theta") : f.number(fallback_key, fallback);
+  };
+  if (f.has("rope_parameters")) {
+    const auto p = f.object("rope_parameters");
+    if (p.has("full_attention") || p.has("sliding_attention")) {
+      // Per layer type (Gemma 3): the global layers' and the sliding layers' own.
+      for (const auto& key : p.keys())
+        if (key != "full_attention" && key != "sliding_attention")
+          p.fail(key, "is not a layer type tp reads (full_attention, sliding_attention)");
+      const auto full = p.object("full_attention");
+      parse_rope_object(f, full, c, c.rope);
+      c.rope.theta = theta_of(full, "rope_theta", 10000.0);
+      if (p.has("sliding_attention")) {
+        const auto local = p.object("sliding_attention");
+        parse_rope_object(f, local, c, c.local_rope);
+        c.local_rope.theta = theta_of(local, "rope_local_base_freq", 10000.0);
+        c.has_local_rope = true;
+      }
+    } else {
+      parse_rope_object(f, p, c, c.rope);
+      c.rope.theta = theta_of(p, "rope_theta", 10000.0);
+    }
+  } else {
+    c.rope.theta = f.number("rope_theta", f.number("rotary_emb_base", 10000.0));
+    if (f.has("rope_scaling")) parse_rope_object(f, f.object("rope_scaling"), c, c.rope);
+  }
+  if (!(c.rope.theta > 0)) f.fail("rope_theta", "must be > 0");
+  if (c.has_local_rope && !(c.local_rope.theta > 0)) f.fail("rope_local_base_freq", "must be > 0");
+}
+
+// partial_rotary_factor (transformers 5: in rope_parameters or at the top; GPT-NeoX 4.x:
+// rotary_pct) -> rotary_dim = int(head_dim * factor), as transformers computes it;
+// `fallback` when the config names none (GPT-NeoX: 0.25).
+void parse_partial_rotary(const ConfigFields& f, ModelConfig& c, double fallback = 1.0) {
+  double factor = fallback;
+  if (f.has("rope_parameters") && f.object("rope_parameters").has("partial_rotary_factor"))
+    factor = f.object("rope_parameters").required_double("partial_rotary_factor");
+  else if (f.has("partial_rotary_factor"))
+    factor = f.required_double("partial_rotary_factor");
+  else if (f.has("rotary_pct"))
+    factor = f.required_double("rotary_pct");
+  if (!(factor > 0 && factor <= 1)) f.fail("partial_rotary_factor", "must be in (0, 1]");
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * factor);
+}
+
+// ---- The rest ----------------------------------------------------------------------
+
+Activation parse_activation(const ConfigFields& f, const std::string& key, const std::string& fallback) {
+  const std::string act = f.string(key, fallback);
+  if (act == "silu" || act == "swish") return Activation::kSilu;
+  if (act == "gelu") return Activation::kGelu;
+  if (act == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  if (act == "gelu_new") return Activation::kGeluNew;
+  if (act == "gelu_fast") return Activation::kGeluFast;
+  f.fail(key, "is not supported; tp reads silu, gelu, gelu_pytorch_tanh, gelu_new and gelu_fast");
+}
+
+// Which layers attend through the window: layer_types when the config has it, else
+// `fallback` (the family's rule for older configs).
+void parse_layer_types(const ConfigFields& f, ModelConfig& c, const std::function<bool(int64_t)>& fallback) {
+  c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  if (f.has("layer_types")) {
+    const auto& types = f.array("layer_types");
+    if (static_cast<int64_t>(types.size()) != c.num_hidden_layers)
+      f.fail("layer_types", "has " + std::to_string(types.size()) +
+                                " entries for num_hidden_layers=" + std::to_string(c.num_hidden_layers));
+    for (size_t i = 0; i < types.size(); ++i) {
+      const std::string where = "layer_types[" + std::to_string(i) + "]";
+      if (!types[i].is_string()) f.fail(where, "must be a string");
+      const auto& t = types[i].as_string(f.path(where));
+      if (t == "sliding_attention")
+        c.sliding_layers[i] = true;
+      else if (t != "full_attention")
+        f.fail(where, "= \"" + t + "\" is not a layer type tp reads (full_attention, sliding_attention)");
+    }
+  } else {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.sliding_layers[static_cast<size_t>(i)] = fallback(i);
+  }
+  const bool any = std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) != c.sliding_layers.end();
+  if (any && c.sliding_window <= 0)
+    f.fail("sliding_window", "must be a positive integer: the config has sliding_attention layers");
+}
+
+// `fallback` when absent: the family config class's default (Gemma's 4096; none elsewhere).
+void read_sliding_window(const ConfigFields& f, ModelConfig& c, int64_t fallback = 0) {
+  c.sliding_window = f.has("sliding_window") ? f.required_positive("sliding_window") : fallback;
+}
+
+void read_softcap(const ConfigFields& f, const char* key, double& out) {
+  out = f.number(key, 0.0);
+  if (out < 0 || (f.has(key) && out == 0)) f.fail(key, "must be > 0 (or null for none)");
+}
+
+// Qwen2 / Qwen3 folders with sliding windows have not been checked against transformers:
+// refuse rather than compute full attention.
+void refuse_sliding(const ConfigFields& f) {
+  if (f.boolean("use_sliding_window", false))
+    f.fail("use_sliding_window", "true is not supported for this family (tp builds full attention)");
+  if (f.has("layer_types")) {
+    const auto& types = f.array("layer_types");
+    for (size_t i = 0; i < types.size(); ++i) {
+      const std::string where = "layer_types[" + std::to_string(i) + "]";
+      const std::string t = types[i].is_string() ? types[i].as_string(f.path(where)) : types[i].dump();
+      if (t != "full_attention")
+        f.fail(where, "= \"" + t + "\" is not supported for this family (tp builds full_attention)");
+    }
+  }
+}
+
+void read_llama_like(const ConfigFields& f, ModelConfig& c) {
+  c.norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.hidden_act = parse_activation(f, "hidden_act", "silu");
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  parse_partial_rotary(f, c);
+}
+
+void read_llama(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+  c.mlp_bias = f.boolean("mlp_bias", false);
+  if (f.integer("pretraining_tp", 1) < 1) f.fail("pretraining_tp", "must be >= 1");
+  parse_rope(f, c);
+}
+
+void read_qwen(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  if (c.model_type == ModelType::kQwen2) {
+    // The architecture fixes them: q/k/v biased, o and the MLP not.
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+    c.qk_norm = true;
+  }
+  refuse_sliding(f);
+  parse_rope(f, c);
+}
+
+// Mistral: Llama's layers, every layer through the sliding window when one is set.
+void read_mistral(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  read_sliding_window(f, c);
+  parse_layer_types(f, c, [&](int64_t) { return c.sliding_window > 0; });
+  parse_rope(f, c);
+}
+
+// Phi-3 / Phi-3.5 / Phi-4-mini: fused qkv_proj [q | k | v] and gate_up_proj [gate | up],
+// partial rotary, LongRoPE, a sliding window on every layer.
+void read_phi3(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = c.o_bias = false;
+  c.names.qkv.layout(QKVLayout::kFused).fused_name("qkv_proj");
+  c.names.gate_up.layout(GateUpLayout::kFused).fused_name("gate_up_proj");
+  read_sliding_window(f, c);
+  parse_layer_types(f, c, [&](int64_t) { return c.sliding_window > 0; });
+  parse_rope(f, c);
+}
+
+// GPT-NeoX / Pythia: LayerNorms with biases, an ungated MLP (dense_h_to_4h, dense_4h_to_h,
+// biased), query_key_value interleaved per head ([q_h | k_h | v_h] for each head: the
+// grouped layout with one query head per group), partial rotary, the parallel residual.
+void read_gpt_neox(const ConfigFields& f, ModelConfig& c) {
+  if (c.num_key_value_heads != c.num_attention_heads)
+    f.fail("num_key_value_heads", "must equal num_attention_heads: GPT-NeoX attention has one k and v per head");
+  c.norm = NormKind::kLayerNorm;
+  c.norm_eps = f.number("layer_norm_eps", 1e-5);
+  c.hidden_act = parse_activation(f, "hidden_act", "gelu");
+  c.gated_mlp = false;
+  c.parallel_residual = f.boolean("use_parallel_residual", true);
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", true);
+  c.mlp_bias = true;
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  auto& n = c.names;
+  n.embed = "gpt_neox.embed_in";
+  n.final_norm = "gpt_neox.final_layer_norm";
+  n.lm_head = "embed_out";
+  n.layers = "gpt_neox.layers";
+  n.attention = "attention";
+  n.o_proj = "dense";
+  n.up_proj = "dense_h_to_4h";
+  n.down_proj = "dense_4h_to_h";
+  n.qkv.layout(QKVLayout::kInterleavedGroups).fused_name("query_key_value");
+  parse_partial_rotary(f, c, 0.25);
+  parse_rope(f, c);
+}
+
+// Gemma 2 and Gemma 3 (text): (1 + w) RMSNorms before and after attention and MLP, GeGLU
+// with the tanh GELU, embeddings scaled by sqrt(hidden), query_pre_attn_scalar, tied
+// embeddings; Gemma 2's soft caps; alternating sliding / global layers (Gemma 3 with its
+// own RoPE base on the sliding ones, and q / k norms).
+void read_gemma(const ConfigFields& f, ModelConfig& c) {
+  const bool gemma3 = c.model_type == ModelType::kGemma3;
+  c.norm = NormKind::kRMSUnitOffset;
+  c.norm_eps = f.number("rms_norm_eps", 1e-6);
+  // hidden_activation is the one Gemma's MLP reads; hidden_act a leftover of Gemma 1.
+  c.hidden_act =
+      parse_activation(f, f.has("hidden_activation") ? "hidden_activation" : "hidden_act", "gelu_pytorch_tanh");
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
+  c.sandwich_norms = true;
+  c.scale_embeddings = true;
+  c.qk_norm = gemma3;
+  const double scalar = f.number("query_pre_attn_scalar", static_cast<double>(c.head_dim));
+  if (!(scalar > 0)) f.fail("query_pre_attn_scalar", "must be > 0");
+  c.attention_scale = std::pow(scalar, -0.5);
+  // Gemma 3's attention never applies attn_logit_softcapping (transformers passes no cap):
+  // nor does tp's.
+  if (!gemma3) read_softcap(f, "attn_logit_softcapping", c.attn_logit_softcapping);
+  read_softcap(f, "final_logit_softcapping", c.final_logit_softcapping);
+  read_sliding_window(f, c, 4096);
+  // Older configs: Gemma 2 slides on even layers; Gemma 3 on all but every
+  // sliding_window_pattern-th.
+  const int64_t pattern = f.integer("sliding_window_pattern", 6);
+  if (gemma3 && pattern < 1) f.fail("sliding_window_pattern", "must be >= 1");
+  parse_layer_types(f, c, [&](int64_t i) { return gemma3 ? (i + 1) % pattern != 0 : i % 2 == 0; });
+  parse_partial_rotary(f, c);
+  parse_rope(f, c);
+  if (gemma3 && !c.has_local_rope) {
+    // 4.x: rope_local_base_freq beside rope_theta / rope_scaling; the local RoPE is plain.
+    c.local_rope.theta = f.number("rope_local_base_freq", 10000.0);
+    if (!(c.local_rope.theta > 0)) f.fail("rope_local_base_freq", "must be > 0");
+    c.has_local_rope = true;
+  }
+  if (f.boolean("use_bidirectional_attention", false))
+    f.fail("use_bidirectional_attention", "true is not supported (tp builds causal decoders)");
+}
+
+}  // namespace
+
+void read_family(const ConfigFields& f, ModelConfig& c) {
+  c.rotary_dim = c.head_dim;
+  switch (c.model_type) {
+    case ModelType::kLlama: read_llama(f, c); break;
+    case ModelType::kQwen2:
+    case ModelType::kQwen3: read_qwen(f, c); break;
+    case ModelType::kMistral: read_mistral(f, c); break;
+    case ModelType::kPhi3: read_phi3(f, c); break;
+    case ModelType::kGptNeoX: read_gpt_neox(f, c); break;
+    case ModelType::kGemma2:
+    case ModelType::kGemma3: read_gemma(f, c); break;
+  }
+  if (c.sliding_layers.empty()) c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+}
+
+}  // namespace tp::detail

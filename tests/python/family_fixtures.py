@@ -1,0 +1,321 @@
+"""Tiny Hugging Face folders of the model families tp reads beyond Llama / Qwen (Mistral,
+Phi-3, GPT-NeoX, Gemma 2, Gemma 3 text; test_model_families.py), made by transformers' own
+config and model classes with random weights, with transformers' own outputs as the
+reference.
+
+    fixtures = family_fixtures.make(OUT_DIR)          # or make(OUT_DIR, ("phi3",))
+    python tests/python/family_fixtures.py OUT_DIR [NAME ...]
+
+For each family NAME, OUT_DIR holds:
+- NAME/    config.json + sharded safetensors (float64), as save_pretrained wrote them;
+- NAME.reference.safetensors:
+    model.prompt      [B, P] int64, random tokens;
+    model.logits      [B, P, vocab] float64: transformers' forward of the prompt;
+    model.generated   [B, NEW_TOKENS] int64: its generate(do_sample=False) after the prompt,
+                      no EOS; each token checked to be the argmax of a plain forward of the
+                      sequence so far;
+    model.full_logits [B, P + NEW_TOKENS - 1, vocab] float64: a plain forward of the prompt
+                      and every generated token but the last: row j is what a cached decode
+                      gives at position j. Not for phi3's rows j < original_max_position_
+                      embeddings: this sequence is longer than that, so every row of it uses
+                      LongRoPE's long factor, where decoding at j used the short one;
+- manifest.json: {NAME: what make() measured to prove each feature is exercised}.
+
+Each maker asserts that the features it is there for change the output: a sliding window
+shorter than the prompt (a twin model without it gives other logits), LongRoPE's long
+factor (a twin whose long factor is the short one gives other logits), softcaps that the
+raw values exceed. Weights are drawn as checkpoints.build_model draws them.
+
+No tp import: this runs before (and without) a tp build.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BATCH, NEW_TOKENS = 2, 16
+SHARD = "200KB"
+
+# LongRoPE over rotary_dim = 16 * 0.5 = 8 (4 frequencies). original_max_position_embeddings
+# 12 lies between the prompt (8) and prompt + generation (24); max_position_embeddings /
+# original = 4 gives attention_factor sqrt(1 + ln 4 / ln 12).
+PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+             "short_factor": [1.0, 1.25, 1.5, 2.0], "long_factor": [1.5, 3.0, 6.0, 12.0]}
+
+_COMMON = dict(num_hidden_layers=2, vocab_size=128)
+
+# Gemma's embeddings are scaled by sqrt(hidden) and tied to the LM head: drawn N(0, 1), the
+# residual stream is the input token's own embedding and every position predicts its own
+# token (greedy generation repeats the last prompt token 16 times); 0.02 (Gemma's
+# initializer_range) leaves the layers' outputs the larger part. Generation still settles on
+# repeated tokens after a few steps (random tied models do); model.full_logits lets a test
+# check every decode step, not only its argmax.
+GEMMA_EMBED_STD = 0.02
+
+# name -> config_class / model_class (transformers' names), prompt length, config kwargs.
+#   mistral: 12 heads / 4 KV heads, head_dim 16 given explicitly (hidden / heads = 10.7);
+#            TP 1, 2, 4 split the KV heads evenly, TP 3 unevenly. Window 4 < prompt 8.
+#   phi3:    fused qkv_proj / gate_up_proj; head_dim is hidden / heads (Phi3Config has no
+#            head_dim field); partial rotary 0.5; window 5 < prompt 8; LongRoPE as above.
+#   gpt_neox: fused per-head interleaved query_key_value, LayerNorm with bias, rotary 0.25,
+#            parallel residual, exact gelu, untied embed_out (Pythia's layout).
+#   gpt_neox_seq: sequential residual, gelu_fast (GPT-NeoX-20B's activation), rotary 0.5.
+#   gemma2 / gemma3: 8 heads / 4 KV heads, head_dim 32 != hidden / heads: TP 1-4 all work
+#            (TP 3 splits the KV groups 2, 1, 1). Layer 0 sliding (window 4 < prompt 8),
+#            layer 1 full; query_pre_attn_scalar != head_dim; tied embeddings.
+FAMILIES = {
+    "mistral": dict(config_class="MistralConfig", model_class="MistralForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=12, num_key_value_heads=4, head_dim=16,
+        sliding_window=4, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
+    "phi3": dict(config_class="Phi3Config", model_class="Phi3ForCausalLM", prompt=8, config=dict(
+        hidden_size=192, intermediate_size=256, num_attention_heads=12, num_key_value_heads=4,
+        partial_rotary_factor=0.5, sliding_window=5, original_max_position_embeddings=12,
+        max_position_embeddings=48, rope_parameters=PHI3_ROPE, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        **_COMMON)),
+    "gpt_neox": dict(config_class="GPTNeoXConfig", model_class="GPTNeoXForCausalLM", prompt=8, config=dict(
+        hidden_size=96, intermediate_size=256, num_attention_heads=6, hidden_act="gelu", use_parallel_residual=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False, **_COMMON)),
+    "gpt_neox_seq": dict(config_class="GPTNeoXConfig", model_class="GPTNeoXForCausalLM", prompt=8, config=dict(
+        hidden_size=96, intermediate_size=256, num_attention_heads=6, hidden_act="gelu_fast",
+        use_parallel_residual=False, layer_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False, **_COMMON)),
+    "gemma2": dict(config_class="Gemma2Config", model_class="Gemma2ForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=2.0,
+        final_logit_softcapping=0.3, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True, **_COMMON)),
+    "gemma3": dict(config_class="Gemma3TextConfig", model_class="Gemma3ForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+        hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=40, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        tie_word_embeddings=True, **_COMMON)),
+}
+
+
+def _config(name: str, dtype: torch.dtype, **changes):
+    import transformers
+
+    spec = FAMILIES[name]
+    kw = copy.deepcopy(spec["config"])  # transformers edits rope_parameters in place
+    kw.update(copy.deepcopy(changes))
+    return getattr(transformers, spec["config_class"])(dtype=dtype, **kw)
+
+
+def _model(name: str, config, dtype: torch.dtype):
+    import transformers
+
+    model = getattr(transformers, FAMILIES[name]["model_class"])(config).to(dtype)
+    # Gemma's sqrt(hidden) embedding scale is a buffer made in float32: as from_pretrained
+    # (which builds under the requested default dtype) it should be sqrt(hidden) in dtype.
+    emb = model.get_input_embeddings()
+    if hasattr(emb, "embed_scale"):
+        emb.embed_scale.fill_(emb.scalar_embed_scale)
+    return model.eval()
+
+
+def build(name: str, dtype: torch.dtype = torch.float64, seed: int = 0, **config_changes):
+    """transformers' *ForCausalLM of family `name`, every parameter drawn at random, in eval mode.
+
+    As checkpoints.build_model: drawn in float32, then cast (the float64 model of a seed holds
+    exactly the float32 model's values). Linear weights ~ N(0, 1/K); embeddings ~ N(0, 1);
+    biases (LayerNorm's too) ~ 0.1 N(0, 1); norm weights ~ 1 + 0.1 N(0, 1). Gemma differs:
+    its RMSNorms scale by (1 + weight), so the weight itself is 0.1 N(0, 1); its embeddings,
+    multiplied by sqrt(hidden) and tied to the LM head, are GEMMA_EMBED_STD N(0, 1).
+    config_changes replace config kwargs (the makers' twin models).
+    """
+    torch.manual_seed(seed)
+    model = _model(name, _config(name, dtype, **config_changes), dtype)
+    gemma = name.startswith("gemma")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():  # tied weights appear once
+            r = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if pname.endswith("norm.weight"):
+                r = 0.1 * r if gemma else 1.0 + 0.1 * r
+            elif pname.endswith(".bias"):
+                r = 0.1 * r
+            elif "embed_tokens" in pname or "embed_in" in pname:
+                r = GEMMA_EMBED_STD * r if gemma else r
+            else:
+                r = r / p.shape[-1] ** 0.5
+            p.copy_(r.to(dtype))
+    return model
+
+
+def _twin(name: str, model, **config_changes):
+    """A model of the same weights with config kwargs replaced."""
+    twin = _model(name, _config(name, model.dtype, **config_changes), model.dtype)
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _reference(model, prompt_len: int, vocab: int, seed: int) -> dict:
+    """As hf_fixtures._model_reference, for a prompt of `prompt_len` tokens. generate fills
+    the fields a GenerationConfig leaves None from model.generation_config, so eos_token_id=None
+    alone would keep the config's EOS (which, inside a 128-token vocabulary, gets generated
+    and pads the rest): the model's EOS is cleared while it runs."""
+    from transformers import GenerationConfig
+
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (BATCH, prompt_len), generator=g)
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, bos_token_id=None,
+                              pad_token_id=0)
+    saved = model.generation_config
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.eos_token_id = None
+    try:
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+    finally:
+        model.generation_config = saved
+    generated = out[:, prompt_len:]
+    assert generated.shape == (BATCH, NEW_TOKENS), generated.shape
+    for i in range(NEW_TOKENS):
+        step = _logits(model, out[:, : prompt_len + i])[:, -1]
+        assert torch.equal(step.argmax(-1), generated[:, i]), f"generate's token {i} is not the argmax"
+    return {"model.prompt": prompt, "model.logits": _logits(model, prompt).contiguous(),
+            "model.generated": generated.contiguous(),
+            "model.full_logits": _logits(model, out[:, :-1]).contiguous()}
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def _max_attention_score(model, ids) -> float:
+    """The largest |q.k * scaling| over unmasked pairs that Gemma 2's eager attention computes
+    before its softcap (the function is wrapped while `model` runs)."""
+    import transformers.models.gemma2.modeling_gemma2 as m
+
+    assert model.config._attn_implementation == "eager", model.config._attn_implementation
+    seen, original = [], m.eager_attention_forward
+
+    def spy(module, query, key, value, attention_mask, **kw):
+        s = query @ m.repeat_kv(key, module.num_key_value_groups).transpose(2, 3) * kw["scaling"]
+        if attention_mask is not None:
+            keep = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+            s = s.masked_fill(~keep, 0)
+        seen.append(s.abs().max().item())
+        return original(module, query, key, value, attention_mask, **kw)
+
+    m.eager_attention_forward = spy
+    try:
+        _logits(model, ids)
+    finally:
+        m.eager_attention_forward = original
+    assert len(seen) == model.config.num_hidden_layers
+    return max(seen)
+
+
+def _checks(name: str, model, ref: dict) -> dict:
+    """Asserts that the family's features change its outputs; returns what was measured.
+    A "*_change" is the largest logit difference from a twin model without the feature."""
+    cfg, prompt = model.config, ref["model.prompt"]
+    seq = torch.cat([prompt, ref["model.generated"][:, :-1]], 1)  # what full_logits ran
+    out = {}
+
+    def change(key, ids, expected, **config_changes):
+        out[key] = _max_diff(_logits(_twin(name, model, **config_changes), ids), expected)
+        assert out[key] > 1e-3, f"{name}: {key} = {out[key]}: the feature does not change the output"
+
+    if getattr(cfg, "sliding_window", None) is not None:
+        assert cfg.sliding_window < prompt.shape[1], "the window must be shorter than the prompt"
+        if cfg.model_type.startswith("gemma"):  # layer_types keeps sliding layers: widen the window
+            change("no_window_change", prompt, ref["model.logits"], sliding_window=4096)
+        else:
+            change("no_window_change", prompt, ref["model.logits"], sliding_window=None)
+    if cfg.model_type == "phi3":
+        omp = cfg.original_max_position_embeddings
+        assert prompt.shape[1] <= omp < seq.shape[1], (prompt.shape, omp)
+        rope = dict(FAMILIES[name]["config"]["rope_parameters"], long_factor=PHI3_ROPE["short_factor"])
+        change("long_factor_change", seq, ref["model.full_logits"], rope_parameters=rope)
+        short = _twin(name, model, rope_parameters=rope)  # the prompt must not see the long factor
+        assert _max_diff(_logits(short, prompt), ref["model.logits"]) == 0
+    if cfg.model_type == "gemma3_text":
+        full = FAMILIES[name]["config"]["rope_parameters"]["full_attention"]
+        change("one_rope_change", prompt, ref["model.logits"],
+               rope_parameters={"sliding_attention": full, "full_attention": full})
+    if cfg.model_type == "gemma2":
+        with torch.no_grad():
+            raw = model.lm_head(model.model(prompt).last_hidden_state)
+        out["raw_logit_max"] = raw.abs().max().item()
+        out["raw_logits_over_cap"] = (raw.abs() > cfg.final_logit_softcapping).double().mean().item()
+        assert out["raw_logit_max"] > 2 * cfg.final_logit_softcapping, out
+        out["attention_score_max"] = _max_attention_score(model, prompt)
+        assert out["attention_score_max"] > 2 * cfg.attn_logit_softcapping, out
+    return out
+
+
+def _make_one(out: Path, name: str, seed: int) -> dict:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = out / name
+    shutil.rmtree(folder, ignore_errors=True)  # no stale shards from an earlier run
+    model = build(name, torch.float64, seed)
+    model.save_pretrained(folder, max_shard_size=SHARD)
+    ref = _reference(model, FAMILIES[name]["prompt"], model.config.vocab_size, seed + 200)
+    checks = _checks(name, model, ref)
+    # what a user of the folder gets: from_pretrained must give the reference logits
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+    assert _max_diff(_logits(loaded, ref["model.prompt"]), ref["model.logits"]) == 0, name
+    save_file(ref, str(out / f"{name}.reference.safetensors"))
+    return {"model_type": model.config.model_type, "prompt": FAMILIES[name]["prompt"], "new_tokens": NEW_TOKENS,
+            "checks": checks}
+
+
+def make(out, names=tuple(FAMILIES), seed: int = 0) -> dict:
+    """Writes the families `names` under `out` (see the module doc); returns the manifest."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    manifest = {}
+    for name in names:
+        if name not in FAMILIES:
+            raise ValueError(f"unknown family {name!r}; expected one of {tuple(FAMILIES)}")
+        # a family's seed does not depend on which others are made with it
+        manifest[name] = _make_one(out, name, seed + 10 * list(FAMILIES).index(name))
+    with open(out / "manifest.json", "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    return manifest
+
+
+def folder_for_tests(tmp_path_factory, names=tuple(FAMILIES)) -> Path:
+    """The folders a pytest module reads: $TP_FAMILY_FIXTURES; else `names` made now in a
+    pytest temporary folder."""
+    import os
+
+    env = os.environ.get("TP_FAMILY_FIXTURES")
+    if env:
+        return Path(env)
+    out = tmp_path_factory.mktemp("family_fixtures")
+    make(out, names)
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: family_fixtures.py OUT_DIR [NAME ...]")
+    start = time.perf_counter()
+    manifest = make(Path(sys.argv[1]), tuple(sys.argv[2:]) or tuple(FAMILIES))
+    print(json.dumps(manifest, indent=1, sort_keys=True))
+    print(f"family_fixtures: wrote {len(manifest)} folders in {time.perf_counter() - start:.1f} s")

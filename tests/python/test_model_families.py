@@ -1,0 +1,237 @@
+"""tp.CausalLM on the families beyond Llama / Qwen (family_fixtures.py: Mistral with a
+sliding window shorter than the prompt, Phi-3 with fused qkv_proj / gate_up_proj, partial
+rotary and LongRoPE crossing its pretrained context during generation, GPT-NeoX with its
+per-head interleaved query_key_value, LayerNorms, partial rotary and the parallel residual
+(and a sequential twin with gelu_fast), Gemma 2 with soft caps that are reached and
+alternating sliding layers, Gemma 3 with q/k norms and a RoPE per layer type), against the
+folders' own transformers models, at TP 1-4 (one process per rank, gloo; 12 / 4 and 8 / 4
+heads and GPT-NeoX's 6 heads split unevenly at TP 3 and 4, the vocabulary of 128 at TP 3):
+
+- float64 logits of the prompt within 1e-12, and of the whole generated sequence;
+- 16 greedy tokens equal to generate(do_sample=False);
+- gather_weights gives back the folder's tensors (the fused layouts written as read);
+- one SGD step of the vocab-parallel cross entropy: every weight after it equal to the one
+  transformers' step gives (as its save_pretrained writes them);
+- a save at TP 4 (gather_weights, rank 0 writes) reloaded at TP 1-3 gives the logits;
+- float32 within transformers' own float32 error.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import family_fixtures
+import launcher
+import tp
+
+FAMILIES = tuple(family_fixtures.FAMILIES)
+LR = 0.5
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return family_fixtures.folder_for_tests(tmp_path_factory)
+
+
+def _reference(folder, name):
+    from safetensors.torch import load_file
+
+    return load_file(f"{folder}/{name}.reference.safetensors")
+
+
+def _rank(rank, world, folder):
+    out = {}
+    for name in FAMILIES:
+        ref = _reference(folder, name)
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        prompt, generated = ref["model.prompt"], ref["model.generated"]
+        with torch.no_grad():
+            logits = model.gather_logits(model(prompt))
+            full = model.gather_logits(model(torch.cat([prompt, generated[:, :-1]], 1)))
+        tokens = model.generate(prompt, generated.shape[1])
+        weights = model.gather_weights()
+        out[name] = dict(
+            err=(logits - ref["model.logits"]).abs().max().item(),
+            full_err=(full - ref["model.full_logits"]).abs().max().item(),
+            scale=max(1.0, ref["model.full_logits"].abs().max().item()),
+            same_tokens=torch.equal(tokens, generated), tokens=tokens.tolist(),
+            # numpy: pickled by value (a tensor would travel as shared memory of a process that exits)
+            weights={k: v.numpy() for k, v in weights.items()} if rank == 0 else None,
+        )
+    return out
+
+
+def _stored(folder):
+    from safetensors import safe_open
+
+    stored = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            stored.update({k: st.get_tensor(k) for k in st.keys()})
+    return stored
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_families_equal_transformers(folder, world):
+    results = launcher.run(world, _rank, str(folder), timeout=600) if world > 1 else [_rank(0, 1, str(folder))]
+    for name in FAMILIES:
+        for rank, res in enumerate(results):
+            r, where = res[name], f"{name} TP {world} rank {rank}"
+            assert r["err"] <= 1e-12 * r["scale"], f"{where}: max |prompt logit err| {r['err']:.3g}"
+            assert r["full_err"] <= 1e-12 * r["scale"], f"{where}: max |sequence logit err| {r['full_err']:.3g}"
+            assert r["same_tokens"], f"{where}: greedy tokens {r['tokens']} differ from transformers'"
+        stored = _stored(Path(folder, name))
+        got = {k: torch.from_numpy(v) for k, v in results[0][name]["weights"].items()}
+        assert got.keys() == stored.keys(), (name, world, sorted(set(got) ^ set(stored)))
+        for k, v in stored.items():
+            assert torch.equal(got[k], v), (name, world, k)
+    worst = {n: max(res[n]["full_err"] for res in results) for n in FAMILIES}
+    print(f"\nTP {world}: max |logit err| " + ", ".join(f"{n}: {e:.2g}" for n, e in worst.items()))
+
+
+def _train_rank(rank, world, folder):
+    out = {}
+    for name in FAMILIES:
+        ids = _reference(folder, name)["model.prompt"]
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= LR * p.grad
+        weights = model.gather_weights()
+        out[name] = (loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
+    return out
+
+
+def _train_reference(folder, name, tmp_path):
+    """transformers' loss and one SGD step, its weights as its save_pretrained names them."""
+    from transformers import AutoModelForCausalLM
+
+    ids = _reference(folder, name)["model.prompt"]
+    model = AutoModelForCausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64).eval()
+    logits = model(ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss.backward()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():  # tied weights appear once
+            p -= LR * p.grad
+    changed = max((v - before[k]).abs().max().item() for k, v in model.state_dict().items())
+    model.save_pretrained(tmp_path / name)
+    return loss.item(), _stored(tmp_path / name), changed
+
+
+def _step_bound(name, key):
+    """Gemma's norms compute in float32 in every dtype (transformers' Gemma RMSNorm casts
+    x and the weight to float32), so a norm weight's gradient is a float32 sum over tokens
+    (and, for q_norm / k_norm, heads), which tp adds per rank and then over ranks: its
+    bound is float32's rounding of that sum (~1e-7 relative, times the step's LR). Every
+    other weight's gradient is float64 throughout."""
+    if name.startswith("gemma") and key.endswith("norm.weight"):
+        return 1e-7
+    return 1e-10
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_one_sgd_step_equals_transformers(folder, world, tmp_path):
+    """The vocab-parallel loss, its backward through every layer (fused and interleaved
+    projections, the parallel residual's one all-reduce, soft caps, sliding windows), one
+    SGD step: the loss and every weight after the step equal transformers' within 1e-10
+    (relative; Gemma's float32 norm weights within float32's rounding, _step_bound)."""
+    results = launcher.run(world, _train_rank, str(folder), timeout=600)
+    for name in FAMILIES:
+        want_loss, want, changed = _train_reference(folder, name, tmp_path)
+        assert changed > 1e-3, f"{name}: the step changed nothing"
+        for rank, res in enumerate(results):
+            assert abs(res[name][0] - want_loss) <= 1e-10, f"{name} rank {rank}: loss {res[name][0]!r} vs {want_loss!r}"
+        got = {k: torch.from_numpy(v) for k, v in results[0][name][1].items()}
+        assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
+        diffs = {k: (got[k] - v).abs().max().item() / max(1.0, v.abs().max().item()) for k, v in want.items()}
+        for key, diff in diffs.items():
+            assert diff <= _step_bound(name, key), f"{name} TP {world}: {key} after the step differs by {diff:.3g}"
+        worst = max(diffs.values())
+        print(f"\n{name} TP {world}: |loss - transformers'| {abs(results[0][name][0] - want_loss):.2g}, "
+              f"max relative weight difference after the step {worst:.2g}")
+
+
+def _save_rank(rank, world, folder, out):
+    for name in FAMILIES:
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
+        weights = model.gather_weights()  # collective
+        if rank == 0:
+            target = Path(out, name)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(folder, name, "config.json"), target / "config.json")
+            tp.save_sharded_safetensors(str(target), weights, 100_000)
+    return True
+
+
+def _reloaded_rank(rank, world, folder, saved):
+    out = {}
+    for name in FAMILIES:
+        ref = _reference(folder, name)  # beside the original folders, not the saved ones
+        model = tp.CausalLM.from_pretrained(f"{saved}/{name}", dtype=torch.float64)
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        out[name] = (logits - ref["model.logits"]).abs().max().item() / max(1.0, ref["model.logits"].abs().max().item())
+    return out
+
+
+def test_saved_at_tp4_reloads_at_tp1_2_3(folder, tmp_path):
+    launcher.run(4, _save_rank, str(folder), str(tmp_path), timeout=600)
+    for name in FAMILIES:
+        assert json.loads((tmp_path / name / "config.json").read_text())["model_type"], name
+    for world in (1, 2, 3):
+        results = launcher.run(world, _reloaded_rank, str(folder), str(tmp_path), timeout=600) if world > 1 else [
+            _reloaded_rank(0, 1, str(folder), str(tmp_path))]
+        for name in FAMILIES:
+            for rank, res in enumerate(results):
+                assert res[name] <= 1e-12, f"{name}: saved at TP 4, loaded at TP {world} rank {rank}: {res[name]:.3g} (relative)"
+
+
+def _rank_float32(rank, world, folder):
+    out = {}
+    for name in FAMILIES:
+        ref = _reference(folder, name)
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float32)
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        out[name] = (logits.double() - ref["model.logits"]).abs().max().item()
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_families_in_float32_are_as_close_as_transformers_in_float32(folder, world):
+    # The bound is the peer's: transformers' own model run in float32 against its float64
+    # logits (the same weights, rounded to float32), with room for another summation order.
+    from transformers import AutoModelForCausalLM
+
+    results = launcher.run(world, _rank_float32, str(folder), timeout=600) if world > 1 else [
+        _rank_float32(0, 1, str(folder))]
+    for name in FAMILIES:
+        ref = _reference(folder, name)
+        hf = AutoModelForCausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float32).eval()
+        with torch.no_grad():
+            hf_err = (hf(ref["model.prompt"]).logits.double() - ref["model.logits"]).abs().max().item()
+        scale = max(1.0, ref["model.logits"].abs().max().item())
+        err = max(res[name] for res in results)
+        print(f"\nTP {world} float32 {name}: max |logit err| tp {err:.2g}, transformers {hf_err:.2g}")
+        assert err <= 4 * hf_err + 1e-6 * scale, f"{name} TP {world}: tp float32 {err:.3g} vs transformers {hf_err:.3g}"
+
+
+def test_families_compile_to_one_graph_equal_to_eager(folder):
+    """Each family's module forward (its norms with biases, the parallel residual's one
+    all-reduce, the soft caps, the per-layer RoPE tables) is the C++ forward bit for bit
+    and compiles with fullgraph=True to one graph whose logits, loss and gradients equal
+    eager's (compile_checks.compiled_causal_lm_matches_eager), at TP 2."""
+    import compile_checks
+
+    results = launcher.run(2, compile_checks.compiled_causal_lm_matches_eager, str(folder), FAMILIES,
+                           torch.float64, timeout=900)
+    for rank, res in enumerate(results):
+        for name in FAMILIES:
+            assert res[name] == "ok", f"rank {rank} {name}: {res[name]}"
