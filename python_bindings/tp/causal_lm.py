@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _C, ops
-from .distributed import communicator as make_communicator
 from .collectives import reduce_from_parallel
+from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
@@ -119,6 +119,9 @@ class DecoderLayer(nn.Module):
         self._sandwich = impl.sandwich_norms
         self._qk_norm = impl.qk_norm
         self._communicator = impl.communicator if impl.parallel_residual else None
+        if self._communicator is not None:  # the op handle and codes, constants for torch.compile
+            self._comm_handle = ops.comm_handle(self._communicator)
+            self._reduce_codes = (int(all_reduce_strategy("auto")), int(wire_precision("default")))
         ops.handle(self)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -130,8 +133,10 @@ class DecoderLayer(nn.Module):
             a = self._impl.attention(q, k, v, cos, sin)
         a = self.o_proj(a)
         if self._communicator is not None:  # O and down hand on partial sums: one all-reduce for both
-            return x + reduce_from_parallel(a + self.mlp(self.post_attention_layernorm(x)),
-                                            communicator=self._communicator)
+            partial = a + self.mlp(self.post_attention_layernorm(x))
+            if torch.compiler.is_compiling():
+                return x + torch.ops.tp.reduce_from_parallel(self._comm_handle, partial, *self._reduce_codes)
+            return x + reduce_from_parallel(partial, communicator=self._communicator)
         if self._sandwich:
             h = x + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))

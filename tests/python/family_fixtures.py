@@ -299,6 +299,78 @@ def make(out, names=tuple(FAMILIES), seed: int = 0) -> dict:
     return manifest
 
 
+# GPTQ 4-bit folders of each family (checkpoints.py's GPTQ v1 packer, gptqmodel's
+# quantization_config): every decoder linear quantized as the checkpoint stores it (Phi-3's
+# fused qkv_proj and gate_up_proj, GPT-NeoX's per-head query_key_value each one module),
+# group 32, so that TP 2 cuts every row layer's K into whole groups (GPT-NeoX with head_dim
+# 32 for that: hidden 192 over its 6 heads). name -> (family, config changes).
+GPTQ_GROUP = 32
+GPTQ_FAMILIES = {
+    "mistral_gptq": ("mistral", {}),
+    "phi3_gptq": ("phi3", {}),
+    "gpt_neox_gptq": ("gpt_neox", dict(hidden_size=192)),
+    "gemma2_gptq": ("gemma2", {}),
+    "gemma3_gptq": ("gemma3", {}),
+}
+
+
+def make_gptq(out, name: str, seed: int = 0) -> dict:
+    """Writes out/NAME (config.json with quantization_config, model.safetensors: qweight,
+    qzeros, scales, g_idx per decoder linear, biases in float16 as the GPTQ tools store
+    them) and out/NAME.reference.safetensors: model.prompt and model.logits [B, P, vocab],
+    transformers' float64 forward with every quantized weight replaced by its GPTQ
+    dequantization (the format's float64 model), and model.logits_float32, the same model
+    in float32 (the peer's float32 error). Returns {"quantized": names}."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import checkpoints as C
+
+    family, changes = GPTQ_FAMILIES[name]
+    folder = Path(out) / name
+    shutil.rmtree(folder, ignore_errors=True)
+    model = build(family, torch.float32, seed, **changes)
+    model.save_pretrained(folder)  # the family's own tensor names
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+        f.unlink()
+    for f in folder.glob("*.index.json"):
+        f.unlink()
+    linear = re.compile(r".*\.layers\.\d+\..*\.weight$")
+    quantized, dequantized = [], {}
+    for i, key in enumerate(sorted(k for k, t in tensors.items() if linear.match(k) and t.dim() == 2)):
+        module = key[: -len(".weight")]
+        q, zeros, scales, g_idx = C.gptq_quantize(tensors.pop(key), group_size=GPTQ_GROUP, sym=True,
+                                                  scale_dtype=torch.float16, seed=seed + i, min_zero=1)
+        packed = C.gptq_pack(q, zeros, scales, g_idx, "gptq")
+        tensors.update({f"{module}.{k}": t for k, t in packed.items()})
+        dequantized[key] = C.gptq_dequantize(packed["qweight"], packed["qzeros"], packed["scales"],
+                                             packed["g_idx"], "gptq")
+        if f"{module}.bias" in tensors:
+            tensors[f"{module}.bias"] = tensors[f"{module}.bias"].to(torch.float16)
+        quantized.append(module)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    C._add_quantization_config(folder, C._gptq_config("gptqmodel", "gptq", GPTQ_GROUP, True, False))
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, FAMILIES[family]["prompt"]),
+                           generator=torch.Generator().manual_seed(seed + 300))
+    ref = {"model.prompt": prompt}
+    for dtype, key in ((torch.float64, "model.logits"), (torch.float32, "model.logits_float32")):
+        deq = build(family, dtype, seed, **changes)
+        state = deq.state_dict()
+        with torch.no_grad():
+            for k, w in dequantized.items():
+                state[k].copy_(w.to(dtype))
+            for module in quantized:
+                if f"{module}.bias" in state:
+                    state[f"{module}.bias"].copy_(tensors[f"{module}.bias"].to(dtype))
+        ref[key] = _logits(deq, prompt).to(torch.float64).contiguous()
+    save_file(ref, str(Path(out) / f"{name}.reference.safetensors"))
+    return {"quantized": quantized}
+
+
 def folder_for_tests(tmp_path_factory, names=tuple(FAMILIES)) -> Path:
     """The folders a pytest module reads: $TP_FAMILY_FIXTURES; else `names` made now in a
     pytest temporary folder."""

@@ -235,3 +235,42 @@ def test_families_compile_to_one_graph_equal_to_eager(folder):
     for rank, res in enumerate(results):
         for name in FAMILIES:
             assert res[name] == "ok", f"rank {rank} {name}: {res[name]}"
+
+
+@pytest.fixture(scope="module")
+def gptq_folder(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("family_gptq")
+    for i, name in enumerate(family_fixtures.GPTQ_FAMILIES):
+        family_fixtures.make_gptq(out, name, seed=50 + i)
+    return out
+
+
+def _rank_gptq(rank, world, folder):
+    out = {}
+    for name in family_fixtures.GPTQ_FAMILIES:
+        ref = _reference(folder, name)
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float32)
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        out[name] = ((logits.double() - ref["model.logits"]).abs().max().item(), repr(model))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_gptq_folders_of_every_family_equal_their_dequantized_model(gptq_folder, world):
+    """A GPTQ 4-bit folder of each family (Phi-3's fused qkv_proj / gate_up_proj and
+    GPT-NeoX's per-head query_key_value quantized as the one module they are) loads through
+    the same path, each rank reading its slices of the packed words, scales and zero points,
+    and its float32 logits equal the format's float64 model (transformers with the
+    dequantized weights) within transformers' own float32 error of that model."""
+    results = launcher.run(world, _rank_gptq, str(gptq_folder), timeout=600) if world > 1 else [
+        _rank_gptq(0, 1, str(gptq_folder))]
+    for name in family_fixtures.GPTQ_FAMILIES:
+        ref = _reference(gptq_folder, name)
+        hf_err = (ref["model.logits_float32"] - ref["model.logits"]).abs().max().item()
+        scale = max(1.0, ref["model.logits"].abs().max().item())
+        for rank, res in enumerate(results):
+            err, text = res[name]
+            assert "int4_gptq" in text, f"{name}: the model is not GPTQ-quantized:\n{text}"
+            assert err <= 4 * hf_err + 1e-6 * scale, f"{name} TP {world} rank {rank}: {err:.3g} vs transformers {hf_err:.3g}"
+        print(f"\nTP {world} {name}: max |logit err| {max(r[name][0] for r in results):.2g}, transformers float32 {hf_err:.2g}")
