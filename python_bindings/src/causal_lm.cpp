@@ -52,6 +52,25 @@ void bind_children(py::module_& m) {
       .def("named_parameters", &own_parameters<NormImpl>)
       .def("__repr__", [](const NormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
 
+  py::class_<MoEParallelMLPImpl, std::shared_ptr<MoEParallelMLPImpl>>(
+      m, "MoEParallelMLP", "A mixture-of-experts MLP, experts split by tensor parallelism.")
+      .def(
+          "forward", [](MoEParallelMLPImpl& moe, const at::Tensor& x) { return moe.forward(x); }, py::arg("input"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "route",
+          [](const MoEParallelMLPImpl& moe, const at::Tensor& x) {
+            auto [weights, experts] = moe.route(x);
+            return py::make_tuple(weights, experts);
+          },
+          py::arg("input"), "(weights [tokens, top_k], expert ids [tokens, top_k]) of tokens [tokens, hidden].")
+      .def_property_readonly("router_weight", [](const MoEParallelMLPImpl& moe) { return moe.router_weight; })
+      .def_property_readonly("gate_up_weight", [](const MoEParallelMLPImpl& moe) { return moe.gate_up_weight; })
+      .def_property_readonly("down_weight", [](const MoEParallelMLPImpl& moe) { return moe.down_weight; })
+      .def("named_parameters", &own_parameters<MoEParallelMLPImpl>)
+      .def("__repr__",
+           [](const MoEParallelMLPImpl& moe) { return to_repr([&](std::ostream& o) { moe.pretty_print(o); }); });
+
   using Layer = std::shared_ptr<DecoderLayerImpl>;
   py::class_<DecoderLayerImpl, Layer>(m, "DecoderLayer", "One decoder block of a CausalLM.")
       .def_readonly("index", &DecoderLayerImpl::index)
@@ -76,6 +95,7 @@ void bind_children(py::module_& m) {
       .def_property_readonly("o_proj", [](const Layer& l) { return child_of(l, l->o_proj); })
       .def_property_readonly("gate_up", [](const Layer& l) { return child_of(l, l->gate_up); })
       .def_property_readonly("up_proj", [](const Layer& l) { return child_of(l, l->up_proj); })
+      .def_property_readonly("moe", [](const Layer& l) { return child_of(l, l->moe); })
       .def_property_readonly("down_proj", [](const Layer& l) { return child_of(l, l->down_proj); })
       .def(
           "attention",

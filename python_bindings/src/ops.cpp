@@ -4,7 +4,7 @@
 //
 //   tp::column_parallel_linear(int module, Tensor input, Tensor[] params) -> Tensor
 //   ... one op per layer kind (row, QKV, gate/up, vocab embedding, LM head, a model's
-//   norm), alike
+//   norm, a mixture-of-experts MLP), alike
 //   tp::decoder_attention(int module, Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin,
 //                         Tensor[] params) -> Tensor            a CausalLM layer's attention
 //   tp::rotary_cos_sin(int module, Tensor positions) -> Tensor     a CausalLM's RoPE tables
@@ -56,6 +56,7 @@
 #include "tp/comm/differentiable.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/moe_parallel_mlp.h"
 #include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
@@ -394,6 +395,7 @@ void init_ops(py::module_& m) {
   });
   m.def("op_module", &head_module);
   m.def("op_module", [](const std::shared_ptr<NormImpl>& l) { return forward_module(l, "Norm"); });
+  m.def("op_module", [](const std::shared_ptr<MoEParallelMLPImpl>& l) { return forward_module(l, "MoEParallelMLP"); });
   m.def("op_module", &attention_module);
   m.def("op_module", &model_module);
   m.def(
@@ -404,8 +406,9 @@ void init_ops(py::module_& m) {
 }  // namespace tp::python
 
 TORCH_LIBRARY(tp, m) {
-  for (const char* layer : {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear",
-                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "norm"})
+  for (const char* layer :
+       {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear", "gate_up_parallel_linear",
+        "vocab_parallel_embedding", "parallel_lm_head", "norm", "moe_parallel_mlp"})
     m.def((std::string(layer) + "(int module, Tensor input, Tensor[] params) -> Tensor").c_str());
   m.def(
       "decoder_attention(int module, Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor[] params) -> "
@@ -427,8 +430,9 @@ TORCH_LIBRARY(tp, m) {
 // their own); the Autograd and Meta/Fake entries come from tp/ops.py.
 TORCH_LIBRARY_IMPL(tp, CompositeExplicitAutograd, m) {
   using namespace tp::python;
-  for (const char* layer : {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear",
-                            "gate_up_parallel_linear", "vocab_parallel_embedding", "parallel_lm_head", "norm"})
+  for (const char* layer :
+       {"column_parallel_linear", "row_parallel_linear", "qkv_parallel_linear", "gate_up_parallel_linear",
+        "vocab_parallel_embedding", "parallel_lm_head", "norm", "moe_parallel_mlp"})
     m.impl(layer, TORCH_FN(module_forward));
   m.impl("decoder_attention", TORCH_FN(attention_op));
   m.impl("rotary_cos_sin", TORCH_FN(rotary_op));

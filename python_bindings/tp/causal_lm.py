@@ -31,7 +31,7 @@ from .distributed import all_reduce_strategy, communicator as make_communicator,
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
-__all__ = ["CausalLM", "DecoderLayer", "Norm"]
+__all__ = ["CausalLM", "DecoderLayer", "MoEParallelMLP", "Norm"]
 
 
 def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
@@ -71,6 +71,38 @@ class Norm(nn.Module):
         return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
 
 
+class MoEParallelMLP(nn.Module):
+    """A mixture-of-experts MLP (the C++ tp::MoEParallelMLP: a mirrored router, every
+    expert's intermediate dimension split over the ranks, one all-reduce)."""
+
+    _op_name = "moe_parallel_mlp"
+
+    def __init__(self, impl: "_C.MoEParallelMLP"):
+        super().__init__()
+        self._impl = impl
+        self.router_weight = _as_parameter(impl.router_weight)
+        self.gate_up_weight = _as_parameter(impl.gate_up_weight)
+        self.down_weight = _as_parameter(impl.down_weight)
+        ops.handle(self)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.tp.moe_parallel_mlp(self._op_handle, input,
+                                                 [self.router_weight, self.gate_up_weight, self.down_weight])
+        return self._impl.forward(input)
+
+    def route(self, input: torch.Tensor):
+        """(weights [tokens, top_k], expert ids [tokens, top_k]) for tokens [tokens, hidden]."""
+        return self._impl.route(input)
+
+    def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(input)
+
+    def extra_repr(self) -> str:
+        text = repr(self._impl).splitlines()[0]
+        return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
+
+
 _ACTIVATIONS = {
     "silu": F.silu,
     "gelu": F.gelu,
@@ -107,11 +139,16 @@ class DecoderLayer(nn.Module):
             self.k_norm = Norm(impl.k_norm)
         self.qkv = QKVParallelLinear._from_impl(impl.qkv)
         self.o_proj = RowParallelLinear._from_impl(impl.o_proj)
-        if impl.gated_mlp:
+        moe = impl.moe
+        self._moe = moe is not None
+        if self._moe:
+            self.moe = MoEParallelMLP(moe)
+        elif impl.gated_mlp:
             self.gate_up = GateUpParallelLinear._from_impl(impl.gate_up)
         else:
             self.up_proj = ColumnParallelLinear._from_impl(impl.up_proj)
-        self.down_proj = RowParallelLinear._from_impl(impl.down_proj)
+        if not self._moe:
+            self.down_proj = RowParallelLinear._from_impl(impl.down_proj)
         # The block's form as plain attributes: torch.compile reads them as constants (a
         # pybind11 property inside forward would break the graph).
         self._act = _ACTIVATIONS[impl.hidden_act]
@@ -144,7 +181,10 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        """down(act(gate) * up), or down(act(up)) for an ungated MLP (GPT-NeoX)."""
+        """down(act(gate) * up), down(act(up)) for an ungated MLP (GPT-NeoX), or the
+        mixture of experts."""
+        if self._moe:
+            return self.moe(x)
         if not self._gated:
             return self.down_proj(self._act(self.up_proj(x)))
         gate, up = self.gate_up.split(self.gate_up(x))

@@ -43,6 +43,7 @@ LAYER_OPS = (
     "vocab_parallel_embedding",
     "parallel_lm_head",
     "norm",
+    "moe_parallel_mlp",
 )
 
 # handle -> the Python module, whose _fake_output(input) gives the op's output (fake).

@@ -43,6 +43,22 @@ void DecoderLayerImpl::reset() {
   qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
   // O owns exactly this rank's query heads, even when heads split unevenly.
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
+  if (c.is_moe(index)) {
+    TORCH_CHECK_VALUE(!c.parallel_residual, p, ": a mixture of experts under the parallel residual is not supported");
+    TORCH_CHECK_VALUE(opts.gate_up.quant().format == QuantFormat::kNone &&
+                          c.quant_config(prefix() + "." + c.names.moe).format == QuantFormat::kNone,
+                      p, ": quantized experts are not supported yet (", c.quantization.describe(), ")");
+    const auto& m = c.moe;
+    moe = register_module(
+        "moe", MoEParallelMLP(MoEParallelMLPOptions(c.hidden_size, m.intermediate_size, m.num_experts, m.top_k)
+                                  .normalize_top_k(m.normalize_top_k)
+                                  .weights_in_input_dtype(m.weights_in_input_dtype)
+                                  .activation(to_string(c.hidden_act))
+                                  .dtype(dtype)
+                                  .device(device),
+                              comm));
+    return;
+  }
   // The MLP's column layer and down (row) must cut the intermediate dimension alike: one
   // granularity that satisfies both formats' alignments.
   const QuantConfig& first = c.gated_mlp ? opts.gate_up.quant() : opts.up.quant();
@@ -137,7 +153,19 @@ at::Tensor activation(Activation act, const at::Tensor& x) {
 
 }  // namespace
 
+std::string DecoderLayerImpl::moe_prefix() const { return prefix() + "." + config.names.moe; }
+
+MoECheckpointLayout DecoderLayerImpl::moe_layout() const {
+  const auto& n = config.names;
+  return MoECheckpointLayout()
+      .router_name(n.router)
+      .gate_name(n.expert_gate)
+      .up_name(n.expert_up)
+      .down_name(n.expert_down);
+}
+
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
+  if (!moe.is_empty()) return moe->forward(x);
   // The column layers route their mirrored input through copy_to_parallel themselves.
   if (!config.gated_mlp) return down_proj->forward(activation(config.hidden_act, up_proj->forward(x)));
   auto [gate, up] = gate_up->split(gate_up->forward(x));
@@ -213,6 +241,10 @@ void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
   const auto opts = decoder_layer_options(config, index, dtype, device);
   qkv->load_weights(checkpoint, opts.qkv_prefix, config.names.qkv);
   o_proj->load_weights(checkpoint, opts.o_prefix);
+  if (!moe.is_empty()) {
+    moe->load_weights(checkpoint, moe_prefix(), moe_layout());
+    return;
+  }
   if (config.gated_mlp)
     gate_up->load_weights(checkpoint, opts.gate_up_prefix, config.names.gate_up);
   else
@@ -233,6 +265,10 @@ std::map<std::string, at::Tensor> DecoderLayerImpl::gather_weights() const {
   const auto add = [&](std::map<std::string, at::Tensor> part) { out.insert(part.begin(), part.end()); };
   add(qkv->gather_weights(opts.qkv_prefix, config.names.qkv));
   add(o_proj->gather_weights(opts.o_prefix));
+  if (!moe.is_empty()) {
+    add(moe->gather_weights(moe_prefix(), moe_layout()));
+    return out;
+  }
   add(config.gated_mlp ? gate_up->gather_weights(opts.gate_up_prefix, config.names.gate_up)
                        : up_proj->gather_weights(opts.up_prefix));
   add(down_proj->gather_weights(opts.down_prefix));

@@ -24,6 +24,8 @@ const char* to_string(ModelType type) {
     case ModelType::kGptNeoX: return "gpt_neox";
     case ModelType::kGemma2: return "gemma2";
     case ModelType::kGemma3: return "gemma3_text";
+    case ModelType::kMixtral: return "mixtral";
+    case ModelType::kQwen3Moe: return "qwen3_moe";
   }
   return "?";
 }
@@ -77,9 +79,10 @@ struct Family {
   ModelType type;
 };
 constexpr Family kFamilies[] = {
-    {"llama", ModelType::kLlama},     {"qwen2", ModelType::kQwen2},        {"qwen3", ModelType::kQwen3},
-    {"mistral", ModelType::kMistral}, {"phi3", ModelType::kPhi3},          {"gpt_neox", ModelType::kGptNeoX},
-    {"gemma2", ModelType::kGemma2},   {"gemma3_text", ModelType::kGemma3},
+    {"llama", ModelType::kLlama},        {"qwen2", ModelType::kQwen2},        {"qwen3", ModelType::kQwen3},
+    {"mistral", ModelType::kMistral},    {"phi3", ModelType::kPhi3},          {"gpt_neox", ModelType::kGptNeoX},
+    {"gemma2", ModelType::kGemma2},      {"gemma3_text", ModelType::kGemma3}, {"mixtral", ModelType::kMixtral},
+    {"qwen3_moe", ModelType::kQwen3Moe},
 };
 
 ModelType parse_model_type(const ConfigFields& f) {

@@ -314,6 +314,58 @@ void read_gemma(const ConfigFields& f, ModelConfig& c) {
     f.fail("use_bidirectional_attention", "true is not supported (tp builds causal decoders)");
 }
 
+// Mixtral: Mistral's attention, every layer's MLP a mixture of experts (w1 = gate,
+// w3 = up, w2 = down under block_sparse_moe), top-k of a float32 softmax, renormalised.
+void read_mixtral(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  read_sliding_window(f, c);
+  parse_layer_types(f, c, [&](int64_t) { return c.sliding_window > 0; });
+  parse_rope(f, c);
+  auto& m = c.moe;
+  m.num_experts = f.required_positive("num_local_experts");
+  m.top_k = f.required_positive("num_experts_per_tok");
+  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds num_local_experts");
+  m.intermediate_size = c.intermediate_size;
+  m.layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
+  auto& n = c.names;
+  n.moe = "block_sparse_moe";
+  n.expert_gate = "w1";
+  n.expert_up = "w3";
+  n.expert_down = "w2";
+}
+
+// Qwen3-MoE: Qwen3's attention (q/k norms); layer i's MLP is a mixture of experts unless
+// it is in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step.
+void read_qwen3_moe(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+  c.qk_norm = true;
+  refuse_sliding(f);
+  parse_rope(f, c);
+  auto& m = c.moe;
+  // transformers 5 writes num_local_experts, 4.x num_experts.
+  const char* experts = f.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  m.num_experts = f.required_positive(experts);
+  m.top_k = f.required_positive("num_experts_per_tok");
+  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", std::string("exceeds ") + experts);
+  m.intermediate_size = f.required_positive("moe_intermediate_size");
+  m.normalize_top_k = f.boolean("norm_topk_prob", false);
+  m.weights_in_input_dtype = true;
+  const int64_t step = f.integer("decoder_sparse_step", 1);
+  if (step < 1) f.fail("decoder_sparse_step", "must be >= 1");
+  std::vector<int64_t> dense;
+  if (f.has("mlp_only_layers")) {
+    const auto& items = f.array("mlp_only_layers");
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].is_number()) f.fail("mlp_only_layers", "must be a list of layer indices");
+      dense.push_back(items[i].as_int(f.path("mlp_only_layers[" + std::to_string(i) + "]")));
+    }
+  }
+  m.layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    m.layers[static_cast<size_t>(i)] = std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+}
+
 }  // namespace
 
 void read_family(const ConfigFields& f, ModelConfig& c) {
@@ -327,6 +379,8 @@ void read_family(const ConfigFields& f, ModelConfig& c) {
     case ModelType::kGptNeoX: read_gpt_neox(f, c); break;
     case ModelType::kGemma2:
     case ModelType::kGemma3: read_gemma(f, c); break;
+    case ModelType::kMixtral: read_mixtral(f, c); break;
+    case ModelType::kQwen3Moe: read_qwen3_moe(f, c); break;
   }
   if (c.sliding_layers.empty()) c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
 }

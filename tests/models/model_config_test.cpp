@@ -250,6 +250,43 @@ TEST_CASE("ModelConfig reads Mistral, Phi-3, GPT-NeoX, Gemma 2 and Gemma 3 as tr
   }
 }
 
+TEST_CASE("ModelConfig reads Mixtral and Qwen3-MoE: experts, top-k, which layers are MoE", "[model][moe]") {
+  const auto mixtral = ModelConfig::from_json(R"({"model_type": "mixtral", "hidden_size": 128,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 16, "vocab_size": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null,
+    "router_jitter_noise": 0.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  CHECK(mixtral.model_type == ModelType::kMixtral);
+  CHECK((mixtral.moe.num_experts == 8 && mixtral.moe.top_k == 2 && mixtral.moe.intermediate_size == 64));
+  CHECK((mixtral.moe.normalize_top_k && !mixtral.moe.weights_in_input_dtype));
+  CHECK((mixtral.is_moe(0) && mixtral.is_moe(1) && !mixtral.is_sliding(0)));
+  CHECK((mixtral.names.moe == "block_sparse_moe" && mixtral.names.expert_gate == "w1" &&
+         mixtral.names.expert_up == "w3" && mixtral.names.expert_down == "w2"));
+  // transformers 5 writes num_local_experts, 4.x num_experts.
+  for (const char* experts : {"num_local_experts", "num_experts"}) {
+    const auto q = ModelConfig::from_json(std::string(R"({"model_type": "qwen3_moe", "hidden_size": 128,
+      "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 8,
+      "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 128, ")") +
+                                          experts + R"(": 16, "num_experts_per_tok": 4, "norm_topk_prob": true,
+      "decoder_sparse_step": 2, "mlp_only_layers": [3]})");
+    INFO(experts);
+    CHECK((q.moe.num_experts == 16 && q.moe.top_k == 4 && q.moe.intermediate_size == 64));
+    CHECK((q.moe.normalize_top_k && q.moe.weights_in_input_dtype && q.qk_norm));
+    CHECK((!q.is_moe(0) && q.is_moe(1) && !q.is_moe(2) && !q.is_moe(3)));  // (i + 1) % 2 == 0, but 3 dense
+    CHECK(q.names.moe == "mlp");
+  }
+  const auto fails = [](const std::string& json) {
+    try {
+      ModelConfig::from_json(json);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("(no error)");
+  };
+  CHECK_THAT(fails(R"({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "vocab_size": 128, "num_local_experts": 2, "num_experts_per_tok": 3})"),
+             Contains("num_experts_per_tok = 3 exceeds num_local_experts"));
+}
+
 TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the field and the value",
           "[model][errors]") {
   const auto fails = [](const std::string& json) {

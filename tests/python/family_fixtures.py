@@ -100,6 +100,19 @@ FAMILIES = {
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
         tie_word_embeddings=True, **_COMMON)),
+    # Mixtures of experts: Mixtral's 8 experts, top 2, renormalised (saved per expert as
+    # block_sparse_moe.experts.{e}.w1 / w3 / w2); Qwen3-MoE's 16, top 4, norm_topk_prob,
+    # layer 1 dense (mlp_only_layers), q/k norms. A decode step of 2 tokens leaves most
+    # experts without a token.
+    "mixtral": dict(config_class="MixtralConfig", model_class="MixtralForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
+    "qwen3_moe": dict(config_class="Qwen3MoeConfig", model_class="Qwen3MoeForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=32, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
+        mlp_only_layers=[1], decoder_sparse_step=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
 }
 
 
@@ -109,7 +122,20 @@ def _config(name: str, dtype: torch.dtype, **changes):
     spec = FAMILIES[name]
     kw = copy.deepcopy(spec["config"])  # transformers edits rope_parameters in place
     kw.update(copy.deepcopy(changes))
-    return getattr(transformers, spec["config_class"])(dtype=dtype, **kw)
+    config = getattr(transformers, spec["config_class"])(dtype=dtype, **kw)
+    if is_moe(name):
+        config._experts_implementation = "eager"  # grouped_mm has no float64
+    return config
+
+
+def is_moe(name: str) -> bool:
+    return "num_local_experts" in FAMILIES[name]["config"] or "num_experts" in FAMILIES[name]["config"]
+
+
+def hf_kwargs(name: str) -> dict:
+    """from_pretrained's extra arguments for family `name`: the eager experts of a mixture
+    of experts (transformers' default grouped_mm has no float64)."""
+    return {"experts_implementation": "eager"} if is_moe(name) else {}
 
 
 def _model(name: str, config, dtype: torch.dtype):
@@ -276,7 +302,7 @@ def _make_one(out: Path, name: str, seed: int) -> dict:
     # what a user of the folder gets: from_pretrained must give the reference logits
     from transformers import AutoModelForCausalLM
 
-    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, **hf_kwargs(name)).eval()
     assert _max_diff(_logits(loaded, ref["model.prompt"]), ref["model.logits"]) == 0, name
     save_file(ref, str(out / f"{name}.reference.safetensors"))
     return {"model_type": model.config.model_type, "prompt": FAMILIES[name]["prompt"], "new_tokens": NEW_TOKENS,

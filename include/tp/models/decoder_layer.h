@@ -4,6 +4,7 @@
 //   h   = x + O(attention(RoPE(norm_q(Q)), RoPE(norm_k(K)), V))   Q, K, V = QKV(norm1(x))
 //   out = h + down(act(gate) * up)                                gate, up = gate_up(norm2(h))
 //
+// (a mixture of experts in place of the MLP where the config says: MoEParallelMLP),
 // and the variants the config selects (tp::ModelConfig): Gemma's sandwich norms
 // (h = x + norm_post_attn(O(..)), out = h + norm_post_ff(down(..(norm_pre_ff(h))))), GPT-NeoX's
 // ungated MLP (down(act(up(..)))) and parallel residual (out = x + O(..) + down(..(norm2(x))),
@@ -26,6 +27,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/moe_parallel_mlp.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
@@ -87,6 +89,10 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   GateUpParallelLinear gate_up{nullptr};  // a gated MLP
   ColumnParallelLinear up_proj{nullptr};  // an ungated one (GPT-NeoX's dense_h_to_4h)
   RowParallelLinear down_proj{nullptr};
+  MoEParallelMLP moe{nullptr};  // a mixture-of-experts layer's MLP (Mixtral, Qwen3-MoE), instead of the above
+  /// Where moe's tensors live: its prefix and names.
+  std::string moe_prefix() const;
+  MoECheckpointLayout moe_layout() const;
 };
 
 /// A ModuleHolder for DecoderLayerImpl.

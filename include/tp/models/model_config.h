@@ -19,8 +19,9 @@ struct QuantizationParser;
 }
 
 /// The decoder families tp reads (config.json's model_type).
-enum class ModelType { kLlama, kQwen2, kQwen3, kMistral, kPhi3, kGptNeoX, kGemma2, kGemma3 };
-/// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text".
+enum class ModelType { kLlama, kQwen2, kQwen3, kMistral, kPhi3, kGptNeoX, kGemma2, kGemma3, kMixtral, kQwen3Moe };
+/// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text",
+/// "mixtral", "qwen3_moe".
 const char* to_string(ModelType type);
 
 /// The RoPE variants tp reads (rope_type).
@@ -90,6 +91,26 @@ struct CheckpointNames {
   std::string post_feedforward_norm = "post_feedforward_layernorm";  ///< Gemma
   QKVCheckpointLayout qkv;                                           ///< under attention
   GateUpCheckpointLayout gate_up;                                    ///< under mlp
+  /// A mixture-of-experts layer's block under the layer ("block_sparse_moe" for
+  /// Mixtral, "mlp" for Qwen3-MoE), its router and each expert's projections
+  /// ("<moe>.experts.<e>.<expert_gate>.weight", ...).
+  std::string moe = "mlp";
+  std::string router = "gate";
+  std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";
+};
+
+/// The mixture-of-experts MLPs of a model (tp::MoEParallelMLP): none when num_experts is 0.
+struct MoEParameters {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;
+  /// One expert's intermediate size (Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size).
+  int64_t intermediate_size = 0;
+  /// Renormalise the top-k routing weights (Mixtral: always; Qwen3-MoE: norm_topk_prob).
+  bool normalize_top_k = true;
+  /// The routing weights cast to the model dtype (Qwen3-MoE) or kept in float32 (Mixtral).
+  bool weights_in_input_dtype = false;
+  /// Which layers are MoE (Qwen3-MoE: decoder_sparse_step, mlp_only_layers; the rest dense).
+  std::vector<bool> layers;
 };
 
 /// Which linear layers of a checkpoint are quantized, and how: config.json's
@@ -215,6 +236,12 @@ struct ModelConfig {
   bool has_local_rope = false;
   RopeParameters local_rope;
   CheckpointNames names;
+  MoEParameters moe;
+  /// Whether layer `layer`'s MLP is a mixture of experts.
+  bool is_moe(int64_t layer) const {
+    return moe.num_experts > 0 && layer >= 0 && layer < static_cast<int64_t>(moe.layers.size()) &&
+           moe.layers[static_cast<size_t>(layer)];
+  }
   /// dtype (transformers 5) or torch_dtype (4.x) the tensors were saved in (absent: float32).
   at::ScalarType dtype = at::kFloat;
   /// quantization_config (absent: unquantized).
