@@ -229,16 +229,20 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str, *, dtype: Optional[torch.dtype] = None, pad_vocab_to_multiple_of: int = 1,
-                        num_layers: int = 0, group: Optional["dist.ProcessGroup"] = None,
+                        num_layers: int = 0, expert_parallel: bool = False,
+                        group: Optional["dist.ProcessGroup"] = None,
                         communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
         ``group`` (default: the default process group, or one rank without one).
         ``num_layers`` > 0 keeps only the first layers (their tensors alone are read).
+        ``expert_parallel``: a mixture of experts' experts distributed over the ranks (each
+        rank reads only its experts) instead of each split over them.
         Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
-        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers))
+        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers,
+                                               expert_parallel))
 
     def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0):
         """ids int64 [batch, seq] (the same on every rank) -> local logits. With a cache the

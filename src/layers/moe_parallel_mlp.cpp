@@ -57,13 +57,19 @@ void MoEParallelMLPImpl::reset() {
                       " must be in [1, num_experts=", o.num_experts(), "]");
     TORCH_CHECK_VALUE(o.activation() == "silu" || o.activation() == "gelu" || o.activation() == "gelu_tanh", kLayer,
                       ": activation \"", o.activation(), "\"; expected silu, gelu or gelu_tanh");
-    range_ = split_for_rank(o.intermediate_size(), comm.world_size(), comm.rank(), {},
-                            std::string(kLayer) + " intermediate_size");
+    if (o.expert_parallel()) {
+      experts_ = split_for_rank(o.num_experts(), comm.world_size(), comm.rank(), {}, std::string(kLayer) + " experts");
+      range_ = {0, o.intermediate_size()};
+    } else {
+      experts_ = {0, o.num_experts()};
+      range_ = split_for_rank(o.intermediate_size(), comm.world_size(), comm.rank(), {},
+                              std::string(kLayer) + " intermediate_size");
+    }
     const auto t = at::TensorOptions(o.dtype()).device(o.device());
+    const int64_t local = experts_.size();
     router_weight = register_parameter("router_weight", at::empty({o.num_experts(), o.hidden_size()}, t));
-    gate_up_weight =
-        register_parameter("gate_up_weight", at::empty({o.num_experts(), 2 * range_.size(), o.hidden_size()}, t));
-    down_weight = register_parameter("down_weight", at::empty({o.num_experts(), o.hidden_size(), range_.size()}, t));
+    gate_up_weight = register_parameter("gate_up_weight", at::empty({local, 2 * range_.size(), o.hidden_size()}, t));
+    down_weight = register_parameter("down_weight", at::empty({local, o.hidden_size(), range_.size()}, t));
     reset_parameters();
   });
 }
@@ -81,8 +87,10 @@ void MoEParallelMLPImpl::reset_parameters() {
 void MoEParallelMLPImpl::pretty_print(std::ostream& stream) const {
   stream << "tp::MoEParallelMLP(hidden_size=" << options.hidden_size()
          << ", intermediate_size=" << options.intermediate_size() << ", experts=" << options.num_experts()
-         << ", top_k=" << options.top_k() << ", local_intermediate=" << range_ << ", rank=" << comm.rank() << "/"
-         << comm.world_size() << ")";
+         << ", top_k=" << options.top_k()
+         << (options.expert_parallel() ? ", expert_parallel, local_experts=" : ", local_intermediate=")
+         << (options.expert_parallel() ? experts_ : range_) << ", rank=" << comm.rank() << "/" << comm.world_size()
+         << ")";
 }
 
 std::pair<at::Tensor, at::Tensor> MoEParallelMLPImpl::route(const at::Tensor& x) const {
@@ -112,7 +120,7 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
   weights = copy_to_parallel(weights, comm);
   const at::Tensor xp = copy_to_parallel(x, comm);
   at::Tensor out = at::zeros_like(x);
-  if (local > 0 && tokens > 0) {
+  if (local > 0 && experts_.size() > 0 && tokens > 0) {
     // Grouped: the (token, slot) pairs sorted by expert, one GEMM pair per expert that
     // has tokens (ascending, as transformers adds them).
     const at::Tensor flat = experts.reshape({-1});
@@ -122,14 +130,16 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
     int64_t begin = 0;
     for (int64_t e = 0; e < options.num_experts(); ++e) {
       const int64_t n = count[e];
-      if (n == 0) continue;
-      const at::Tensor pairs = order.narrow(0, begin, n);
+      const int64_t start = begin;
       begin += n;
+      if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another rank's expert
+      const at::Tensor pairs = order.narrow(0, start, n);
+      const int64_t le = e - experts_.begin;
       const at::Tensor token = at::floor_divide(pairs, k), slot = at::remainder(pairs, k);
-      const at::Tensor gate_up = at::linear(xp.index_select(0, token), gate_up_weight[e]);
+      const at::Tensor gate_up = at::linear(xp.index_select(0, token), gate_up_weight[le]);
       const at::Tensor h =
           activation(options.activation(), gate_up.narrow(-1, 0, local)) * gate_up.narrow(-1, local, local);
-      const at::Tensor y = at::linear(h, down_weight[e]) * weights.index({token, slot}).unsqueeze(-1);
+      const at::Tensor y = at::linear(h, down_weight[le]) * weights.index({token, slot}).unsqueeze(-1);
       out = out.index_add(0, token, y.to(out.scalar_type()));
     }
   }
@@ -143,13 +153,17 @@ void MoEParallelMLPImpl::load_weights(const Checkpoint& checkpoint, const std::s
     const int64_t hidden = options.hidden_size(), inter = options.intermediate_size(), local = range_.size();
     const std::string router = prefix + "." + layout.router_name() + ".weight";
     router_weight.copy_(checked(checkpoint, router, options.num_experts(), hidden).read_all());
+    // Every expert's tensors are checked (a missing one is an error on every rank); only
+    // this rank's experts, and only its slices of them, are read.
     for (int64_t e = 0; e < options.num_experts(); ++e) {
       const auto& gate = checked(checkpoint, expert_name(prefix, e, layout.gate_name()), inter, hidden);
       const auto& up = checked(checkpoint, expert_name(prefix, e, layout.up_name()), inter, hidden);
       const auto& down = checked(checkpoint, expert_name(prefix, e, layout.down_name()), hidden, inter);
-      gate_up_weight[e].narrow(0, 0, local).copy_(load_shard(gate, ShardMode::kColumn, range_, {}, kLayer));
-      gate_up_weight[e].narrow(0, local, local).copy_(load_shard(up, ShardMode::kColumn, range_, {}, kLayer));
-      down_weight[e].copy_(load_shard(down, ShardMode::kRow, range_, {}, kLayer));
+      if (e < experts_.begin || e >= experts_.end) continue;
+      const int64_t le = e - experts_.begin;
+      gate_up_weight[le].narrow(0, 0, local).copy_(load_shard(gate, ShardMode::kColumn, range_, {}, kLayer));
+      gate_up_weight[le].narrow(0, local, local).copy_(load_shard(up, ShardMode::kColumn, range_, {}, kLayer));
+      down_weight[le].copy_(load_shard(down, ShardMode::kRow, range_, {}, kLayer));
     }
   });
 }
@@ -157,13 +171,16 @@ void MoEParallelMLPImpl::load_weights(const Checkpoint& checkpoint, const std::s
 std::map<std::string, at::Tensor> MoEParallelMLPImpl::gather_weights(const std::string& prefix,
                                                                      const MoECheckpointLayout& layout) const {
   at::NoGradGuard no_grad;
+  // Expert parallel: the experts along dim 0; else every expert's slices, [E, I, H] along
+  // dim 1 for gate and up, [E, H, I] along dim 2 for down.
+  const bool ep = options.expert_parallel();
   std::vector<int64_t> sizes;
-  for (const auto& r : split(options.intermediate_size(), comm.world_size())) sizes.push_back(r.size());
+  for (const auto& r : split(ep ? options.num_experts() : options.intermediate_size(), comm.world_size()))
+    sizes.push_back(r.size());
   const int64_t local = range_.size();
   const auto gather = [&](const at::Tensor& t, int64_t dim) {
-    return comm.world_size() == 1 ? t.clone() : comm.all_gather(t.contiguous(), dim, sizes);
+    return comm.world_size() == 1 ? t.clone() : comm.all_gather(t.contiguous(), ep ? 0 : dim, sizes);
   };
-  // Every expert at once: [E, I, H] along dim 1 for gate and up, [E, H, I] along dim 2 for down.
   const at::Tensor gate = gather(gate_up_weight.narrow(1, 0, local), 1);
   const at::Tensor up = gather(gate_up_weight.narrow(1, local, local), 1);
   const at::Tensor down = gather(down_weight, 2);

@@ -17,6 +17,7 @@ CausalLMImpl::CausalLMImpl(ModelConfig config_, CausalLMOptions options_, Commun
 }
 
 void CausalLMImpl::reset() {
+  config.moe.expert_parallel = options.expert_parallel();
   const auto& c = config;
   dtype = options.dtype() == at::ScalarType::Undefined ? c.dtype : options.dtype();
   const int64_t n_layers = options.num_layers() > 0 ? options.num_layers() : c.num_hidden_layers;

@@ -53,6 +53,7 @@ void DecoderLayerImpl::reset() {
         "moe", MoEParallelMLP(MoEParallelMLPOptions(c.hidden_size, m.intermediate_size, m.num_experts, m.top_k)
                                   .normalize_top_k(m.normalize_top_k)
                                   .weights_in_input_dtype(m.weights_in_input_dtype)
+                                  .expert_parallel(m.expert_parallel)
                                   .activation(to_string(c.hidden_act))
                                   .dtype(dtype)
                                   .device(device),

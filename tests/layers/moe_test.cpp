@@ -1,7 +1,8 @@
-// MoEParallelMLP (expert tensor parallelism) against a single-device reference built
-// from the same global weights, token by token (each token's top-k experts, their
-// renormalised softmax weights), float64, at TP 1-4 (3: each expert's intermediate 20
-// split 7, 7, 6), forward and backward: the output, the input's gradient, the router's
+// MoEParallelMLP (expert tensor parallelism, and expert parallelism) against a
+// single-device reference built from the same global weights, token by token (each
+// token's top-k experts, their renormalised softmax weights), float64, at TP 1-4 (3: each
+// expert's intermediate 20 split 7, 7, 6) and EP 1-4 (16 experts: 6, 5, 5 at 3), forward
+// and backward: the output, the input's gradient, the router's
 // gradient and every expert's gathered weight gradient. 10 tokens over 8 experts, top 2:
 // some experts receive no token.
 
@@ -15,6 +16,7 @@
 #include "tp/comm/launch.h"
 #include "tp/layers/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/shard/split.h"
 
 using namespace tp;
 using test::randn;
@@ -58,7 +60,8 @@ at::Tensor reference(const at::Tensor& x, const Weights& w, const at::Tensor& ro
 
 }  // namespace
 
-TEST_CASE("MoEParallelMLP equals the token-by-token reference at TP 1-4, forward and backward", "[layers][moe]") {
+TEST_CASE("MoEParallelMLP equals the token-by-token reference at TP 1-4 and EP 1-4, forward and backward",
+          "[layers][moe]") {
   const Weights w = make_weights();
   Checkpoint ckpt;
   ckpt.add("moe.gate.weight", w.router);
@@ -79,12 +82,18 @@ TEST_CASE("MoEParallelMLP equals the token-by-token reference at TP 1-4, forward
     const auto [_, idx] = at::topk(at::softmax(at::linear(x0, w.router).to(at::kFloat), -1), kTopK, -1);
     CHECK(at::bincount(idx.reshape({-1}), {}, kExperts).eq(0).any().item<bool>());
   }
-  for (int64_t world = 1; world <= 4; ++world) {
-    INFO("TP " << world);
+  for (int64_t world = 1; world <= 8; ++world) {
+    // 1-4: expert tensor parallelism at TP 1-4; 5-8: expert parallelism over 1-4 ranks
+    // (16 experts: 6, 5, 5 at 3 ranks).
+    const bool ep = world > 4;
+    const int64_t ranks = ep ? world - 4 : world;
+    INFO((ep ? "EP " : "TP ") << ranks);
     std::mutex mu;
     double y_err = 0, x_err = 0, r_err = 0, w_err = 0;
-    run_ranks_in_threads(world, [&](Communicator& comm) {
-      MoEParallelMLP moe(MoEParallelMLPOptions(kHidden, kInter, kExperts, kTopK).dtype(at::kDouble), comm);
+    run_ranks_in_threads(ranks, [&](Communicator& comm) {
+      MoEParallelMLP moe(MoEParallelMLPOptions(kHidden, kInter, kExperts, kTopK).expert_parallel(ep).dtype(at::kDouble),
+                         comm);
+      if (ep) CHECK(moe->local_experts() == split_for_rank(kExperts, ranks, comm.rank()));
       moe->load_weights(ckpt, "moe");
       const at::Tensor x = x0.clone().requires_grad_(true);
       const at::Tensor y = moe->forward(x);

@@ -282,3 +282,42 @@ def test_gptq_folders_of_every_family_equal_their_dequantized_model(gptq_folder,
             assert "int4_gptq" in text, f"{name}: the model is not GPTQ-quantized:\n{text}"
             assert err <= 4 * hf_err + 1e-6 * scale, f"{name} TP {world} rank {rank}: {err:.3g} vs transformers {hf_err:.3g}"
         print(f"\nTP {world} {name}: max |logit err| {max(r[name][0] for r in results):.2g}, transformers float32 {hf_err:.2g}")
+
+
+MOE = tuple(n for n in FAMILIES if family_fixtures.is_moe(n))
+
+
+def _rank_ep(rank, world, folder):
+    out = {}
+    for name in MOE:
+        ref = _reference(folder, name)
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=True)
+        prompt, generated = ref["model.prompt"], ref["model.generated"]
+        with torch.no_grad():
+            logits = model.gather_logits(model(prompt))
+        tokens = model.generate(prompt, generated.shape[1])
+        weights = model.gather_weights()
+        out[name] = dict(err=(logits - ref["model.logits"]).abs().max().item(),
+                         scale=max(1.0, ref["model.logits"].abs().max().item()),
+                         same_tokens=torch.equal(tokens, generated), text=repr(model),
+                         weights={k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_moe_families_with_expert_parallelism_equal_transformers(folder, world):
+    """Mixtral's 8 and Qwen3-MoE's 16 experts distributed over the ranks (3 ranks: 3, 3, 2
+    and 6, 5, 5): float64 logits within 1e-12, the greedy tokens, and gather_weights giving
+    back the folder's tensors."""
+    results = launcher.run(world, _rank_ep, str(folder), timeout=600) if world > 1 else [_rank_ep(0, 1, str(folder))]
+    for name in MOE:
+        for rank, res in enumerate(results):
+            r, where = res[name], f"{name} EP {world} rank {rank}"
+            assert "expert_parallel" in r["text"], r["text"]
+            assert r["err"] <= 1e-12 * r["scale"], f"{where}: max |logit err| {r['err']:.3g}"
+            assert r["same_tokens"], where
+        stored = _stored(Path(folder, name))
+        got = {k: torch.from_numpy(v) for k, v in results[0][name]["weights"].items()}
+        assert got.keys() == stored.keys(), (name, world, sorted(set(got) ^ set(stored)))
+        for k, v in stored.items():
+            assert torch.equal(got[k], v), (name, world, k)

@@ -11,9 +11,13 @@
 //   model says (Mixtral always, Qwen3-MoE by norm_topk_prob)
 //   y = sum over a token's chosen experts e: w_e * down_e(act(gate_e(x)) * up_e(x))
 //
-// The expert GEMMs are grouped: tokens sorted by expert, one GEMM pair per expert over
-// its tokens (decode reads only the chosen experts' weights). Expert parallelism
-// (experts distributed over ranks) and quantized experts are not built yet.
+// With expert_parallel, the experts are distributed over the ranks instead (uneven
+// counts allowed: 16 over 3 is 6, 5, 5), each whole on its owner: a rank computes its
+// experts' contributions for the tokens routed to them, and the same all-reduce sums the
+// owned contributions (on CPU that is the transport; a GPU all-to-all would send each
+// token only to its experts' owners and back). The expert GEMMs are grouped: tokens sorted
+// by expert, one GEMM pair per expert over its tokens (decode reads only the chosen
+// experts' weights). Quantized experts and TP x EP on one group are not built yet.
 
 #include <cstdint>
 #include <map>
@@ -53,6 +57,9 @@ struct MoEParallelMLPOptions {
   /// The routing weights cast back to the input's dtype before they scale the experts'
   /// outputs (Qwen3-MoE), or kept in float32 (Mixtral), as transformers computes them.
   TORCH_ARG(bool, weights_in_input_dtype) = false;
+  /// Distribute the experts over the ranks (each whole on one rank) instead of splitting
+  /// every expert's intermediate dimension.
+  TORCH_ARG(bool, expert_parallel) = false;
   /// "silu", "gelu" or "gelu_tanh": act(gate) * up.
   TORCH_ARG(std::string, activation) = "silu";
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
@@ -83,17 +90,19 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
                                                    const MoECheckpointLayout& layout = {}) const;
 
-  /// This rank's slice of each expert's intermediate dimension.
+  /// This rank's slice of each expert's intermediate dimension (all of it under expert_parallel).
   Range local_range() const { return range_; }
+  /// The experts this rank holds (all of them without expert_parallel).
+  Range local_experts() const { return experts_; }
 
   MoEParallelMLPOptions options;
   Communicator comm;
   at::Tensor router_weight;   // [experts, hidden], mirrored
-  at::Tensor gate_up_weight;  // [experts, 2 * local intermediate, hidden]: per expert [gate | up]
-  at::Tensor down_weight;     // [experts, hidden, local intermediate]
+  at::Tensor gate_up_weight;  // [local experts, 2 * local intermediate, hidden]: per expert [gate | up]
+  at::Tensor down_weight;     // [local experts, hidden, local intermediate]
 
  private:
-  Range range_;
+  Range range_, experts_;
 };
 
 /// A ModuleHolder for MoEParallelMLPImpl.

@@ -42,6 +42,9 @@ struct CausalLMOptions {
   TORCH_ARG(int64_t, pad_vocab_to_multiple_of) = 1;
   /// Use only the first N decoder layers (0: all), e.g. for a benchmark of a few layers.
   TORCH_ARG(int64_t, num_layers) = 0;
+  /// Mixture-of-experts layers: distribute the experts over the ranks (expert
+  /// parallelism) instead of splitting each expert (expert tensor parallelism).
+  TORCH_ARG(bool, expert_parallel) = false;
 };
 
 /// The module behind the CausalLM holder.

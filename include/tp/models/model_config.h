@@ -111,6 +111,9 @@ struct MoEParameters {
   bool weights_in_input_dtype = false;
   /// Which layers are MoE (Qwen3-MoE: decoder_sparse_step, mlp_only_layers; the rest dense).
   std::vector<bool> layers;
+  /// How the experts are split (not in config.json: CausalLMOptions::expert_parallel sets
+  /// it): distributed over the ranks (true) or each split by tensor parallelism.
+  bool expert_parallel = false;
 };
 
 /// Which linear layers of a checkpoint are quantized, and how: config.json's
