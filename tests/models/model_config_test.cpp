@@ -65,6 +65,16 @@ std::string quant_of(const std::string& json, const std::string& module) {
 
 const std::string kDown = "model.layers.1.mlp.down_proj";
 
+// The message ModelConfig::from_json refuses `json` with, or "(no error)".
+std::string config_error(const std::string& json) {
+  try {
+    ModelConfig::from_json(json);
+  } catch (const c10::Error& e) {
+    return std::string(e.what_without_backtrace());
+  }
+  return std::string("(no error)");
+}
+
 }  // namespace
 
 TEST_CASE("ModelConfig reads Llama, Qwen2 and Qwen3 fields", "[model]") {
@@ -274,14 +284,7 @@ TEST_CASE("ModelConfig reads Mixtral and Qwen3-MoE: experts, top-k, which layers
     CHECK((!q.is_moe(0) && q.is_moe(1) && !q.is_moe(2) && !q.is_moe(3)));  // (i + 1) % 2 == 0, but 3 dense
     CHECK(q.names.moe == "mlp");
   }
-  const auto fails = [](const std::string& json) {
-    try {
-      ModelConfig::from_json(json);
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("(no error)");
-  };
+  const auto fails = config_error;
   CHECK_THAT(fails(R"({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 8, "vocab_size": 128, "num_local_experts": 2, "num_experts_per_tok": 3})"),
              Contains("num_experts_per_tok = 3 exceeds num_local_experts"));
@@ -289,14 +292,7 @@ TEST_CASE("ModelConfig reads Mixtral and Qwen3-MoE: experts, top-k, which layers
 
 TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the field and the value",
           "[model][errors]") {
-  const auto fails = [](const std::string& json) {
-    try {
-      ModelConfig::from_json(json);
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("(no error)");
-  };
+  const auto fails = config_error;
   const std::string phi3 = R"({"model_type": "phi3", "hidden_size": 192, "intermediate_size": 256,
       "num_hidden_layers": 2, "num_attention_heads": 12, "vocab_size": 128, "partial_rotary_factor": 0.5, )";
   CHECK_THAT(fails(phi3 + R"("rope_parameters": {"rope_type": "longrope", "short_factor": [1, 2],
@@ -326,14 +322,7 @@ TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the 
 }
 
 TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the value", "[model][errors]") {
-  const auto fails = [](const std::string& json) {
-    try {
-      ModelConfig::from_json(json);
-    } catch (const c10::Error& e) {
-      return std::string(e.what_without_backtrace());
-    }
-    return std::string("(no error)");
-  };
+  const auto fails = config_error;
   const auto unknown = fails(llama("", "falcon"));
   CHECK_THAT(unknown, Contains("model_type = \"falcon\" is not supported; tp reads llama, qwen2, qwen3, mistral, "
                                "phi3, gpt_neox, gemma2, gemma3_text"));

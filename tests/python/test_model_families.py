@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import family_fixtures
+import float32_checks
 import launcher
 import tp
 
@@ -200,35 +201,11 @@ def test_saved_at_tp4_reloads_at_tp1_2_3(folder, tmp_path):
                 assert res[name] <= 1e-12, f"{name}: saved at TP 4, loaded at TP {world} rank {rank}: {res[name]:.3g} (relative)"
 
 
-def _rank_float32(rank, world, folder):
-    out = {}
-    for name in FAMILIES:
-        ref = _reference(folder, name)
-        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float32)
-        with torch.no_grad():
-            logits = model.gather_logits(model(ref["model.prompt"]))
-        out[name] = (logits.double() - ref["model.logits"]).abs().max().item()
-    return out
-
-
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_families_in_float32_are_as_close_as_transformers_in_float32(folder, world):
-    # The bound is the peer's: transformers' own model run in float32 against its float64
-    # logits (the same weights, rounded to float32), with room for another summation order.
-    from transformers import AutoModelForCausalLM
-
-    results = launcher.run(world, _rank_float32, str(folder), timeout=600) if world > 1 else [
-        _rank_float32(0, 1, str(folder))]
-    for name in FAMILIES:
-        ref = _reference(folder, name)
-        hf = AutoModelForCausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float32,
-                                                **family_fixtures.hf_kwargs(name)).eval()
-        with torch.no_grad():
-            hf_err = (hf(ref["model.prompt"]).logits.double() - ref["model.logits"]).abs().max().item()
-        scale = max(1.0, ref["model.logits"].abs().max().item())
-        err = max(res[name] for res in results)
-        print(f"\nTP {world} float32 {name}: max |logit err| tp {err:.2g}, transformers {hf_err:.2g}")
-        assert err <= 4 * hf_err + 1e-6 * scale, f"{name} TP {world}: tp float32 {err:.3g} vs transformers {hf_err:.3g}"
+    results = launcher.run(world, float32_checks.rank_float32, str(folder), FAMILIES, timeout=600) if world > 1 else [
+        float32_checks.rank_float32(0, 1, str(folder), FAMILIES)]
+    float32_checks.check_against_transformers(folder, world, results, family_fixtures.hf_kwargs)
 
 
 def test_families_compile_to_one_graph_equal_to_eager(folder):
