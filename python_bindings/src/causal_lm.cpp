@@ -53,7 +53,8 @@ void bind_children(py::module_& m) {
       .def("__repr__", [](const NormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
 
   py::class_<MoEParallelMLPImpl, std::shared_ptr<MoEParallelMLPImpl>>(
-      m, "MoEParallelMLP", "A mixture-of-experts MLP, experts split by tensor parallelism.")
+      m, "MoEParallelMLP",
+      "A mixture-of-experts MLP, experts split by expert tensor and expert parallelism (tp::MoEParallelMLP).")
       .def(
           "forward", [](MoEParallelMLPImpl& moe, const at::Tensor& x) { return moe.forward(x); }, py::arg("input"),
           py::call_guard<py::gil_scoped_release>())
@@ -64,10 +65,29 @@ void bind_children(py::module_& m) {
             return py::make_tuple(weights, experts);
           },
           py::arg("input"), "(weights [tokens, top_k], expert ids [tokens, top_k]) of tokens [tokens, hidden].")
-      .def_property_readonly("router_weight", [](const MoEParallelMLPImpl& moe) { return moe.router_weight; })
-      .def_property_readonly("gate_up_weight", [](const MoEParallelMLPImpl& moe) { return moe.gate_up_weight; })
-      .def_property_readonly("down_weight", [](const MoEParallelMLPImpl& moe) { return moe.down_weight; })
-      .def("named_parameters", &own_parameters<MoEParallelMLPImpl>)
+      .def_property_readonly("local_experts",
+                             [](const MoEParallelMLPImpl& moe) {
+                               return py::make_tuple(moe.local_experts().begin, moe.local_experts().end);
+                             })
+      .def_property_readonly(
+          "local_range",
+          [](const MoEParallelMLPImpl& moe) { return py::make_tuple(moe.local_range().begin, moe.local_range().end); })
+      .def_property_readonly("expert_parallel_size", &MoEParallelMLPImpl::expert_parallel_size)
+      .def_property_readonly("quant", &MoEParallelMLPImpl::quant_name)
+      .def(
+          "named_parameters",
+          [](const MoEParallelMLPImpl& moe) {
+            std::vector<std::pair<std::string, at::Tensor>> out;
+            for (const auto& item : moe.named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+            return out;
+          },
+          "Every parameter, the experts' in their child modules (experts.<e>.gate_up.weight, ...).")
+      .def("named_buffers",
+           [](const MoEParallelMLPImpl& moe) {
+             std::vector<std::pair<std::string, at::Tensor>> out;
+             for (const auto& item : moe.named_buffers(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+             return out;
+           })
       .def("__repr__",
            [](const MoEParallelMLPImpl& moe) { return to_repr([&](std::ostream& o) { moe.pretty_print(o); }); });
 
@@ -121,12 +141,12 @@ void init_causal_lm(py::module_& m) {
       .def_static(
           "from_pretrained",
           [](const std::string& folder, const Communicator& comm, std::optional<at::ScalarType> dtype,
-             int64_t pad_vocab_to_multiple_of, int64_t num_layers, bool expert_parallel) {
+             int64_t pad_vocab_to_multiple_of, int64_t num_layers, int64_t expert_parallel_size) {
             auto options = CausalLMOptions()
                                .dtype(dtype.value_or(at::ScalarType::Undefined))
                                .pad_vocab_to_multiple_of(pad_vocab_to_multiple_of)
                                .num_layers(num_layers)
-                               .expert_parallel(expert_parallel);
+                               .expert_parallel_size(expert_parallel_size);
             std::shared_ptr<CausalLMImpl> model;
             {
               py::gil_scoped_release no_gil;  // collective: ranks that are threads must all get there
@@ -143,7 +163,7 @@ void init_causal_lm(py::module_& m) {
             });
           },
           py::arg("folder"), py::arg("communicator"), py::arg("dtype") = std::nullopt,
-          py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel") = false)
+          py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel_size") = 1)
       .def(
           "forward",
           [](CausalLMImpl& model, const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {

@@ -20,10 +20,22 @@ void init_models(py::module_& m) {
   py::enum_<ModelType>(m, "ModelType", "The decoder families tp reads (config.json's model_type).")
       .value("llama", ModelType::kLlama)
       .value("qwen2", ModelType::kQwen2)
-      .value("qwen3", ModelType::kQwen3);
-  py::enum_<RopeType>(m, "RopeType", "RoPE variants: default, llama3 (Llama 3.1's frequency-band scaling).")
+      .value("qwen3", ModelType::kQwen3)
+      .value("mistral", ModelType::kMistral)
+      .value("phi3", ModelType::kPhi3)
+      .value("gpt_neox", ModelType::kGptNeoX)
+      .value("gemma2", ModelType::kGemma2)
+      .value("gemma3_text", ModelType::kGemma3)
+      .value("mixtral", ModelType::kMixtral)
+      .value("qwen2_moe", ModelType::kQwen2Moe)
+      .value("qwen3_moe", ModelType::kQwen3Moe)
+      .value("glm4_moe", ModelType::kGlm4Moe);
+  py::enum_<RopeType>(m, "RopeType",
+                      "RoPE variants: default, llama3 (Llama 3.1's frequency-band scaling), linear, longrope.")
       .value("default", RopeType::kDefault)
-      .value("llama3", RopeType::kLlama3);
+      .value("llama3", RopeType::kLlama3)
+      .value("linear", RopeType::kLinear)
+      .value("longrope", RopeType::kLongRope);
 
   py::class_<RopeParameters>(m, "RopeParameters",
                              "RoPE parameters (transformers 5's rope_parameters, or 4's rope_theta + rope_scaling).")

@@ -141,11 +141,11 @@ class Registry {
 };
 
 template <class Impl>
-std::function<std::vector<at::Tensor>()> own_params(const std::weak_ptr<Impl>& weak) {
-  return [weak] {
+std::function<std::vector<at::Tensor>()> own_params(const std::weak_ptr<Impl>& weak, bool recurse = false) {
+  return [weak, recurse] {
     std::vector<at::Tensor> out;
     if (auto impl = weak.lock())
-      for (const auto& item : impl->named_parameters(/*recurse=*/false)) out.push_back(item.value());
+      for (const auto& item : impl->named_parameters(recurse)) out.push_back(item.value());
     return out;
   };
 }
@@ -160,14 +160,15 @@ std::shared_ptr<OpModule> new_module(const std::shared_ptr<Impl>& impl, std::str
   return module;
 }
 
-/// The handle of a module whose one method is forward(x).
+/// The handle of a module whose one method is forward(x); its parameters are its own
+/// (`recurse`: with its children's).
 template <class Impl>
-int64_t forward_module(const std::shared_ptr<Impl>& impl, const char* what) {
+int64_t forward_module(const std::shared_ptr<Impl>& impl, const char* what, bool recurse = false) {
   auto module = new_module(impl, what);
   std::weak_ptr<Impl> weak = impl;
   module->methods["forward"] = {
       [weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) { return weak.lock()->forward(in.at(0)); },
-      own_params(weak)};
+      own_params(weak, recurse)};
   return Registry::get().add(std::move(module));
 }
 
@@ -395,7 +396,9 @@ void init_ops(py::module_& m) {
   });
   m.def("op_module", &head_module);
   m.def("op_module", [](const std::shared_ptr<NormImpl>& l) { return forward_module(l, "Norm"); });
-  m.def("op_module", [](const std::shared_ptr<MoEParallelMLPImpl>& l) { return forward_module(l, "MoEParallelMLP"); });
+  m.def("op_module", [](const std::shared_ptr<MoEParallelMLPImpl>& l) {
+    return forward_module(l, "MoEParallelMLP", /*recurse=*/true);  // the experts' tensors live in child modules
+  });
   m.def("op_module", &attention_module);
   m.def("op_module", &model_module);
   m.def(

@@ -18,7 +18,7 @@ C++ model's, bit for bit. With a KV cache (``generate``) the C++ model runs whol
 """
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -72,28 +72,36 @@ class Norm(nn.Module):
 
 
 class MoEParallelMLP(nn.Module):
-    """A mixture-of-experts MLP (the C++ tp::MoEParallelMLP: a mirrored router, every
-    expert's intermediate dimension split over the ranks, one all-reduce)."""
+    """A mixture-of-experts MLP (the C++ tp::MoEParallelMLP: a mirrored router, the experts
+    split by expert tensor and expert parallelism, one all-reduce). Its parameters are the
+    C++ module's, by the same names: ``router_weight`` (``router_bias``), the experts this
+    rank holds as ``experts.<e>.gate_up.*`` / ``experts.<e>.down.*`` (global expert ids),
+    ``shared_expert.*`` and ``shared_expert_gate_weight`` where the model has them."""
 
     _op_name = "moe_parallel_mlp"
 
     def __init__(self, impl: "_C.MoEParallelMLP"):
         super().__init__()
         self._impl = impl
-        self.router_weight = _as_parameter(impl.router_weight)
-        self.gate_up_weight = _as_parameter(impl.gate_up_weight)
-        self.down_weight = _as_parameter(impl.down_weight)
+        for name, tensor in impl.named_parameters():
+            _owner(self, name).register_parameter(name.rsplit(".", 1)[-1], _as_parameter(tensor))
+        for name, tensor in impl.named_buffers():
+            _owner(self, name).register_buffer(name.rsplit(".", 1)[-1], tensor)
         ops.handle(self)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return torch.ops.tp.moe_parallel_mlp(self._op_handle, input,
-                                                 [self.router_weight, self.gate_up_weight, self.down_weight])
+            return torch.ops.tp.moe_parallel_mlp(self._op_handle, input, list(self.parameters()))
         return self._impl.forward(input)
 
     def route(self, input: torch.Tensor):
         """(weights [tokens, top_k], expert ids [tokens, top_k]) for tokens [tokens, hidden]."""
         return self._impl.route(input)
+
+    @property
+    def local_experts(self):
+        """(begin, end): the experts this rank holds."""
+        return self._impl.local_experts
 
     def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(input)
@@ -101,6 +109,18 @@ class MoEParallelMLP(nn.Module):
     def extra_repr(self) -> str:
         text = repr(self._impl).splitlines()[0]
         return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
+
+
+def _owner(module: nn.Module, name: str) -> nn.Module:
+    """The module that holds the tensor ``name`` ("experts.3.gate_up.weight") under
+    ``module``, its plain nn.Module parents made on the way (as the C++ children are)."""
+    for part in name.split(".")[:-1]:
+        child = module._modules.get(part)
+        if child is None:
+            child = nn.Module()
+            module.add_module(part, child)
+        module = child
+    return module
 
 
 _ACTIVATIONS = {
@@ -229,20 +249,22 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str, *, dtype: Optional[torch.dtype] = None, pad_vocab_to_multiple_of: int = 1,
-                        num_layers: int = 0, expert_parallel: bool = False,
+                        num_layers: int = 0, expert_parallel: Union[bool, int] = False,
                         group: Optional["dist.ProcessGroup"] = None,
                         communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
         ``group`` (default: the default process group, or one rank without one).
         ``num_layers`` > 0 keeps only the first layers (their tensors alone are read).
-        ``expert_parallel``: a mixture of experts' experts distributed over the ranks (each
-        rank reads only its experts) instead of each split over them.
+        ``expert_parallel``: how a mixture of experts' experts are split. False (1): each
+        split over every rank (expert tensor parallelism); True: distributed over the ranks,
+        each whole on one (expert parallelism: each rank reads only its experts); an integer
+        n dividing the world size: n groups of ranks, each splitting its share of experts.
         Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
-        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers,
-                                               expert_parallel))
+        ep = (0 if expert_parallel else 1) if isinstance(expert_parallel, bool) else int(expert_parallel)
+        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep))
 
     def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0):
         """ids int64 [batch, seq] (the same on every rank) -> local logits. With a cache the

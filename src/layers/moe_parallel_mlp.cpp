@@ -5,9 +5,13 @@
 
 #include <cmath>
 
+#include "layers/layer_common.h"
+#include "layers/moe_checkpoint.h"
+#include "layers/moe_expert.h"
+#include "layers/strict_load.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
-#include "tp/loader/load_shard.h"
+#include "tp/quant/quant_method.h"
 #include "tp/shard/split.h"
 
 namespace tp {
@@ -16,27 +20,41 @@ namespace {
 
 constexpr const char* kLayer = "MoEParallelMLP";
 
-at::Tensor activation(const std::string& name, const at::Tensor& x) {
-  if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_tanh") return at::gelu(x, "tanh");
-  return at::silu(x);
-}
-
-std::string expert_name(const std::string& prefix, int64_t e, const std::string& part) {
-  return prefix + ".experts." + std::to_string(e) + "." + part + ".weight";
-}
-
-// `name`'s source, checked to be [rows, cols] of a floating dtype.
-const TensorSource& checked(const Checkpoint& checkpoint, const std::string& name, int64_t rows, int64_t cols) {
+// A mirrored tensor's source, checked to be `shape` of a float dtype (float8 codes would
+// be read as values).
+const TensorSource& checked(const Checkpoint& checkpoint, const std::string& name, std::vector<int64_t> shape) {
   const auto& source = checkpoint.get(name, kLayer);
-  TORCH_CHECK_VALUE(c10::IntArrayRef(source.shape()) == c10::IntArrayRef({rows, cols}), kLayer, ": tensor '", name,
-                    "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", rows, ", ", cols, "]");
-  TORCH_CHECK_TYPE(at::isFloatingType(source.dtype()) && !at::isFloat8Type(source.dtype()), kLayer, ": tensor '", name,
-                   "' has dtype ", source.dtype(), "; quantized experts are not supported yet");
+  TORCH_CHECK_VALUE(source.shape() == shape, kLayer, ": tensor '", name, "' has shape ",
+                    c10::IntArrayRef(source.shape()), "; expected ", c10::IntArrayRef(shape));
+  const auto t = source.dtype();
+  TORCH_CHECK_TYPE(t == at::kDouble || t == at::kFloat || t == at::kHalf || t == at::kBFloat16, kLayer, ": tensor '",
+                   name, "' has dtype ", t,
+                   "; the router and the shared expert's gate are stored unquantized "
+                   "(float64, float32, float16 or bfloat16)");
   return source;
 }
 
+// Every tensor under `prefix`, looked up so that this rank's strict check counts it as
+// read: tensors another rank reads and checks (its experts), whose errors reach this
+// rank through run_collectively.
+void leave_to_other_ranks(const Checkpoint& checkpoint, const std::string& prefix) {
+  for (const auto& name : checkpoint.names_with_prefix(prefix)) checkpoint.get(name, kLayer);
+}
+
+// One rank's place in the expert grid: its experts and its slice of each.
+struct Placement {
+  Range experts, range;
+};
+
 }  // namespace
+
+const char* to_string(ExpertLayout layout) {
+  switch (layout) {
+    case ExpertLayout::kPerExpert: return "per_expert";
+    case ExpertLayout::kFused: return "fused";
+  }
+  return "?";
+}
 
 MoEParallelMLPOptions::MoEParallelMLPOptions(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts,
                                              int64_t top_k)
@@ -47,29 +65,81 @@ MoEParallelMLPImpl::MoEParallelMLPImpl(MoEParallelMLPOptions options_, Communica
   reset();
 }
 
+namespace {
+
+// The intermediate dimension's split: whole quant groups / blocks of both the column
+// (gate/up rows) and the row (down columns) side.
+SplitPolicy expert_split(const QuantConfig& quant) {
+  return SplitPolicy{}.with_granularity(
+      combine_granularity(tp_alignment(quant, ShardMode::kColumn), tp_alignment(quant, ShardMode::kRow)));
+}
+
+Placement placement(const MoEParallelMLPOptions& o, int64_t ep, int64_t world, int64_t rank) {
+  const int64_t per_group = world / ep;
+  return {split_for_rank(o.num_experts(), ep, rank / per_group, {}, std::string(kLayer) + " experts"),
+          split_for_rank(o.intermediate_size(), per_group, rank % per_group, expert_split(o.quant()),
+                         std::string(kLayer) + " intermediate_size")};
+}
+
+}  // namespace
+
 void MoEParallelMLPImpl::reset() {
   run_collectively(comm, std::string(kLayer) + " construction", [&] {
     const auto& o = options;
-    TORCH_CHECK_VALUE(o.hidden_size() > 0 && o.intermediate_size() > 0 && o.num_experts() > 0, kLayer,
-                      ": hidden_size, intermediate_size and num_experts must be positive; got ", o.hidden_size(), ", ",
-                      o.intermediate_size(), ", ", o.num_experts());
-    TORCH_CHECK_VALUE(o.top_k() >= 1 && o.top_k() <= o.num_experts(), kLayer, ": top_k=", o.top_k(),
-                      " must be in [1, num_experts=", o.num_experts(), "]");
-    TORCH_CHECK_VALUE(o.activation() == "silu" || o.activation() == "gelu" || o.activation() == "gelu_tanh", kLayer,
-                      ": activation \"", o.activation(), "\"; expected silu, gelu or gelu_tanh");
-    if (o.expert_parallel()) {
-      experts_ = split_for_rank(o.num_experts(), comm.world_size(), comm.rank(), {}, std::string(kLayer) + " experts");
-      range_ = {0, o.intermediate_size()};
-    } else {
-      experts_ = {0, o.num_experts()};
-      range_ = split_for_rank(o.intermediate_size(), comm.world_size(), comm.rank(), {},
-                              std::string(kLayer) + " intermediate_size");
-    }
+    detail::check_options(kLayer,
+                          {{"hidden_size", o.hidden_size()},
+                           {"intermediate_size", o.intermediate_size()},
+                           {"num_experts", o.num_experts()}},
+                          o.dtype());
+    check_router_options(o.router(), o.num_experts(), o.top_k(), kLayer);
+    TORCH_CHECK_VALUE(detail::is_expert_activation(o.activation()), kLayer, ": activation \"", o.activation(),
+                      "\"; expected silu, gelu, gelu_tanh or swiglu_oai");
+    TORCH_CHECK_VALUE(o.shared_expert_intermediate_size() >= 0, kLayer,
+                      ": shared_expert_intermediate_size=", o.shared_expert_intermediate_size(),
+                      " must be >= 0 (0: no shared expert)");
+    TORCH_CHECK_VALUE(!o.shared_expert_gate() || o.shared_expert_intermediate_size() > 0, kLayer,
+                      ": shared_expert_gate needs a shared expert (shared_expert_intermediate_size > 0)");
+    const int64_t world = comm.world_size();
+    ep_ = o.expert_parallel_size() == 0 ? world : o.expert_parallel_size();
+    TORCH_CHECK_VALUE(ep_ >= 1 && world % ep_ == 0, kLayer, ": expert_parallel_size=", o.expert_parallel_size(),
+                      " must divide the world size ", world,
+                      " (each expert group is world / expert_parallel_size ranks; 0: one group per rank)");
+    const auto mine = detail::with_layer_context(kLayer, [&] { return placement(o, ep_, world, comm.rank()); });
+    experts_ = mine.experts;
+    range_ = mine.range;
     const auto t = at::TensorOptions(o.dtype()).device(o.device());
-    const int64_t local = experts_.size();
     router_weight = register_parameter("router_weight", at::empty({o.num_experts(), o.hidden_size()}, t));
-    gate_up_weight = register_parameter("gate_up_weight", at::empty({local, 2 * range_.size(), o.hidden_size()}, t));
-    down_weight = register_parameter("down_weight", at::empty({local, o.hidden_size(), range_.size()}, t));
+    router_bias = o.router().bias() ? register_parameter("router_bias", at::empty({o.num_experts()}, t)) : at::Tensor();
+    // A buffer: updated by a balancing rule, not by gradients (DeepSeek-V3); float32 as
+    // transformers keeps it.
+    score_correction_bias =
+        o.router().score_correction_bias()
+            ? register_buffer("score_correction_bias", at::zeros({o.num_experts()}, t.dtype(at::kFloat)))
+            : at::Tensor();
+    auto experts = register_module("experts", std::make_shared<torch::nn::Module>("tp::MoEExperts"));
+    experts_shards_.clear();
+    const bool adds_down_bias = rank_in_expert_group() == 0;
+    for (int64_t e = experts_.begin; e < experts_.end; ++e) {
+      experts_shards_.push_back(std::make_shared<detail::ExpertShard>(*experts, std::to_string(e), o.hidden_size(),
+                                                                      o.intermediate_size(), range_, o.quant(),
+                                                                      o.expert_bias(), adds_down_bias, t));
+    }
+    shared_.reset();
+    shared_range_ = {};
+    if (o.shared_expert_intermediate_size() > 0) {
+      shared_range_ = detail::with_layer_context(kLayer, [&] {
+        return split_for_rank(o.shared_expert_intermediate_size(), world, comm.rank(),
+                              expert_split(o.shared_expert_quant()),
+                              std::string(kLayer) + " shared_expert_intermediate_size");
+      });
+      shared_ = std::make_shared<detail::ExpertShard>(*this, "shared_expert", o.hidden_size(),
+                                                      o.shared_expert_intermediate_size(), shared_range_,
+                                                      o.shared_expert_quant(), /*bias=*/false,
+                                                      /*adds_down_bias=*/false, t);
+    }
+    shared_expert_gate_weight =
+        o.shared_expert_gate() ? register_parameter("shared_expert_gate_weight", at::empty({1, o.hidden_size()}, t))
+                               : at::Tensor();
     reset_parameters();
   });
 }
@@ -78,38 +148,59 @@ void MoEParallelMLPImpl::reset_parameters() {
   // As torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) (each rank draws its own slices).
   at::NoGradGuard no_grad;
   const double h = 1.0 / std::sqrt(static_cast<double>(options.hidden_size()));
-  const double i = 1.0 / std::sqrt(static_cast<double>(options.intermediate_size()));
   router_weight.uniform_(-h, h);
-  gate_up_weight.uniform_(-h, h);
-  down_weight.uniform_(-i, i);
+  if (router_bias.defined()) router_bias.uniform_(-h, h);
+  if (shared_expert_gate_weight.defined()) shared_expert_gate_weight.uniform_(-h, h);
+  for (auto& e : experts_shards_) e->reset_parameters();
+  if (shared_) shared_->reset_parameters();
+}
+
+std::shared_ptr<torch::nn::Module> MoEParallelMLPImpl::clone(const std::optional<at::Device>& device) const {
+  // A fresh layer of the same options (collective, as the construction is), then every
+  // parameter and buffer copied by name: the experts' tensors live in child modules that
+  // the layer's reset() makes, so the default Cloneable copy would leave them fresh.
+  at::NoGradGuard no_grad;
+  auto copy = std::make_shared<MoEParallelMLPImpl>(options, comm);
+  auto params = copy->named_parameters();
+  for (const auto& p : named_parameters()) {
+    params[p.key()].set_data(device && p.value().device() != *device ? p.value().to(*device) : p.value().clone());
+  }
+  auto buffers = copy->named_buffers();
+  for (const auto& b : named_buffers()) {
+    buffers[b.key()].set_data(device && b.value().device() != *device ? b.value().to(*device) : b.value().clone());
+  }
+  return copy;
+}
+
+std::string MoEParallelMLPImpl::quant_name() const {
+  return experts_shards_.empty() ? to_string(options.quant()) : experts_shards_.front()->method().name();
 }
 
 void MoEParallelMLPImpl::pretty_print(std::ostream& stream) const {
-  stream << "tp::MoEParallelMLP(hidden_size=" << options.hidden_size()
-         << ", intermediate_size=" << options.intermediate_size() << ", experts=" << options.num_experts()
-         << ", top_k=" << options.top_k()
-         << (options.expert_parallel() ? ", expert_parallel, local_experts=" : ", local_intermediate=")
-         << (options.expert_parallel() ? experts_ : range_) << ", rank=" << comm.rank() << "/" << comm.world_size()
-         << ")";
+  const auto& o = options;
+  stream << "tp::MoEParallelMLP(hidden_size=" << o.hidden_size() << ", intermediate_size=" << o.intermediate_size()
+         << ", experts=" << o.num_experts() << ", top_k=" << o.top_k();
+  if (o.router().scoring() != MoEScoring::kSoftmax) stream << ", scoring=" << to_string(o.router().scoring());
+  stream << ", expert_parallel=" << ep_ << ", local_experts=" << experts_ << ", local_intermediate=" << range_;
+  if (shared_) stream << ", shared_expert=" << o.shared_expert_intermediate_size();
+  if (o.expert_bias()) stream << ", expert_bias=true";
+  if (o.quant().format != QuantFormat::kNone) stream << ", quant=" << quant_name();
+  stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
 
 std::pair<at::Tensor, at::Tensor> MoEParallelMLPImpl::route(const at::Tensor& x) const {
-  // transformers' TopKRouter: the softmax in float32 whatever the dtype, top-k, the
-  // weights renormalised in float32, cast back only where the model does.
-  const at::Tensor logits = at::linear(x, router_weight);
-  const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
-  auto [weights, experts] = at::topk(probs, options.top_k(), -1);
-  if (options.normalize_top_k()) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  if (options.weights_in_input_dtype()) weights = weights.to(logits.scalar_type());
-  return {weights, experts};
+  const auto& r = options.router();
+  at::Tensor logits =
+      r.logits_in_float32() ? at::linear(x.to(at::kFloat), router_weight.to(at::kFloat)) : at::linear(x, router_weight);
+  if (router_bias.defined()) logits = logits + router_bias.to(logits.scalar_type());
+  return moe_route(logits, score_correction_bias, options.top_k(), r, x.scalar_type());
 }
 
 at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
-  TORCH_CHECK_VALUE(x_in.defined() && x_in.dim() >= 1 && x_in.size(-1) == options.hidden_size(), kLayer,
-                    ": input of shape ", x_in.defined() ? x_in.sizes() : c10::IntArrayRef{}, "; expected [..., ",
-                    options.hidden_size(), "]");
+  detail::check_input(kLayer, x_in, options.hidden_size(), "hidden_size", options.dtype(), options.device());
   const at::Tensor x = x_in.reshape({-1, options.hidden_size()});
-  const int64_t tokens = x.size(0), k = options.top_k(), local = range_.size();
+  const int64_t tokens = x.size(0), k = options.top_k();
+  const detail::ExpertActivation act{options.activation(), options.swiglu_alpha(), options.swiglu_limit()};
   auto [weights, experts] = route(x);
   // The weights are mirrored; each rank's partial output depends on them: their gradient
   // is the sum of every rank's part (copy_to_parallel's backward), as the input's is. The
@@ -120,76 +211,178 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
   weights = copy_to_parallel(weights, comm);
   const at::Tensor xp = copy_to_parallel(x, comm);
   at::Tensor out = at::zeros_like(x);
-  if (local > 0 && experts_.size() > 0 && tokens > 0) {
-    // Grouped: the (token, slot) pairs sorted by expert, one GEMM pair per expert that
-    // has tokens (ascending, as transformers adds them).
+  if (!experts_shards_.empty() && tokens > 0) {
+    // Grouped: the (token, slot) pairs sorted by expert, one pass per expert this rank
+    // holds that has tokens (ascending, as transformers adds them).
     const at::Tensor flat = experts.reshape({-1});
     const at::Tensor order = at::argsort(flat, /*stable=*/true);
     const auto counts = at::bincount(flat, {}, options.num_experts()).cpu();
     const auto* count = counts.data_ptr<int64_t>();
     int64_t begin = 0;
     for (int64_t e = 0; e < options.num_experts(); ++e) {
-      const int64_t n = count[e];
-      const int64_t start = begin;
+      const int64_t n = count[e], start = begin;
       begin += n;
-      if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another rank's expert
+      if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another group's expert
       const at::Tensor pairs = order.narrow(0, start, n);
-      const int64_t le = e - experts_.begin;
       const at::Tensor token = at::floor_divide(pairs, k), slot = at::remainder(pairs, k);
-      const at::Tensor gate_up = at::linear(xp.index_select(0, token), gate_up_weight[le]);
-      const at::Tensor h =
-          activation(options.activation(), gate_up.narrow(-1, 0, local)) * gate_up.narrow(-1, local, local);
-      const at::Tensor y = at::linear(h, down_weight[le]) * weights.index({token, slot}).unsqueeze(-1);
+      const at::Tensor y =
+          experts_shards_[static_cast<size_t>(e - experts_.begin)]->forward(xp.index_select(0, token), act) *
+          weights.index({token, slot}).unsqueeze(-1);
       out = out.index_add(0, token, y.to(out.scalar_type()));
     }
+  }
+  if (shared_) {
+    at::Tensor shared = shared_->forward(xp, act);
+    if (shared_expert_gate_weight.defined()) {
+      // The gate is mirrored; its gradient, like the routing weights', sums every rank's part.
+      shared = shared * copy_to_parallel(at::sigmoid(at::linear(x, shared_expert_gate_weight)), comm);
+    }
+    out = out + shared;
   }
   return reduce_from_parallel(out, comm).reshape(x_in.sizes());
 }
 
 void MoEParallelMLPImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix,
                                       const MoECheckpointLayout& layout) {
+  const auto& o = options;
+  const std::string what = std::string(kLayer) + " '" + prefix + "' (" + to_string(layout.experts()) + " experts)";
+  const bool fused = layout.experts() == ExpertLayout::kFused;
+  const detail::MoEShape shape{o.hidden_size(), o.intermediate_size(), o.num_experts()};
   run_collectively(comm, std::string(kLayer) + ".load_weights", [&] {
-    at::NoGradGuard no_grad;
-    const int64_t hidden = options.hidden_size(), inter = options.intermediate_size(), local = range_.size();
-    const std::string router = prefix + "." + layout.router_name() + ".weight";
-    router_weight.copy_(checked(checkpoint, router, options.num_experts(), hidden).read_all());
-    // Every expert's tensors are checked (a missing one is an error on every rank); only
-    // this rank's experts, and only its slices of them, are read.
-    for (int64_t e = 0; e < options.num_experts(); ++e) {
-      const auto& gate = checked(checkpoint, expert_name(prefix, e, layout.gate_name()), inter, hidden);
-      const auto& up = checked(checkpoint, expert_name(prefix, e, layout.up_name()), inter, hidden);
-      const auto& down = checked(checkpoint, expert_name(prefix, e, layout.down_name()), hidden, inter);
-      if (e < experts_.begin || e >= experts_.end) continue;
-      const int64_t le = e - experts_.begin;
-      gate_up_weight[le].narrow(0, 0, local).copy_(load_shard(gate, ShardMode::kColumn, range_, {}, kLayer));
-      gate_up_weight[le].narrow(0, local, local).copy_(load_shard(up, ShardMode::kColumn, range_, {}, kLayer));
-      down_weight[le].copy_(load_shard(down, ShardMode::kRow, range_, {}, kLayer));
-    }
+    TORCH_CHECK_VALUE(!fused || splits_by_rows(o.quant()), what, ": experts in ", to_string(o.quant()),
+                      " cannot be read from a fused layout (their tensors are not one row per output feature, so "
+                      "an expert's gate and up halves cannot be cut from the stacked tensor); the per-expert layout "
+                      "takes every format");
+    const detail::LayerFacts facts{what, o.expert_bias(), quant_name(), o.quant().format == QuantFormat::kNone};
+    detail::load_strictly(checkpoint, {prefix}, facts, [&](const Checkpoint& ckpt) {
+      at::NoGradGuard no_grad;
+      const std::string router = prefix + "." + layout.router_name();
+      router_weight.copy_(checked(ckpt, router + ".weight", {o.num_experts(), o.hidden_size()}).read_all());
+      if (router_bias.defined()) router_bias.copy_(checked(ckpt, router + ".bias", {o.num_experts()}).read_all());
+      if (score_correction_bias.defined()) {
+        score_correction_bias.copy_(checked(ckpt, router + ".e_score_correction_bias", {o.num_experts()}).read_all());
+      }
+      // This rank's experts, each through its methods (which check the tensors and read
+      // only this rank's slices). Another group's experts are that group's to read.
+      if (fused && experts_.empty()) leave_to_other_ranks(ckpt, prefix + ".experts.");
+      for (int64_t e = 0; e < o.num_experts(); ++e) {
+        const bool mine = e >= experts_.begin && e < experts_.end;
+        if (!fused && !mine) leave_to_other_ranks(ckpt, detail::expert_name_prefix(prefix, e));
+        if (!mine) continue;
+        auto& shard = *experts_shards_[static_cast<size_t>(e - experts_.begin)];
+        if (fused) {
+          const auto view = detail::fused_expert_view(ckpt, prefix, layout, shape, e, what);
+          shard.load(view.checkpoint, view.prefixes, what);
+        } else {
+          shard.load(ckpt, detail::per_expert_prefixes(prefix, layout, e), what);
+        }
+      }
+      if (shared_) {
+        const std::string s = prefix + "." + layout.shared_expert_name() + ".";
+        shared_->load(ckpt, {s + "gate_proj", s + "up_proj", s + "down_proj"}, what);
+      }
+      if (shared_expert_gate_weight.defined()) {
+        shared_expert_gate_weight.copy_(
+            checked(ckpt, prefix + "." + layout.shared_expert_gate_name() + ".weight", {1, o.hidden_size()})
+                .read_all());
+      }
+    });
   });
 }
 
 std::map<std::string, at::Tensor> MoEParallelMLPImpl::gather_weights(const std::string& prefix,
                                                                      const MoECheckpointLayout& layout) const {
+  const auto& o = options;
+  const std::string what = std::string(kLayer) + " '" + prefix + "'";
   at::NoGradGuard no_grad;
-  // Expert parallel: the experts along dim 0; else every expert's slices, [E, I, H] along
-  // dim 1 for gate and up, [E, H, I] along dim 2 for down.
-  const bool ep = options.expert_parallel();
+  const int64_t world = comm.world_size(), per_group = world / ep_, hidden = o.hidden_size();
+  const bool bias = o.expert_bias();
+  // Every rank's pieces in one flat buffer (its experts in order; each expert's gate
+  // rows, up rows, down columns, biases), one all-gather, then each expert put together
+  // from its group's ranks in order.
+  const auto piece_numel = [&](int64_t r) { return 2 * r * hidden + hidden * r + (bias ? 2 * r + hidden : 0); };
+  std::vector<Placement> places;
   std::vector<int64_t> sizes;
-  for (const auto& r : split(ep ? options.num_experts() : options.intermediate_size(), comm.world_size()))
-    sizes.push_back(r.size());
-  const int64_t local = range_.size();
-  const auto gather = [&](const at::Tensor& t, int64_t dim) {
-    return comm.world_size() == 1 ? t.clone() : comm.all_gather(t.contiguous(), ep ? 0 : dim, sizes);
-  };
-  const at::Tensor gate = gather(gate_up_weight.narrow(1, 0, local), 1);
-  const at::Tensor up = gather(gate_up_weight.narrow(1, local, local), 1);
-  const at::Tensor down = gather(down_weight, 2);
-  std::map<std::string, at::Tensor> out{{prefix + "." + layout.router_name() + ".weight", router_weight.clone()}};
-  for (int64_t e = 0; e < options.num_experts(); ++e) {
-    out[expert_name(prefix, e, layout.gate_name())] = gate[e].contiguous();
-    out[expert_name(prefix, e, layout.up_name())] = up[e].contiguous();
-    out[expert_name(prefix, e, layout.down_name())] = down[e].contiguous();
+  for (int64_t r = 0; r < world; ++r) {
+    places.push_back(placement(o, ep_, world, r));
+    sizes.push_back(places.back().experts.size() * piece_numel(places.back().range.size()));
   }
+  std::vector<at::Tensor> flat;
+  for (const auto& shard : experts_shards_) {
+    for (const auto& t : shard->local_pieces(what)) flat.push_back(t.reshape({-1}));
+  }
+  const auto t = at::TensorOptions(o.dtype()).device(o.device());
+  const at::Tensor local = flat.empty() ? at::empty({0}, t) : at::cat(flat);
+  const at::Tensor all = world == 1 ? local : comm.all_gather(local, 0, sizes);
+  std::vector<detail::ExpertTensors> experts(static_cast<size_t>(o.num_experts()));
+  std::vector<std::vector<detail::ExpertTensors>> pieces(static_cast<size_t>(o.num_experts()));
+  int64_t offset = 0;
+  for (int64_t r = 0; r < world; ++r) {
+    const int64_t n = places[r].range.size();
+    for (int64_t e = places[r].experts.begin; e < places[r].experts.end; ++e) {
+      const auto take = [&](std::vector<int64_t> shape) {
+        int64_t numel = 1;
+        for (const auto s : shape) numel *= s;
+        at::Tensor piece = all.narrow(0, offset, numel).view(shape);
+        offset += numel;
+        return piece;
+      };
+      detail::ExpertTensors p;
+      p.gate = take({n, hidden});
+      p.up = take({n, hidden});
+      p.down = take({hidden, n});
+      if (bias) {
+        p.gate_bias = take({n});
+        p.up_bias = take({n});
+        p.down_bias = take({hidden});
+      }
+      pieces[static_cast<size_t>(e)].push_back(p);
+    }
+  }
+  TORCH_INTERNAL_ASSERT(offset == all.numel(), what, ": gathered ", all.numel(), " elements, used ", offset);
+  for (size_t e = 0; e < pieces.size(); ++e) {
+    const auto& ps = pieces[e];
+    TORCH_INTERNAL_ASSERT(static_cast<int64_t>(ps.size()) == per_group, what, ": expert ", e, " has ", ps.size(),
+                          " pieces; expected ", per_group);
+    const auto cat = [&](at::Tensor detail::ExpertTensors::*member, int64_t dim) {
+      std::vector<at::Tensor> parts;
+      for (const auto& p : ps) parts.push_back(p.*member);
+      return at::cat(parts, dim).contiguous();
+    };
+    auto& x = experts[e];
+    x.gate = cat(&detail::ExpertTensors::gate, 0);
+    x.up = cat(&detail::ExpertTensors::up, 0);
+    x.down = cat(&detail::ExpertTensors::down, 1);
+    if (bias) {
+      x.gate_bias = cat(&detail::ExpertTensors::gate_bias, 0);
+      x.up_bias = cat(&detail::ExpertTensors::up_bias, 0);
+      x.down_bias = ps.front().down_bias.clone();
+    }
+  }
+  auto out = detail::expert_checkpoint_tensors(prefix, layout, experts);
+  const std::string router = prefix + "." + layout.router_name();
+  out[router + ".weight"] = router_weight.clone();
+  if (router_bias.defined()) out[router + ".bias"] = router_bias.clone();
+  if (score_correction_bias.defined()) out[router + ".e_score_correction_bias"] = score_correction_bias.clone();
+  if (shared_) {
+    // The shared expert's slices over every rank.
+    const auto mine = shared_->local_pieces(what);
+    std::vector<int64_t> shared_sizes;
+    for (int64_t r = 0; r < world; ++r) {
+      const auto range =
+          split_for_rank(o.shared_expert_intermediate_size(), world, r, expert_split(o.shared_expert_quant()));
+      shared_sizes.push_back(range.size());
+    }
+    const auto gather = [&](const at::Tensor& piece, int64_t dim) {
+      return world == 1 ? piece.clone() : comm.all_gather(piece.contiguous(), dim, shared_sizes);
+    };
+    const std::string s = prefix + "." + layout.shared_expert_name() + ".";
+    out[s + "gate_proj.weight"] = gather(mine[0], 0);
+    out[s + "up_proj.weight"] = gather(mine[1], 0);
+    out[s + "down_proj.weight"] = gather(mine[2], 1);
+  }
+  if (shared_expert_gate_weight.defined())
+    out[prefix + "." + layout.shared_expert_gate_name() + ".weight"] = shared_expert_gate_weight.clone();
   return out;
 }
 

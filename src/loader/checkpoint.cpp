@@ -95,7 +95,12 @@ Checkpoint::Checkpoint() : sources_(std::make_shared<Sources>()) {}
 
 void Checkpoint::add(std::shared_ptr<const TensorSource> source) {
   TORCH_CHECK_VALUE(source != nullptr, "Checkpoint::add: null source");
-  const auto& name = source->name();
+  const std::string name = source->name();
+  add(name, std::move(source));
+}
+
+void Checkpoint::add(const std::string& name, std::shared_ptr<const TensorSource> source) {
+  TORCH_CHECK_VALUE(source != nullptr, "Checkpoint::add: null source for '", name, "'");
   TORCH_CHECK_VALUE(!sources_->count(name), "Checkpoint::add: a tensor named '", name, "' is already present");
   if (sources_.use_count() > 1) sources_ = std::make_shared<Sources>(*sources_);  // copies and views keep theirs
   sources_->emplace(name, std::move(source));

@@ -142,6 +142,53 @@ class SafetensorsSource final : public TensorSource {
     return out;
   }
 
+  at::Tensor read_region(const std::vector<Range>& region) const override {
+    check_region_args(*this, region);
+    const auto& shape = entry_.shape;
+    if (shape.empty()) return read(0, {0, 1});
+    const size_t ndim = shape.size(), item = static_cast<size_t>(detail::st_dtype_size(entry_.dtype));
+    std::vector<int64_t> out_shape;
+    for (const auto& r : region) out_shape.push_back(r.size());
+    at::Tensor out = at::empty(out_shape, at::TensorOptions().dtype(dtype_));
+    if (out.numel() == 0) return out;
+    // The dimensions after the last one the region cuts are taken whole, so each run of
+    // contiguous bytes is region[last].size() rows of everything after it; the runs are
+    // visited in file order (an odometer over the dimensions before `last`).
+    size_t last = ndim - 1;
+    while (last > 0 && region[last].begin == 0 && region[last].end == shape[last]) --last;
+    std::vector<size_t> stride(ndim, item);  // bytes between neighbours along each dim
+    for (size_t d = ndim - 1; d-- > 0;) stride[d] = stride[d + 1] * static_cast<size_t>(shape[d + 1]);
+    const size_t run = static_cast<size_t>(region[last].size()) * stride[last];
+    const uint8_t* tensor = file_->mapping->data() + file_->header.data_offset + entry_.begin;
+    const uint8_t* base = tensor + static_cast<size_t>(region[last].begin) * stride[last];
+    std::vector<int64_t> index(last);
+    for (size_t d = 0; d < last; ++d) index[d] = region[d].begin;
+    auto* dst = static_cast<uint8_t*>(out.data_ptr());
+    const Mapping& map = *file_->mapping;
+    const uint8_t* span = nullptr;  // the first mapped byte copied and not yet released
+    const uint8_t* done = nullptr;  // the end of the last run copied
+    while (true) {
+      const uint8_t* src = base;
+      for (size_t d = 0; d < last; ++d) src += static_cast<size_t>(index[d]) * stride[d];
+      std::memcpy(dst, src, run);
+      dst += run;
+      done = src + run;
+      if (!span) span = src;
+      if (static_cast<size_t>(done - span) >= kChunkBytes) {
+        map.release(span, static_cast<size_t>(done - span));
+        span = nullptr;
+      }
+      size_t d = last;
+      while (d > 0 && ++index[d - 1] == region[d - 1].end) {
+        index[d - 1] = region[d - 1].begin;
+        --d;
+      }
+      if (d == 0) break;
+    }
+    if (span) map.release(span, static_cast<size_t>(done - span));
+    return out;
+  }
+
  private:
   // `count` runs of `run` bytes, `stride` apart, into dst back to back; the mapped
   // span already copied is released every kChunkBytes.

@@ -32,6 +32,32 @@ void check_read_args(const TensorSource& source, int64_t dim, Range range) {
                     s[dim], ")");
 }
 
+void check_region_args(const TensorSource& source, const std::vector<Range>& region) {
+  const auto s = source.shape();
+  TORCH_CHECK_VALUE(region.size() == s.size(), "reading tensor '", source.name(), "' of shape ", shape_str(s),
+                    ": a region of ", region.size(), " ranges; expected one per dimension (", s.size(), ")");
+  for (size_t d = 0; d < s.size(); ++d) check_read_args(source, static_cast<int64_t>(d), region[d]);
+}
+
+at::Tensor TensorSource::read_region(const std::vector<Range>& region) const {
+  check_region_args(*this, region);
+  const auto s = shape();
+  if (s.empty()) return read(0, {0, 1});
+  // Read along the dimension that keeps the smallest fraction, then narrow the others.
+  size_t best = 0;
+  for (size_t d = 1; d < s.size(); ++d) {
+    if (region[d].size() * s[best] < region[best].size() * s[d]) best = d;
+  }
+  at::Tensor out = read(static_cast<int64_t>(best), region[best]);
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (d != best) out = out.narrow(static_cast<int64_t>(d), region[d].begin, region[d].size());
+  }
+  // A narrowed slab is a view of the slab's memory: copy the box out so it owns just its bytes.
+  const bool owns =
+      out.is_contiguous() && out.storage().nbytes() == static_cast<size_t>(out.numel()) * out.element_size();
+  return owns ? out : out.clone(at::MemoryFormat::Contiguous);
+}
+
 InMemorySource::InMemorySource(std::string name, at::Tensor tensor)
     : name_(std::move(name)), tensor_(std::move(tensor)) {
   TORCH_CHECK_VALUE(tensor_.defined(), "InMemorySource '", name_, "': the tensor is undefined");
@@ -47,6 +73,15 @@ at::Tensor InMemorySource::read(int64_t dim, Range range) const {
   // clone() so the slice owns its memory: a caller may keep it after the source dies,
   // and only the slice's bytes are copied.
   const auto slice = tensor_.narrow(dim, range.begin, range.size());
+  return slice.is_cpu() ? slice.clone(at::MemoryFormat::Contiguous) : slice.to(at::kCPU).contiguous();
+}
+
+at::Tensor InMemorySource::read_region(const std::vector<Range>& region) const {
+  check_region_args(*this, region);
+  if (tensor_.dim() == 0) return tensor_.to(at::kCPU).clone();
+  at::Tensor slice = tensor_;
+  for (size_t d = 0; d < region.size(); ++d)
+    slice = slice.narrow(static_cast<int64_t>(d), region[d].begin, region[d].size());
   return slice.is_cpu() ? slice.clone(at::MemoryFormat::Contiguous) : slice.to(at::kCPU).contiguous();
 }
 

@@ -17,7 +17,7 @@ CausalLMImpl::CausalLMImpl(ModelConfig config_, CausalLMOptions options_, Commun
 }
 
 void CausalLMImpl::reset() {
-  config.moe.expert_parallel = options.expert_parallel();
+  config.moe.expert_parallel_size = options.expert_parallel_size();
   const auto& c = config;
   dtype = options.dtype() == at::ScalarType::Undefined ? c.dtype : options.dtype();
   const int64_t n_layers = options.num_layers() > 0 ? options.num_layers() : c.num_hidden_layers;
@@ -168,18 +168,22 @@ void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {
 
 std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& folder, CausalLMOptions options,
                                                             Communicator comm) {
-  auto model = std::make_shared<CausalLMImpl>(ModelConfig::from_pretrained(folder), options, std::move(comm));
-  // Strict: every tensor of the folder is read, but those of the layers num_layers leaves out.
+  const Checkpoint checkpoint = open_checkpoint(folder);
+  auto config = ModelConfig::from_pretrained(folder);
+  config.use_expert_layout_of(checkpoint);
+  auto model = std::make_shared<CausalLMImpl>(std::move(config), options, std::move(comm));
+  // Strict: every tensor of the folder is read, but those of the layers num_layers leaves
+  // out and the layers the checkpoint keeps beyond the decoder (GLM's MTP layers).
   auto allow = LoadSessionOptions::default_allow_unread();
   const auto& c = model->config;
-  for (auto i = static_cast<int64_t>(model->layers.size()); i < c.num_hidden_layers; ++i)
+  for (auto i = static_cast<int64_t>(model->layers.size()); i < c.num_hidden_layers + c.extra_layers; ++i)
     allow.push_back(c.layer_prefix(i) + ".*");
   if (c.model_type == ModelType::kGptNeoX) {
     // Older GPT-NeoX files store the attention's constant buffers: the causal mask and its fill value.
     allow.push_back(c.names.layers + ".*.attention.bias");
     allow.push_back(c.names.layers + ".*.attention.masked_bias");
   }
-  const LoadSession session(open_checkpoint(folder), model->comm, LoadSessionOptions().allow_unread(allow));
+  const LoadSession session(checkpoint, model->comm, LoadSessionOptions().allow_unread(allow));
   model->load_weights(session.checkpoint());
   session.finish();
   return model;

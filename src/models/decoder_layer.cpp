@@ -23,6 +23,54 @@ DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::Scal
 
 std::string DecoderLayerImpl::prefix() const { return config.layer_prefix(index); }
 
+namespace {
+
+// The experts' format: one for every expert's gate, up and down (a checkpoint that
+// quantizes them differently is refused, naming the first that differs), and a router
+// stored unquantized.
+QuantConfig moe_quant(const ModelConfig& c, const std::string& block) {
+  const auto& layout = c.names.moe_layout;
+  const std::string router = block + "." + layout.router_name();
+  TORCH_CHECK_VALUE(c.quant_config(router).format == QuantFormat::kNone, block, ": the router '", router,
+                    "' is quantized (", to_string(c.quant_config(router)),
+                    ") by the checkpoint's quantization_config; tp reads an unquantized router (",
+                    c.quantization.describe(), ")");
+  if (layout.experts() == ExpertLayout::kFused) return c.quant_config(block + ".experts");
+  const auto names = [&](int64_t e) {
+    const std::string p = block + ".experts." + std::to_string(e) + ".";
+    return std::vector<std::string>{p + layout.gate_name(), p + layout.up_name(), p + layout.down_name()};
+  };
+  const std::string first = names(0).front();
+  const QuantConfig quant = c.quant_config(first);
+  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+    for (const auto& name : names(e)) {
+      const QuantConfig q = c.quant_config(name);
+      TORCH_CHECK_VALUE(q == quant, block, ": the checkpoint's quantization_config gives '", name, "' ", to_string(q),
+                        " but '", first, "' ", to_string(quant),
+                        "; tp needs one format for every expert's projections (", c.quantization.describe(), ")");
+    }
+  }
+  return quant;
+}
+
+// The shared expert's format (gate, up and down alike).
+QuantConfig shared_expert_quant(const ModelConfig& c, const std::string& block) {
+  if (c.moe.shared_expert_intermediate_size == 0) return {};
+  const std::string p = block + "." + c.names.moe_layout.shared_expert_name() + ".";
+  const QuantConfig quant = c.quant_config(p + "gate_proj");
+  for (const char* name : {"up_proj", "down_proj"}) {
+    TORCH_CHECK_VALUE(c.quant_config(p + name) == quant, block, ": the shared expert's ", name, " is ",
+                      to_string(c.quant_config(p + name)), " but its gate_proj ", to_string(quant),
+                      "; tp needs one format for the shared expert's projections");
+  }
+  const std::string gate = block + "." + c.names.moe_layout.shared_expert_gate_name();
+  TORCH_CHECK_VALUE(!c.moe.shared_expert_gate || c.quant_config(gate).format == QuantFormat::kNone, block,
+                    ": the shared expert's gate '", gate, "' is quantized; tp reads it unquantized");
+  return quant;
+}
+
+}  // namespace
+
 void DecoderLayerImpl::reset() {
   const auto& c = config;
   const std::string p = prefix();
@@ -45,16 +93,16 @@ void DecoderLayerImpl::reset() {
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   if (c.is_moe(index)) {
     TORCH_CHECK_VALUE(!c.parallel_residual, p, ": a mixture of experts under the parallel residual is not supported");
-    TORCH_CHECK_VALUE(opts.gate_up.quant().format == QuantFormat::kNone &&
-                          c.quant_config(prefix() + "." + c.names.moe).format == QuantFormat::kNone,
-                      p, ": quantized experts are not supported yet (", c.quantization.describe(), ")");
     const auto& m = c.moe;
     moe = register_module(
         "moe", MoEParallelMLP(MoEParallelMLPOptions(c.hidden_size, m.intermediate_size, m.num_experts, m.top_k)
-                                  .normalize_top_k(m.normalize_top_k)
-                                  .weights_in_input_dtype(m.weights_in_input_dtype)
-                                  .expert_parallel(m.expert_parallel)
+                                  .router(m.router)
+                                  .expert_parallel_size(m.expert_parallel_size)
+                                  .quant(moe_quant(c, moe_prefix()))
                                   .activation(to_string(c.hidden_act))
+                                  .shared_expert_intermediate_size(m.shared_expert_intermediate_size)
+                                  .shared_expert_gate(m.shared_expert_gate)
+                                  .shared_expert_quant(shared_expert_quant(c, moe_prefix()))
                                   .dtype(dtype)
                                   .device(device),
                               comm));
@@ -156,14 +204,7 @@ at::Tensor activation(Activation act, const at::Tensor& x) {
 
 std::string DecoderLayerImpl::moe_prefix() const { return prefix() + "." + config.names.moe; }
 
-MoECheckpointLayout DecoderLayerImpl::moe_layout() const {
-  const auto& n = config.names;
-  return MoECheckpointLayout()
-      .router_name(n.router)
-      .gate_name(n.expert_gate)
-      .up_name(n.expert_up)
-      .down_name(n.expert_down);
-}
+MoECheckpointLayout DecoderLayerImpl::moe_layout() const { return config.names.moe_layout; }
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
   if (!moe.is_empty()) return moe->forward(x);

@@ -25,7 +25,9 @@ const char* to_string(ModelType type) {
     case ModelType::kGemma2: return "gemma2";
     case ModelType::kGemma3: return "gemma3_text";
     case ModelType::kMixtral: return "mixtral";
+    case ModelType::kQwen2Moe: return "qwen2_moe";
     case ModelType::kQwen3Moe: return "qwen3_moe";
+    case ModelType::kGlm4Moe: return "glm4_moe";
   }
   return "?";
 }
@@ -82,7 +84,7 @@ constexpr Family kFamilies[] = {
     {"llama", ModelType::kLlama},        {"qwen2", ModelType::kQwen2},        {"qwen3", ModelType::kQwen3},
     {"mistral", ModelType::kMistral},    {"phi3", ModelType::kPhi3},          {"gpt_neox", ModelType::kGptNeoX},
     {"gemma2", ModelType::kGemma2},      {"gemma3_text", ModelType::kGemma3}, {"mixtral", ModelType::kMixtral},
-    {"qwen3_moe", ModelType::kQwen3Moe},
+    {"qwen2_moe", ModelType::kQwen2Moe}, {"qwen3_moe", ModelType::kQwen3Moe}, {"glm4_moe", ModelType::kGlm4Moe},
 };
 
 ModelType parse_model_type(const ConfigFields& f) {

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "models/config_fields.h"
+#include "tp/loader/checkpoint.h"
 
 namespace tp::detail {
 namespace {
@@ -326,31 +327,24 @@ void read_mixtral(const ConfigFields& f, ModelConfig& c) {
   m.top_k = f.required_positive("num_experts_per_tok");
   if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds num_local_experts");
   m.intermediate_size = c.intermediate_size;
+  m.router.normalize_top_k(true);
   m.layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
-  auto& n = c.names;
-  n.moe = "block_sparse_moe";
-  n.expert_gate = "w1";
-  n.expert_up = "w3";
-  n.expert_down = "w2";
+  c.names.moe = "block_sparse_moe";
+  c.names.moe_layout.gate_name("w1").up_name("w3").down_name("w2");
 }
 
-// Qwen3-MoE: Qwen3's attention (q/k norms); layer i's MLP is a mixture of experts unless
-// it is in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step.
-void read_qwen3_moe(const ConfigFields& f, ModelConfig& c) {
-  read_llama_like(f, c);
-  c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
-  c.qk_norm = true;
-  refuse_sliding(f);
-  parse_rope(f, c);
+// The Qwen-MoE experts (Qwen2-MoE, Qwen3-MoE): num_experts (transformers 5:
+// num_local_experts), top-k of a float32 softmax renormalised by norm_topk_prob and cast
+// to the model's dtype; layer i's MLP is a mixture of experts unless it is in
+// mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step.
+void read_qwen_moe_experts(const ConfigFields& f, ModelConfig& c) {
   auto& m = c.moe;
-  // transformers 5 writes num_local_experts, 4.x num_experts.
   const char* experts = f.has("num_local_experts") ? "num_local_experts" : "num_experts";
   m.num_experts = f.required_positive(experts);
   m.top_k = f.required_positive("num_experts_per_tok");
   if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", std::string("exceeds ") + experts);
   m.intermediate_size = f.required_positive("moe_intermediate_size");
-  m.normalize_top_k = f.boolean("norm_topk_prob", false);
-  m.weights_in_input_dtype = true;
+  m.router.normalize_top_k(f.boolean("norm_topk_prob", false)).weights_in_input_dtype(true);
   const int64_t step = f.integer("decoder_sparse_step", 1);
   if (step < 1) f.fail("decoder_sparse_step", "must be >= 1");
   std::vector<int64_t> dense;
@@ -364,6 +358,71 @@ void read_qwen3_moe(const ConfigFields& f, ModelConfig& c) {
   m.layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     m.layers[static_cast<size_t>(i)] = std::find(dense.begin(), dense.end(), i) == dense.end() && (i + 1) % step == 0;
+}
+
+// Qwen2-MoE: Qwen2's attention (q/k/v biased by qkv_bias), the Qwen-MoE experts, and a
+// shared expert every token goes through (shared_expert_intermediate_size), scaled by a
+// sigmoid gate (shared_expert_gate [1, hidden]).
+void read_qwen2_moe(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = f.boolean("qkv_bias", true);
+  refuse_sliding(f);
+  parse_rope(f, c);
+  read_qwen_moe_experts(f, c);
+  c.moe.shared_expert_intermediate_size = f.required_positive("shared_expert_intermediate_size");
+  c.moe.shared_expert_gate = true;
+}
+
+// Qwen3-MoE: Qwen3's attention (q/k norms) and the Qwen-MoE experts.
+void read_qwen3_moe(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+  c.qk_norm = true;
+  refuse_sliding(f);
+  parse_rope(f, c);
+  read_qwen_moe_experts(f, c);
+}
+
+// GLM-4.5 / GLM-4.6 (glm4_moe): q/k/v biased by attention_bias, optional q/k norms
+// (use_qk_norm), partial rotary; the first first_k_dense_replace layers dense, the rest a
+// mixture of n_routed_experts with DeepSeek-V3's routing (sigmoid scores, a correction
+// bias to choose, n_group groups of which topk_group, routed_scaling_factor; logits in
+// float32) and n_shared_experts shared experts as one MLP of n_shared_experts x
+// moe_intermediate_size (shared_experts, no gate).
+void read_glm4_moe(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.qkv_bias = f.boolean("attention_bias", false);
+  c.qk_norm = f.boolean("use_qk_norm", false);
+  refuse_sliding(f);
+  parse_rope(f, c);
+  auto& m = c.moe;
+  m.num_experts = f.required_positive("n_routed_experts");
+  m.top_k = f.required_positive("num_experts_per_tok");
+  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds n_routed_experts");
+  m.intermediate_size = f.required_positive("moe_intermediate_size");
+  const int64_t groups = f.integer("n_group", 1), top_groups = f.integer("topk_group", 1);
+  if (groups < 1 || m.num_experts % groups != 0) f.fail("n_group", "must be >= 1 and divide n_routed_experts");
+  if (top_groups < 1 || top_groups > groups) f.fail("topk_group", "must be in [1, n_group]");
+  m.router.scoring(MoEScoring::kSigmoid)
+      .logits_in_float32(true)
+      .score_correction_bias(true)
+      .num_groups(groups)
+      .top_k_groups(top_groups)
+      .normalize_top_k(f.boolean("norm_topk_prob", true))
+      .scaling_factor(f.number("routed_scaling_factor", 1.0));
+  if (!(m.router.scaling_factor() > 0)) f.fail("routed_scaling_factor", "must be > 0");
+  const int64_t shared = f.integer("n_shared_experts", 0);
+  if (shared < 0) f.fail("n_shared_experts", "must be >= 0");
+  m.shared_expert_intermediate_size = shared * m.intermediate_size;
+  c.names.moe_layout.shared_expert_name("shared_experts");
+  const int64_t first_moe = f.integer("first_k_dense_replace", 0);
+  if (first_moe < 0) f.fail("first_k_dense_replace", "must be >= 0");
+  m.layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  for (int64_t i = first_moe; i < c.num_hidden_layers; ++i) m.layers[static_cast<size_t>(i)] = true;
+  // The multi-token-prediction layers GLM checkpoints store after the decoder (layers
+  // num_hidden_layers, ...) are not part of it: CausalLM::from_pretrained allows them unread.
+  c.extra_layers = f.integer("num_nextn_predict_layers", 0);
+  if (c.extra_layers < 0) f.fail("num_nextn_predict_layers", "must be >= 0");
 }
 
 }  // namespace
@@ -380,9 +439,33 @@ void read_family(const ConfigFields& f, ModelConfig& c) {
     case ModelType::kGemma2:
     case ModelType::kGemma3: read_gemma(f, c); break;
     case ModelType::kMixtral: read_mixtral(f, c); break;
+    case ModelType::kQwen2Moe: read_qwen2_moe(f, c); break;
     case ModelType::kQwen3Moe: read_qwen3_moe(f, c); break;
+    case ModelType::kGlm4Moe: read_glm4_moe(f, c); break;
   }
   if (c.sliding_layers.empty()) c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
 }
 
 }  // namespace tp::detail
+
+namespace tp {
+
+void ModelConfig::use_expert_layout_of(const Checkpoint& checkpoint) {
+  if (moe.num_experts == 0 || names.moe_layout.experts() == ExpertLayout::kFused) return;
+  const auto it = std::find(moe.layers.begin(), moe.layers.end(), true);
+  if (it == moe.layers.end()) return;
+  const std::string layer = layer_prefix(it - moe.layers.begin());
+  const std::string per_expert = layer + "." + names.moe + ".experts.0.";
+  // transformers 5's own names, whatever the family's block was called before (Mixtral's
+  // block_sparse_moe is mlp there).
+  const std::string fused = layer + ".mlp.experts.gate_up_proj";
+  const bool has_per_expert = !checkpoint.names_with_prefix(per_expert).empty();
+  const bool has_fused = checkpoint.contains(fused);
+  TORCH_CHECK_VALUE(!(has_per_expert && has_fused), source, ": the checkpoint stores the experts of ", layer,
+                    " twice, per expert ('", per_expert, "*') and fused ('", fused, "'); keep one");
+  if (!has_fused) return;
+  names.moe = "mlp";
+  names.moe_layout.experts(ExpertLayout::kFused).gate_up_name("gate_up_proj").down_name("down_proj");
+}
+
+}  // namespace tp

@@ -13,16 +13,16 @@ const std::vector<FormatEntry>& format_table() {
   constexpr unsigned kInt4 = kGroupOption | kSymmetryOption;
   // clang-format off
   static const std::vector<FormatEntry> table = {
-    // format                          name                   options                   method                    quantize                      dequantize                      activation                       alignment
-    {QuantFormat::kNone,               "none",                kNoOptions,               make_unquantized_method, quantize_unquantized,         dequantize_unquantized,         quantize_activation_unquantized, unquantized_alignment},
-    {QuantFormat::kFp8PerTensor,       "fp8_tensor",          kNoOptions,               make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment},
-    {QuantFormat::kFp8PerChannel,      "fp8_channel",         kNoOptions,               make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment},
-    {QuantFormat::kFp8Block,           "fp8_block",           kBlockScaleNameOption,    make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment},
-    {QuantFormat::kInt8W8A8,           "int8_w8a8",           kNoOptions,               make_int8_method,        quantize_int8,                dequantize_int8,                quantize_activation_int8,        int8_alignment},
-    {QuantFormat::kInt8WeightOnly,     "int8_weight_only",    kNoOptions,               make_int8_method,        quantize_int8,                dequantize_int8,                quantize_activation_int8,        int8_alignment},
-    {QuantFormat::kInt4Gptq,           "int4_gptq",           kInt4 | kGptqFormatOption, make_int4_method,       quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment},
-    {QuantFormat::kInt4Awq,            "int4_awq",            kInt4,                    make_int4_method,        quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment},
-    {QuantFormat::kInt4PackQuantized,  "int4_pack_quantized", kInt4,                    make_int4_method,        quantize_int4_pack_quantized, dequantize_int4_pack_quantized, quantize_activation_int4,        int4_alignment},
+    // format                          name                   options                   method                    quantize                      dequantize                      activation                       alignment              rows_first
+    {QuantFormat::kNone,               "none",                kNoOptions,               make_unquantized_method, quantize_unquantized,         dequantize_unquantized,         quantize_activation_unquantized, unquantized_alignment, true},
+    {QuantFormat::kFp8PerTensor,       "fp8_tensor",          kNoOptions,               make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment,         false},
+    {QuantFormat::kFp8PerChannel,      "fp8_channel",         kNoOptions,               make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment,         true},
+    {QuantFormat::kFp8Block,           "fp8_block",           kBlockScaleNameOption,    make_fp8_method,         quantize_fp8,                 dequantize_fp8,                 quantize_activation_fp8,         fp8_alignment,         false},
+    {QuantFormat::kInt8W8A8,           "int8_w8a8",           kNoOptions,               make_int8_method,        quantize_int8,                dequantize_int8,                quantize_activation_int8,        int8_alignment,        true},
+    {QuantFormat::kInt8WeightOnly,     "int8_weight_only",    kNoOptions,               make_int8_method,        quantize_int8,                dequantize_int8,                quantize_activation_int8,        int8_alignment,        true},
+    {QuantFormat::kInt4Gptq,           "int4_gptq",           kInt4 | kGptqFormatOption, make_int4_method,       quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment,        false},
+    {QuantFormat::kInt4Awq,            "int4_awq",            kInt4,                    make_int4_method,        quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment,        false},
+    {QuantFormat::kInt4PackQuantized,  "int4_pack_quantized", kInt4,                    make_int4_method,        quantize_int4_pack_quantized, dequantize_int4_pack_quantized, quantize_activation_int4,        int4_alignment,        false},
   };
   // clang-format on
   return table;

@@ -43,6 +43,8 @@ struct FormatEntry {
   at::Tensor (*quantize_activation)(const at::Tensor& x, const QuantizedTensors&, const QuantConfig&);
   /// Every shard boundary of the split dimension is a multiple of this (QuantMethod::tp_alignment).
   int64_t (*alignment)(const QuantConfig&, ShardMode);
+  /// Every stored tensor is [out_features, ...] (tp::splits_by_rows).
+  bool rows_first;
 };
 
 /// Every format, in QuantFormat order.

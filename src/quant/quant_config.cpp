@@ -120,4 +120,6 @@ int64_t tp_alignment(const QuantConfig& config, ShardMode mode) {
   return detail::format_entry(config.format).alignment(config, mode);
 }
 
+bool splits_by_rows(const QuantConfig& config) { return detail::format_entry(config.format).rows_first; }
+
 }  // namespace tp

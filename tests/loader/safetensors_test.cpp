@@ -90,6 +90,54 @@ TEST_CASE("safetensors slices equal at::narrow of the whole tensor, along every 
   }
 }
 
+TEST_CASE("safetensors regions equal the narrowed whole tensor; the in-memory and default readers agree", "[loader]") {
+  TempDir dir;
+  const auto path = dir.file("r.safetensors");
+  std::map<std::string, at::Tensor> tensors;
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kByte}) {
+    tensors[std::string("w.") + c10::toString(dtype)] = random_tensor({5, 6, 4, 3}, dtype, 11);
+  }
+  save_safetensors(path, tensors);
+  const auto file = SafetensorsFile::open(path);
+  // A source that only has read(): TensorSource's default read_region.
+  struct ReadOnly final : TensorSource {
+    std::shared_ptr<const TensorSource> inner;
+    const std::string& name() const override { return inner->name(); }
+    std::vector<int64_t> shape() const override { return inner->shape(); }
+    at::ScalarType dtype() const override { return inner->dtype(); }
+    at::Tensor read(int64_t dim, Range range) const override { return inner->read(dim, range); }
+  };
+  const std::vector<std::vector<Range>> regions{
+      {{0, 5}, {0, 6}, {0, 4}, {0, 3}},  // whole
+      {{2, 3}, {1, 4}, {0, 4}, {0, 3}},  // one expert's rows: one contiguous run
+      {{1, 4}, {0, 6}, {1, 3}, {0, 3}},  // a cut inside: strided runs
+      {{4, 5}, {5, 6}, {3, 4}, {2, 3}},  // one element
+      {{0, 5}, {2, 2}, {0, 4}, {0, 3}},  // empty
+      {{3, 4}, {0, 6}, {0, 4}, {1, 2}},  // the last dim cut: runs of one element
+  };
+  for (const auto& [name, t] : tensors) {
+    const auto src = file.source(name);
+    const InMemorySource mem(name, t);
+    ReadOnly plain;
+    plain.inner = src;
+    for (const auto& region : regions) {
+      at::Tensor want = t;
+      for (size_t d = 0; d < region.size(); ++d)
+        want = want.narrow(static_cast<int64_t>(d), region[d].begin, region[d].size());
+      INFO(name << " region " << region[0] << region[1] << region[2] << region[3]);
+      for (const TensorSource* s : {static_cast<const TensorSource*>(src.get()), static_cast<const TensorSource*>(&mem),
+                                    static_cast<const TensorSource*>(&plain)}) {
+        const auto got = s->read_region(region);
+        CHECK(got.is_contiguous());
+        CHECK(got.storage().nbytes() == static_cast<size_t>(got.numel()) * got.element_size());
+        CHECK(bit_equal(got, want));
+      }
+    }
+    REQUIRE_THROWS_WITH(src->read_region({{0, 5}, {0, 7}, {0, 4}, {0, 3}}), Contains(name) && Contains("[0,7)"));
+    REQUIRE_THROWS_WITH(src->read_region({{0, 5}, {0, 6}}), Contains(name) && Contains("one per dimension"));
+  }
+}
+
 TEST_CASE("a safetensors source keeps its file mapped after the file object is gone", "[loader]") {
   TempDir dir;
   const auto w = random_tensor({4, 4}, at::kFloat, 1);

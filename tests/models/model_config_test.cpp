@@ -260,17 +260,20 @@ TEST_CASE("ModelConfig reads Mistral, Phi-3, GPT-NeoX, Gemma 2 and Gemma 3 as tr
   }
 }
 
-TEST_CASE("ModelConfig reads Mixtral and Qwen3-MoE: experts, top-k, which layers are MoE", "[model][moe]") {
+TEST_CASE("ModelConfig reads Mixtral, Qwen2-MoE, Qwen3-MoE and GLM-4.5: experts, routing, shared experts, MoE layers",
+          "[model][moe]") {
   const auto mixtral = ModelConfig::from_json(R"({"model_type": "mixtral", "hidden_size": 128,
     "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4,
     "head_dim": 16, "vocab_size": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": null,
     "router_jitter_noise": 0.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
   CHECK(mixtral.model_type == ModelType::kMixtral);
   CHECK((mixtral.moe.num_experts == 8 && mixtral.moe.top_k == 2 && mixtral.moe.intermediate_size == 64));
-  CHECK((mixtral.moe.normalize_top_k && !mixtral.moe.weights_in_input_dtype));
+  CHECK((mixtral.moe.router.normalize_top_k() && !mixtral.moe.router.weights_in_input_dtype()));
+  CHECK((mixtral.moe.router.scoring() == MoEScoring::kSoftmax && mixtral.moe.shared_expert_intermediate_size == 0));
   CHECK((mixtral.is_moe(0) && mixtral.is_moe(1) && !mixtral.is_sliding(0)));
-  CHECK((mixtral.names.moe == "block_sparse_moe" && mixtral.names.expert_gate == "w1" &&
-         mixtral.names.expert_up == "w3" && mixtral.names.expert_down == "w2"));
+  const auto& layout = mixtral.names.moe_layout;
+  CHECK((mixtral.names.moe == "block_sparse_moe" && layout.gate_name() == "w1" && layout.up_name() == "w3" &&
+         layout.down_name() == "w2" && layout.experts() == ExpertLayout::kPerExpert));
   // transformers 5 writes num_local_experts, 4.x num_experts.
   for (const char* experts : {"num_local_experts", "num_experts"}) {
     const auto q = ModelConfig::from_json(std::string(R"({"model_type": "qwen3_moe", "hidden_size": 128,
@@ -280,14 +283,41 @@ TEST_CASE("ModelConfig reads Mixtral and Qwen3-MoE: experts, top-k, which layers
       "decoder_sparse_step": 2, "mlp_only_layers": [3]})");
     INFO(experts);
     CHECK((q.moe.num_experts == 16 && q.moe.top_k == 4 && q.moe.intermediate_size == 64));
-    CHECK((q.moe.normalize_top_k && q.moe.weights_in_input_dtype && q.qk_norm));
+    CHECK((q.moe.router.normalize_top_k() && q.moe.router.weights_in_input_dtype() && q.qk_norm));
     CHECK((!q.is_moe(0) && q.is_moe(1) && !q.is_moe(2) && !q.is_moe(3)));  // (i + 1) % 2 == 0, but 3 dense
     CHECK(q.names.moe == "mlp");
   }
+  // Qwen2-MoE: a shared expert with its sigmoid gate; q/k/v biased.
+  const auto q2 = ModelConfig::from_json(R"({"model_type": "qwen2_moe", "hidden_size": 128,
+    "intermediate_size": 256, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 128,
+    "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false})");
+  CHECK((q2.model_type == ModelType::kQwen2Moe && q2.qkv_bias && !q2.o_bias && q2.head_dim == 16));
+  CHECK((q2.moe.shared_expert_intermediate_size == 96 && q2.moe.shared_expert_gate));
+  CHECK((!q2.moe.router.normalize_top_k() && q2.moe.router.weights_in_input_dtype()));
+  CHECK((q2.names.moe_layout.shared_expert_name() == "shared_expert" && q2.is_moe(0) && q2.is_moe(1)));
+  // GLM-4.5: DeepSeek-V3's grouped sigmoid routing, shared experts, dense first layers.
+  const auto glm = ModelConfig::from_json(R"({"model_type": "glm4_moe", "hidden_size": 128,
+    "intermediate_size": 256, "moe_intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 128, "n_routed_experts": 16,
+    "num_experts_per_tok": 4, "n_shared_experts": 2, "n_group": 4, "topk_group": 2, "norm_topk_prob": true,
+    "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "attention_bias": true, "use_qk_norm": true,
+    "num_nextn_predict_layers": 1,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}})");
+  const auto& r = glm.moe.router;
+  CHECK((glm.model_type == ModelType::kGlm4Moe && glm.qkv_bias && !glm.o_bias && glm.qk_norm && glm.rotary_dim == 16));
+  CHECK((r.scoring() == MoEScoring::kSigmoid && r.logits_in_float32() && r.score_correction_bias() &&
+         r.num_groups() == 4 && r.top_k_groups() == 2 && r.normalize_top_k() && r.scaling_factor() == 2.5));
+  CHECK((glm.moe.shared_expert_intermediate_size == 128 && !glm.moe.shared_expert_gate && glm.extra_layers == 1));
+  CHECK((glm.names.moe_layout.shared_expert_name() == "shared_experts" && !glm.is_moe(0) && glm.is_moe(1)));
   const auto fails = config_error;
   CHECK_THAT(fails(R"({"model_type": "mixtral", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 8, "vocab_size": 128, "num_local_experts": 2, "num_experts_per_tok": 3})"),
              Contains("num_experts_per_tok = 3 exceeds num_local_experts"));
+  CHECK_THAT(fails(R"({"model_type": "glm4_moe", "hidden_size": 128, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 8, "vocab_size": 128, "n_routed_experts": 16, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "n_group": 3})"),
+             Contains("n_group") && Contains("divide n_routed_experts"));
 }
 
 TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the field and the value",

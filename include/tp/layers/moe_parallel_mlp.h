@@ -1,27 +1,38 @@
 #pragma once
-// MoEParallelMLP: a mixture-of-experts MLP (Mixtral's sparse MoE block, Qwen3-MoE's) with
-// expert tensor parallelism: every rank holds a column slice of every expert's gate / up
-// projections and the matching row slice of its down projection (the intermediate
-// dimension split alike for all experts), so the block's output on a rank is a partial
-// sum and the block ends in one all-reduce, as a dense MLP does (Megatron-Core's expert
-// tensor parallelism; vLLM's FusedMoE with tp_size > 1).
+// MoEParallelMLP: a mixture-of-experts MLP (Mixtral's sparse MoE block, Qwen-MoE's with
+// its shared expert, DeepSeek-V3 / GLM-4.5's grouped sigmoid routing, GPT-OSS's experts
+// with biases) split over a group of ranks two ways, composable:
 //
-//   logits = x W_router^T            (mirrored: the router weight is on every rank)
-//   p = softmax(logits) (float32), top-k experts per token, weights renormalised where the
-//   model says (Mixtral always, Qwen3-MoE by norm_topk_prob)
-//   y = sum over a token's chosen experts e: w_e * down_e(act(gate_e(x)) * up_e(x))
+//   expert tensor parallelism  every rank of an expert's group holds a column slice of the
+//                              expert's gate / up projections and the matching row slice
+//                              of its down projection (Megatron-Core's expert tensor
+//                              parallelism; vLLM's FusedMoE with tp_size > 1);
+//   expert parallelism         the experts are distributed over expert_parallel_size
+//                              groups of consecutive ranks (uneven counts: 16 over 3 is
+//                              6, 5, 5), each expert read and held only in its group.
 //
-// With expert_parallel, the experts are distributed over the ranks instead (uneven
-// counts allowed: 16 over 3 is 6, 5, 5), each whole on its owner: a rank computes its
-// experts' contributions for the tokens routed to them, and the same all-reduce sums the
-// owned contributions (on CPU that is the transport; a GPU all-to-all would send each
-// token only to its experts' owners and back). The expert GEMMs are grouped: tokens sorted
-// by expert, one GEMM pair per expert over its tokens (decode reads only the chosen
-// experts' weights). Quantized experts and TP x EP on one group are not built yet.
+// world = expert_parallel_size x (ranks per expert): 1 x world is pure expert TP, world x 1
+// pure EP, 2 x 2 on four ranks both. Every rank's output is then a partial sum (its
+// experts' slices, for the tokens routed to them), and the block ends in one all-reduce
+// over the whole group, as a dense MLP does; on CPU that all-reduce is the transport, where
+// a GPU all-to-all would send each token only to its experts' owners and back.
+//
+//   (weights, experts) = route(x W_router^T)        mirrored: every rank routes alike (moe_router.h)
+//   y = sum over a token's chosen experts e of  weight_e * down_e(act(gate_e(x)) * up_e(x))
+//     + [sigmoid(x W_gate^T)] * shared(x)            the shared expert, split over every rank
+//
+// The expert GEMMs are grouped: the (token, slot) pairs sorted by expert, one pass per
+// expert over its weights for its tokens, through the expert's own QuantMethod (every
+// format the dense layers take, its CPU kernel included); a decode step reads only the
+// chosen experts' weights. Gradients reach x, the router, the shared expert's gate and
+// every unquantized expert weight (quantized weights are frozen, as in the dense layers).
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -29,44 +40,59 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/moe_checkpoint_layout.h"
+#include "tp/layers/moe_router.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/quant/quant_config.h"
 #include "tp/shard/range.h"
 
 namespace tp {
 
-/// How a model's MoE checkpoint names its experts under the block's prefix.
-struct MoECheckpointLayout {
-  /// The router: "<prefix>.<router_name>.weight" [experts, hidden].
-  TORCH_ARG(std::string, router_name) = "gate";
-  /// Expert e's projections: "<prefix>.experts.<e>.<gate_name>.weight" [intermediate, hidden], ...
-  TORCH_ARG(std::string, gate_name) = "gate_proj";
-  TORCH_ARG(std::string, up_name) = "up_proj";
-  TORCH_ARG(std::string, down_name) = "down_proj";
-};
+class QuantMethod;
 
 /// Options for MoEParallelMLP. Sizes are GLOBAL (intermediate_size: one expert's).
 /// Example: tp::MoEParallelMLP moe(tp::MoEParallelMLPOptions(4096, 14336, 8, 2), comm);
+///          tp::MoEParallelMLPOptions(2048, 768, 128, 8).expert_parallel_size(2)   // TP 2 x EP 2 on 4 ranks
 struct MoEParallelMLPOptions {
   MoEParallelMLPOptions(int64_t hidden_size, int64_t intermediate_size, int64_t num_experts, int64_t top_k);
   TORCH_ARG(int64_t, hidden_size);
   TORCH_ARG(int64_t, intermediate_size);
   TORCH_ARG(int64_t, num_experts);
   TORCH_ARG(int64_t, top_k);
-  /// Renormalise the top-k weights to sum to 1 (Mixtral: always; Qwen3-MoE: norm_topk_prob).
-  TORCH_ARG(bool, normalize_top_k) = true;
-  /// The routing weights cast back to the input's dtype before they scale the experts'
-  /// outputs (Qwen3-MoE), or kept in float32 (Mixtral), as transformers computes them.
-  TORCH_ARG(bool, weights_in_input_dtype) = false;
-  /// Distribute the experts over the ranks (each whole on one rank) instead of splitting
-  /// every expert's intermediate dimension.
-  TORCH_ARG(bool, expert_parallel) = false;
-  /// "silu", "gelu" or "gelu_tanh": act(gate) * up.
+  TORCH_ARG(MoERouterOptions, router) = {};
+  /// How many groups the experts are distributed over (expert parallelism); each group's
+  /// world / expert_parallel_size consecutive ranks split each of its experts (expert
+  /// tensor parallelism). 1: every rank holds a slice of every expert; 0: as many groups
+  /// as ranks (each expert whole on one rank). Must divide the world size.
+  TORCH_ARG(int64_t, expert_parallel_size) = 1;
+  /// The experts' format (gate, up and down alike), as the dense layers' quant option.
+  TORCH_ARG(QuantConfig, quant) = {};
+  /// Biases on every expert's gate / up and down projections (GPT-OSS).
+  TORCH_ARG(bool, expert_bias) = false;
+  /// "silu", "gelu", "gelu_tanh": act(gate) * up; "swiglu_oai" (GPT-OSS):
+  /// (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit).
   TORCH_ARG(std::string, activation) = "silu";
+  TORCH_ARG(double, swiglu_alpha) = 1.702;
+  TORCH_ARG(double, swiglu_limit) = 7.0;
+  /// A shared expert every token goes through, of this intermediate size, split over
+  /// every rank of the group (0: none).
+  TORCH_ARG(int64_t, shared_expert_intermediate_size) = 0;
+  /// The shared expert's output scaled by sigmoid(x W_gate^T), W_gate [1, hidden] (Qwen-MoE).
+  TORCH_ARG(bool, shared_expert_gate) = false;
+  TORCH_ARG(QuantConfig, shared_expert_quant) = {};
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
 };
 
-/// The module behind the MoEParallelMLP holder.
+namespace detail {
+class ExpertShard;
+}
+
+/// The module behind the MoEParallelMLP holder. Parameters: router_weight [experts,
+/// hidden] (router_bias, the score_correction_bias buffer where the router has them),
+/// mirrored; experts.<e>.gate_up.* (this rank's [gate | up] rows of expert e, in the
+/// format's tensors) and experts.<e>.down.* for each expert e this rank holds (global
+/// ids); shared_expert.gate_up.* / shared_expert.down.* and shared_expert_gate_weight.
 class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
  public:
   explicit MoEParallelMLPImpl(MoEParallelMLPOptions options, Communicator comm = {});
@@ -74,6 +100,8 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   void reset() override;
   void reset_parameters();
   void pretty_print(std::ostream& stream) const override;
+  /// A copy with the same sharding and every tensor copied (collective: every rank clones).
+  std::shared_ptr<torch::nn::Module> clone(const std::optional<at::Device>& device = std::nullopt) const override;
 
   /// x: [..., hidden] (mirrored) -> [..., hidden], the same on every rank (all-reduced).
   at::Tensor forward(const at::Tensor& x);
@@ -81,28 +109,43 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   /// expert ids int64 [tokens, top_k]), the same on every rank.
   std::pair<at::Tensor, at::Tensor> route(const at::Tensor& x) const;
 
-  /// Loads the router (whole) and this rank's slice of every expert's projections
-  /// (`prefix` + ".experts.<e>.<name>.weight"), collectively: an error on any rank is
-  /// an error on every rank.
+  /// Loads the router (whole), this rank's experts (their slices), and the shared
+  /// expert's slice, from `layout`'s names under `prefix`. Strict and collective: every
+  /// tensor under `prefix` must be read by some rank, and an error on any rank is an
+  /// error on every rank.
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix, const MoECheckpointLayout& layout = {});
-  /// Every tensor load_weights reads, whole, under its name (every rank calls it: it
-  /// all-gathers the experts' slices).
+  /// Every tensor load_weights reads, whole, under its name in `layout` (every rank
+  /// calls it: it all-gathers the experts' slices). Unquantized experts only.
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
                                                    const MoECheckpointLayout& layout = {}) const;
 
-  /// This rank's slice of each expert's intermediate dimension (all of it under expert_parallel).
+  /// This rank's slice of each of its experts' intermediate dimension.
   Range local_range() const { return range_; }
-  /// The experts this rank holds (all of them without expert_parallel).
+  /// The experts this rank holds.
   Range local_experts() const { return experts_; }
+  /// This rank's slice of the shared expert's intermediate dimension (empty without one).
+  Range shared_expert_range() const { return shared_range_; }
+  /// The resolved expert-parallel size (options' 0 is the world size) and this rank's
+  /// place: its expert group, and its rank inside the group.
+  int64_t expert_parallel_size() const { return ep_; }
+  int64_t expert_group() const { return comm.rank() / (comm.world_size() / ep_); }
+  int64_t rank_in_expert_group() const { return comm.rank() % (comm.world_size() / ep_); }
+  /// The experts' format ("none", "int4_gptq:g128:sym", ...).
+  std::string quant_name() const;
 
   MoEParallelMLPOptions options;
   Communicator comm;
-  at::Tensor router_weight;   // [experts, hidden], mirrored
-  at::Tensor gate_up_weight;  // [local experts, 2 * local intermediate, hidden]: per expert [gate | up]
-  at::Tensor down_weight;     // [local experts, hidden, local intermediate]
+  at::Tensor router_weight;              // [experts, hidden], mirrored
+  at::Tensor router_bias;                // [experts] or undefined
+  at::Tensor score_correction_bias;      // [experts] buffer or undefined
+  at::Tensor shared_expert_gate_weight;  // [1, hidden] or undefined
 
  private:
-  Range range_, experts_;
+  Range range_, experts_, shared_range_;
+  int64_t ep_ = 1;
+  // One per expert this rank holds (experts_), then the shared expert's, if any.
+  std::vector<std::shared_ptr<detail::ExpertShard>> experts_shards_;
+  std::shared_ptr<detail::ExpertShard> shared_;
 };
 
 /// A ModuleHolder for MoEParallelMLPImpl.

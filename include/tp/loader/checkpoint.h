@@ -32,6 +32,10 @@ class Checkpoint {
   void add(std::shared_ptr<const TensorSource> source);
   /// Adds an in-memory tensor under `name`.
   void add(const std::string& name, const at::Tensor& tensor);
+  /// Adds `source` under `name`, which may differ from the source's own name: a view of
+  /// part of another tensor, whose messages name that tensor (one expert of a fused
+  /// [experts, ...] tensor read as an expert's own weight).
+  void add(const std::string& name, std::shared_ptr<const TensorSource> source);
   bool contains(const std::string& name) const;
   /// The source named `name`; an error naming it (and `where`, e.g. the layer) if absent.
   /// Recorded as read in every ReadLog this checkpoint is a view for (see recording).

@@ -30,6 +30,13 @@ class TensorSource {
   /// contiguous CPU tensor that owns its memory. A 0-d tensor is read with dim = 0
   /// and range [0, 1). Out-of-range arguments are an error naming the tensor.
   virtual at::Tensor read(int64_t dim, Range range) const = 0;
+  /// Elements `region[d]` of every dimension d (one range per dimension: a box of the
+  /// tensor), as a new contiguous CPU tensor that owns its memory: one expert's slice of
+  /// a fused [experts, rows, cols] tensor is region {[e, e+1), rows, [0, cols)}. The
+  /// default reads the box's extent along its most selective dimension with read() and
+  /// narrows the rest (transiently more than the box); sources over files override it to
+  /// copy only the box's bytes. A 0-d tensor takes an empty region.
+  virtual at::Tensor read_region(const std::vector<Range>& region) const;
 
   int64_t dim() const { return static_cast<int64_t>(shape().size()); }
   /// The whole tensor.
@@ -45,6 +52,7 @@ class InMemorySource final : public TensorSource {
   std::vector<int64_t> shape() const override;
   at::ScalarType dtype() const override;
   at::Tensor read(int64_t dim, Range range) const override;
+  at::Tensor read_region(const std::vector<Range>& region) const override;
 
  private:
   std::string name_;
@@ -54,5 +62,7 @@ class InMemorySource final : public TensorSource {
 /// Checks `dim`/`range` against `source` and throws a c10::Error naming the tensor.
 /// For implementers of TensorSource.
 void check_read_args(const TensorSource& source, int64_t dim, Range range);
+/// The same for a region: one range per dimension, each inside it.
+void check_region_args(const TensorSource& source, const std::vector<Range>& region);
 
 }  // namespace tp

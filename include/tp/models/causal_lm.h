@@ -42,9 +42,11 @@ struct CausalLMOptions {
   TORCH_ARG(int64_t, pad_vocab_to_multiple_of) = 1;
   /// Use only the first N decoder layers (0: all), e.g. for a benchmark of a few layers.
   TORCH_ARG(int64_t, num_layers) = 0;
-  /// Mixture-of-experts layers: distribute the experts over the ranks (expert
-  /// parallelism) instead of splitting each expert (expert tensor parallelism).
-  TORCH_ARG(bool, expert_parallel) = false;
+  /// Mixture-of-experts layers: the number of groups the experts are distributed over
+  /// (expert parallelism), each group's ranks splitting its experts (expert tensor
+  /// parallelism). 1: every rank a slice of every expert; 0: each expert whole on one
+  /// rank; 2 at TP 4: two groups of two (MoEParallelMLPOptions::expert_parallel_size).
+  TORCH_ARG(int64_t, expert_parallel_size) = 1;
 };
 
 /// The module behind the CausalLM holder.

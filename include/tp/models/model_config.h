@@ -9,19 +9,36 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "tp/layers/moe_checkpoint_layout.h"
+#include "tp/layers/moe_router.h"
 #include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
 
 namespace tp {
+
+class Checkpoint;
 
 namespace detail {
 struct QuantizationParser;
 }
 
 /// The decoder families tp reads (config.json's model_type).
-enum class ModelType { kLlama, kQwen2, kQwen3, kMistral, kPhi3, kGptNeoX, kGemma2, kGemma3, kMixtral, kQwen3Moe };
+enum class ModelType {
+  kLlama,
+  kQwen2,
+  kQwen3,
+  kMistral,
+  kPhi3,
+  kGptNeoX,
+  kGemma2,
+  kGemma3,
+  kMixtral,
+  kQwen2Moe,
+  kQwen3Moe,
+  kGlm4Moe,
+};
 /// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text",
-/// "mixtral", "qwen3_moe".
+/// "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe".
 const char* to_string(ModelType type);
 
 /// The RoPE variants tp reads (rope_type).
@@ -92,28 +109,30 @@ struct CheckpointNames {
   QKVCheckpointLayout qkv;                                           ///< under attention
   GateUpCheckpointLayout gate_up;                                    ///< under mlp
   /// A mixture-of-experts layer's block under the layer ("block_sparse_moe" for
-  /// Mixtral, "mlp" for Qwen3-MoE), its router and each expert's projections
-  /// ("<moe>.experts.<e>.<expert_gate>.weight", ...).
+  /// Mixtral, "mlp" for the Qwen-MoE families), and how its router, experts and shared
+  /// expert are named in it (tp/layers/moe_parallel_mlp.h).
   std::string moe = "mlp";
-  std::string router = "gate";
-  std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";
+  MoECheckpointLayout moe_layout;
 };
 
 /// The mixture-of-experts MLPs of a model (tp::MoEParallelMLP): none when num_experts is 0.
 struct MoEParameters {
   int64_t num_experts = 0;
   int64_t top_k = 0;
-  /// One expert's intermediate size (Mixtral: intermediate_size; Qwen3-MoE: moe_intermediate_size).
+  /// One expert's intermediate size (Mixtral: intermediate_size; Qwen-MoE: moe_intermediate_size).
   int64_t intermediate_size = 0;
-  /// Renormalise the top-k routing weights (Mixtral: always; Qwen3-MoE: norm_topk_prob).
-  bool normalize_top_k = true;
-  /// The routing weights cast to the model dtype (Qwen3-MoE) or kept in float32 (Mixtral).
-  bool weights_in_input_dtype = false;
-  /// Which layers are MoE (Qwen3-MoE: decoder_sparse_step, mlp_only_layers; the rest dense).
+  /// How the router scores and weighs the experts (Mixtral: softmax, renormalised;
+  /// Qwen-MoE: by norm_topk_prob, the weights in the model's dtype).
+  MoERouterOptions router;
+  /// The shared expert's intermediate size (Qwen2-MoE: shared_expert_intermediate_size;
+  /// 0: none), and whether a sigmoid gate scales it (Qwen2-MoE's shared_expert_gate).
+  int64_t shared_expert_intermediate_size = 0;
+  bool shared_expert_gate = false;
+  /// Which layers are MoE (Qwen-MoE: decoder_sparse_step, mlp_only_layers; the rest dense).
   std::vector<bool> layers;
-  /// How the experts are split (not in config.json: CausalLMOptions::expert_parallel sets
-  /// it): distributed over the ranks (true) or each split by tensor parallelism.
-  bool expert_parallel = false;
+  /// How many groups the experts are distributed over (not in config.json:
+  /// CausalLMOptions::expert_parallel_size sets it; MoEParallelMLPOptions says how).
+  int64_t expert_parallel_size = 1;
 };
 
 /// Which linear layers of a checkpoint are quantized, and how: config.json's
@@ -240,6 +259,10 @@ struct ModelConfig {
   RopeParameters local_rope;
   CheckpointNames names;
   MoEParameters moe;
+  /// Layers the checkpoint stores after the decoder's num_hidden_layers that the model
+  /// does not use (GLM's multi-token-prediction layers: num_nextn_predict_layers);
+  /// CausalLM::from_pretrained leaves them unread.
+  int64_t extra_layers = 0;
   /// Whether layer `layer`'s MLP is a mixture of experts.
   bool is_moe(int64_t layer) const {
     return moe.num_experts > 0 && layer >= 0 && layer < static_cast<int64_t>(moe.layers.size()) &&
@@ -265,6 +288,14 @@ struct ModelConfig {
   std::string layer_prefix(int64_t layer) const { return names.layers + "." + std::to_string(layer); }
   /// The format of a linear layer, by checkpoint name (quantization.for_module).
   QuantConfig quant_config(const std::string& module) const { return quantization.for_module(module); }
+
+  /// A mixture of experts' checkpoint stores its experts per expert, under the family's
+  /// names ("block_sparse_moe.experts.0.w1.weight"), or fused as transformers 5 holds
+  /// them ("mlp.experts.gate_up_proj" [experts, 2 * intermediate, hidden],
+  /// save_pretrained(save_original_format=False)); config.json does not say which.
+  /// This reads it from `checkpoint`'s names (the first MoE layer's) and makes `names`
+  /// follow; both at once is an error naming them. CausalLM::from_pretrained calls it.
+  void use_expert_layout_of(const Checkpoint& checkpoint);
 };
 
 }  // namespace tp

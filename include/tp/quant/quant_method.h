@@ -92,4 +92,10 @@ std::shared_ptr<QuantMethod> make_quant_method(const QuantConfig& config);
 /// building a method (a model combining two layers' alignments before it builds them).
 int64_t tp_alignment(const QuantConfig& config, ShardMode mode);
 
+/// Whether every tensor `config`'s format stores is [out_features, ...], one row per
+/// output feature (the unquantized weight and bias, per-channel scales; not per-tensor
+/// scales, scale blocks or the INT4 packings): a stack of such tensors over experts
+/// ([experts, out_features, ...], a fused MoE layout) splits into experts' rows.
+bool splits_by_rows(const QuantConfig& config);
+
 }  // namespace tp

@@ -1,0 +1,198 @@
+#include "layers/moe_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <limits>
+#include <memory>
+#include <mutex>
+
+namespace tp::detail {
+
+namespace {
+
+// Expert e of a fused tensor, rows {offset + stride * i : i < rows} of its output
+// dimension, as [out, ...] (transposed back from a stored [in, out]).
+class FusedExpertSource final : public TensorSource {
+ public:
+  struct Spec {
+    const Checkpoint* checkpoint = nullptr;
+    std::string fused;  // the fused tensor's name
+    std::string name;   // this view's, for messages
+    std::string where;
+    int64_t expert = 0, offset = 0, stride = 1, rows = 0;
+    bool transposed = false;  // the expert's tensor is stored [in, out] (2-D)
+    // What the fused tensor must look like: [experts, ..., out_rows at rows_dim, ...].
+    int64_t experts = 0, out_rows = 0;
+    std::string out_what;  // "gate/up" or "hidden"
+  };
+  explicit FusedExpertSource(Spec spec) : spec_(std::move(spec)) {}
+
+  const std::string& name() const override { return spec_.name; }
+  at::ScalarType dtype() const override { return source().dtype(); }
+  std::vector<int64_t> shape() const override {
+    const auto s = source().shape();
+    std::vector<int64_t> out(s.begin() + 1, s.end());
+    if (spec_.transposed) std::swap(out[0], out[1]);
+    out[0] = spec_.rows;
+    return out;
+  }
+
+  at::Tensor read(int64_t dim, Range range) const override {
+    check_read_args(*this, dim, range);
+    const auto s = source().shape();
+    std::vector<Range> region;
+    for (const int64_t n : s) region.push_back({0, n});
+    region[0] = {spec_.expert, spec_.expert + 1};
+    const int64_t rows_dim = spec_.transposed ? 2 : 1;  // the output dimension in the fused tensor
+    const Range rows = dim == 0 ? range : Range{0, spec_.rows};
+    region[rows_dim] = rows.empty() ? Range{spec_.offset, spec_.offset}
+                                    : Range{spec_.offset + spec_.stride * rows.begin,
+                                            spec_.offset + spec_.stride * (rows.end - 1) + 1};
+    if (dim != 0) region[spec_.transposed ? 1 : dim + 1] = range;
+    at::Tensor t = source().read_region(region).select(0, 0);
+    if (spec_.stride > 1) t = t.slice(rows_dim - 1, 0, std::numeric_limits<int64_t>::max(), spec_.stride);
+    if (spec_.transposed) t = t.t();
+    return t.contiguous();
+  }
+
+ private:
+  // The fused tensor, looked up (and so recorded as read) on first use, its shape checked.
+  const TensorSource& source() const {
+    std::call_once(resolved_, [&] {
+      const auto& source = spec_.checkpoint->get(spec_.fused, spec_.where);
+      const auto s = source.shape();
+      const int64_t rows_dim = spec_.transposed ? 2 : 1;
+      TORCH_CHECK_VALUE(
+          (spec_.transposed ? s.size() == 3 : s.size() >= 2) && s[0] == spec_.experts && s[rows_dim] == spec_.out_rows,
+          spec_.where, ": tensor '", spec_.fused, "' has shape ", c10::IntArrayRef(s), "; expected [", spec_.experts,
+          spec_.transposed ? ", <in>, " : ", ", spec_.out_rows, spec_.transposed ? "" : ", ...",
+          "]: experts first, then one ", spec_.out_what, " output per ", spec_.transposed ? "column" : "row");
+      source_ = &source;
+    });
+    return *source_;
+  }
+  Spec spec_;
+  mutable std::once_flag resolved_;
+  mutable const TensorSource* source_ = nullptr;
+};
+
+std::string join(const std::string& a, const std::string& b) { return a + "." + b; }
+
+// "<fused>" for the weight, "<fused>_<suffix>" for the rest.
+std::string fused_tensor_name(const std::string& fused, const std::string& suffix) {
+  return suffix == "weight" ? fused : fused + "_" + suffix;
+}
+
+}  // namespace
+
+std::string expert_name_prefix(const std::string& prefix, int64_t e) {
+  return prefix + ".experts." + std::to_string(e) + ".";
+}
+
+ExpertPrefixes per_expert_prefixes(const std::string& prefix, const MoECheckpointLayout& layout, int64_t e) {
+  const std::string p = expert_name_prefix(prefix, e);
+  return {p + layout.gate_name(), p + layout.up_name(), p + layout.down_name()};
+}
+
+FusedExpertView fused_expert_view(const Checkpoint& checkpoint, const std::string& prefix,
+                                  const MoECheckpointLayout& layout, const MoEShape& shape, int64_t e,
+                                  const std::string& what) {
+  const std::string experts = prefix + ".experts";
+  const std::string gate_up = join(experts, layout.gate_up_name()), down = join(experts, layout.down_name());
+  const std::string where = what + " (fused expert layout" +
+                            (layout.interleaved_gate_up() ? std::string(", gate/up interleaved") : std::string()) +
+                            (layout.transposed() ? std::string(", transposed") : std::string()) + ")";
+  FusedExpertView view;
+  // Synthetic prefixes the methods append their suffixes to; the sources keep the fused
+  // tensors' own names (with the expert) for messages.
+  for (const auto& name : {gate_up, down}) {
+    TORCH_CHECK_VALUE(checkpoint.contains(name), where, ": the checkpoint has no tensor '", name,
+                      "' (the fused layout keeps every expert's projection in one tensor; a checkpoint with one "
+                      "tensor per expert, '",
+                      experts, ".0.<name>.weight', is the per-expert layout)");
+  }
+  const std::string e_str = "[" + std::to_string(e) + "]";
+  view.prefixes = {gate_up + e_str + ".gate", gate_up + e_str + ".up", down + e_str};
+  for (const auto& name : checkpoint.names_with_prefix(experts + ".")) {
+    const bool is_gate_up = name == gate_up || name.rfind(gate_up + "_", 0) == 0;
+    const bool is_down = name == down || name.rfind(down + "_", 0) == 0;
+    if (!is_gate_up && !is_down) continue;  // not this layout's: strict loading names it
+    const std::string fused = is_gate_up ? gate_up : down;
+    const std::string suffix = name == fused ? "weight" : name.substr(fused.size() + 1);
+    const bool transposed = layout.transposed() && suffix == "weight";
+    FusedExpertSource::Spec spec;
+    spec.checkpoint = &checkpoint;
+    spec.fused = name;
+    spec.where = where;
+    spec.expert = e;
+    spec.transposed = transposed;
+    spec.experts = shape.experts;
+    spec.out_rows = spec.rows = is_gate_up ? 2 * shape.intermediate : shape.hidden;
+    spec.out_what = is_gate_up ? "gate/up" : "hidden";
+    if (is_down) {
+      spec.name = name + e_str;
+      view.checkpoint.add(join(view.prefixes.down, suffix), std::make_shared<FusedExpertSource>(spec));
+      continue;
+    }
+    spec.rows = shape.intermediate;
+    spec.stride = layout.interleaved_gate_up() ? 2 : 1;
+    for (const bool up : {false, true}) {
+      spec.offset = up ? (layout.interleaved_gate_up() ? 1 : shape.intermediate) : 0;
+      spec.name = name + e_str + (up ? ".up" : ".gate");
+      view.checkpoint.add(join(up ? view.prefixes.up : view.prefixes.gate, suffix),
+                          std::make_shared<FusedExpertSource>(spec));
+    }
+  }
+  return view;
+}
+
+std::map<std::string, at::Tensor> expert_checkpoint_tensors(const std::string& prefix,
+                                                            const MoECheckpointLayout& layout,
+                                                            const std::vector<ExpertTensors>& experts) {
+  std::map<std::string, at::Tensor> out;
+  const bool bias = !experts.empty() && experts.front().gate_bias.defined();
+  if (layout.experts() == ExpertLayout::kPerExpert) {
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const auto p = per_expert_prefixes(prefix, layout, static_cast<int64_t>(e));
+      const auto& t = experts[e];
+      out[p.gate + ".weight"] = t.gate;
+      out[p.up + ".weight"] = t.up;
+      out[p.down + ".weight"] = t.down;
+      if (!bias) continue;
+      out[p.gate + ".bias"] = t.gate_bias;
+      out[p.up + ".bias"] = t.up_bias;
+      out[p.down + ".bias"] = t.down_bias;
+    }
+    return out;
+  }
+  // [gate | up] rows per expert, or gate and up rows alternating.
+  const auto fuse = [&](const at::Tensor& gate, const at::Tensor& up) {
+    return layout.interleaved_gate_up() ? at::stack({gate, up}, 1).flatten(0, 1) : at::cat({gate, up}, 0);
+  };
+  std::vector<at::Tensor> gu, d, gub, db;
+  for (const auto& t : experts) {
+    gu.push_back(fuse(t.gate, t.up));
+    d.push_back(t.down);
+    if (bias) {
+      gub.push_back(fuse(t.gate_bias, t.up_bias));
+      db.push_back(t.down_bias);
+    }
+  }
+  const std::string gate_up = prefix + ".experts." + layout.gate_up_name();
+  const std::string down = prefix + ".experts." + layout.down_name();
+  at::Tensor gu3 = at::stack(gu), d3 = at::stack(d);
+  if (layout.transposed()) {
+    gu3 = gu3.transpose(1, 2);
+    d3 = d3.transpose(1, 2);
+  }
+  out[gate_up] = gu3.contiguous();
+  out[down] = d3.contiguous();
+  if (bias) {
+    out[fused_tensor_name(gate_up, "bias")] = at::stack(gub);
+    out[fused_tensor_name(down, "bias")] = at::stack(db);
+  }
+  return out;
+}
+
+}  // namespace tp::detail
