@@ -36,6 +36,10 @@ const std::vector<BlockShape>& presets() {
       {"mistral-7b", 4096, 14336, 32, 8, 128, "mistral"},
       {"phi3-mini", 3072, 8192, 32, 32, 96, "phi3"},
       {"gemma2-9b", 3584, 14336, 16, 8, 256, "gemma2"},
+      // Mixtures of experts (their config.json's num_experts / num_local_experts,
+      // num_experts_per_tok, moe_intermediate_size): the moe row's layer.
+      {"qwen3-30b-a3b", 2048, 6144, 32, 4, 128, "qwen3_moe", 128, 8, 768},
+      {"mixtral-8x7b", 4096, 14336, 32, 8, 128, "mixtral", 8, 2, 14336},
   };
   return all;
 }

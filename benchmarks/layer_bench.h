@@ -29,12 +29,16 @@ struct BlockShape {
   int64_t hidden = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
   /// The model_type of the `model` row's folder: llama, mistral, phi3 or gemma2.
   std::string family = "llama";
+  /// A mixture of experts (the `moe` row): experts, chosen per token, one expert's
+  /// intermediate size, the shared expert's (0: none). 0 experts: a dense model.
+  int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared_intermediate = 0;
 };
 
 /// The built-in presets: "default" (hidden 2048, intermediate 5632, 16 heads, 4 KV
 /// heads, head_dim 128: small enough for a quick run), and one layer of
 /// "llama3-8b", "llama3-70b", "qwen3-32b", "mistral-7b", "phi3-mini" and "gemma2-9b"
-/// (their Hugging Face config.json; the model row builds that family).
+/// (their Hugging Face config.json; the model row builds that family), and the
+/// mixtures of experts "qwen3-30b-a3b" and "mixtral-8x7b" (the moe row).
 const std::vector<BlockShape>& presets();
 /// The preset named `name`; an error listing the presets otherwise.
 BlockShape preset(const std::string& name);

@@ -37,6 +37,7 @@
 #include "bench_report.h"
 #include "machine_limits.h"
 #include "model_bench.h"
+#include "moe_bench.h"
 #include "tp/comm/launch.h"
 #include "tp/quant/quant_config.h"
 
@@ -48,8 +49,10 @@ namespace {
 
 const char* kUsage = R"(usage: tp-bench [options]
   --preset NAME      default | llama3-8b | llama3-70b | qwen3-32b | mistral-7b | phi3-mini |
-                     gemma2-9b (the model row builds that family)         (default: default)
+                     gemma2-9b (the model row builds that family); qwen3-30b-a3b | mixtral-8x7b
+                     (mixtures of experts, for the moe row)                (default: default)
   --hidden N --intermediate N --heads N --kv-heads N --head-dim N     a custom shape (overrides the preset's)
+  --experts N --top-k N --moe-intermediate N --shared-intermediate N  a custom mixture of experts
   --tp LIST          TP sizes                                             (default 1,2)
   --launch HOW       threads: ranks are threads of this process; processes: one process
                      per rank (torchrun-style variables, TCP store on 127.0.0.1)  (default threads)
@@ -57,9 +60,12 @@ const char* kUsage = R"(usage: tp-bench [options]
   --rows LIST        qkv,o,gate_up,down,block                             (default all)
                      or model alone: a whole tp::CausalLM (Llama) of the shape from a Hugging Face folder
                      written once: prefill and decode (M = 1, KV cache) tok/s at each TP vs TP=1, logit error
+                     or moe alone: one mixture-of-experts layer, its experts split (tp) and distributed (ep)
+                     at each TP size vs one device: prefill and decode time split into routing, expert
+                     GEMMs, shared expert and all-reduce, expert bytes read per token, read bandwidth
   --model-layers N   decoder layers of the model row                      (default 2)
   --model-vocab N    vocabulary of the model row                          (default 32000)
-  --prefill N        prompt tokens of the model row                       (default 256)
+  --prefill N        prompt tokens of the model and moe rows              (default 256)
   --quant LIST       weight formats: none, fp8_tensor, fp8_channel, fp8_block, int8_w8a8,
                      int8_weight_only, int4_gptq, int4_awq (INT4: ":g64", ":asym")  (default none)
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
@@ -170,7 +176,8 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--device")
       config.device = parse_device(value);
     else if (flag == "--hidden" || flag == "--intermediate" || flag == "--heads" || flag == "--kv-heads" ||
-             flag == "--head-dim")
+             flag == "--head-dim" || flag == "--experts" || flag == "--top-k" || flag == "--moe-intermediate" ||
+             flag == "--shared-intermediate")
       custom[flag] = parse_positive(flag, value);
     else if (flag == "--seconds") {
       try {
@@ -207,6 +214,10 @@ Args parse_args(int argc, char** argv) {
       if (flag == "--heads") s.heads = v;
       if (flag == "--kv-heads") s.kv_heads = v;
       if (flag == "--head-dim") s.head_dim = v;
+      if (flag == "--experts") s.experts = v;
+      if (flag == "--top-k") s.top_k = v;
+      if (flag == "--moe-intermediate") s.moe_intermediate = v;
+      if (flag == "--shared-intermediate") s.shared_intermediate = v;
     }
     s.name = "custom";
   }
@@ -401,6 +412,22 @@ int model_main(const Args& args) {
   return run_model_rows(m);
 }
 
+// tp-bench --rows moe: one mixture-of-experts layer (moe_bench.h).
+int moe_main(const Args& args) {
+  const auto& config = args.config;
+  TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda(),
+                    "tp-bench --rows moe: ranks as threads on the CPU, no --json / --csv");
+  MoeBenchConfig m;
+  m.shape = config.shape;
+  m.prefill = args.prefill;
+  m.tp_sizes = config.tp_sizes;
+  m.dtypes = config.dtypes;
+  m.formats = config.formats;
+  m.timing = config.timing;
+  m.seed = config.seed;
+  return run_moe_rows(m);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -409,6 +436,7 @@ int main(int argc, char** argv) {
     if (args.launch == "worker") return worker_main(args);
     if (args.backward) return backward_main(argc, argv, args);
     if (args.config.rows == std::vector<std::string>{"model"}) return model_main(args);
+    if (args.config.rows == std::vector<std::string>{"moe"}) return moe_main(args);
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();

@@ -72,8 +72,25 @@ void bind_children(py::module_& m) {
       .def_property_readonly(
           "local_range",
           [](const MoEParallelMLPImpl& moe) { return py::make_tuple(moe.local_range().begin, moe.local_range().end); })
+      .def_property_readonly("shared_expert_range",
+                             [](const MoEParallelMLPImpl& moe) {
+                               return py::make_tuple(moe.shared_expert_range().begin, moe.shared_expert_range().end);
+                             })
       .def_property_readonly("expert_parallel_size", &MoEParallelMLPImpl::expert_parallel_size)
+      .def_property_readonly("intermediate_size",
+                             [](const MoEParallelMLPImpl& moe) { return moe.options.intermediate_size(); })
+      .def_property_readonly(
+          "shared_expert_intermediate_size",
+          [](const MoEParallelMLPImpl& moe) { return moe.options.shared_expert_intermediate_size(); })
       .def_property_readonly("quant", &MoEParallelMLPImpl::quant_name)
+      .def_property_readonly("quant_config", [](const MoEParallelMLPImpl& moe) { return moe.options.quant(); })
+      .def_property_readonly("shared_expert_quant_config",
+                             [](const MoEParallelMLPImpl& moe) { return moe.options.shared_expert_quant(); })
+      .def(
+          "gather_weights",
+          [](const MoEParallelMLPImpl& moe, const std::string& prefix) { return moe.gather_weights(prefix); },
+          py::arg("prefix"), py::call_guard<py::gil_scoped_release>(),
+          "Every tensor whole under the per-expert names load_weights reads (collective).")
       .def(
           "named_parameters",
           [](const MoEParallelMLPImpl& moe) {

@@ -79,6 +79,7 @@ class MoEParallelMLP(nn.Module):
     ``shared_expert.*`` and ``shared_expert_gate_weight`` where the model has them."""
 
     _op_name = "moe_parallel_mlp"
+    _tp_gathers_at_path = True  # tp.gather_weights: its experts whole, under the per-expert names
 
     def __init__(self, impl: "_C.MoEParallelMLP"):
         super().__init__()
@@ -102,6 +103,11 @@ class MoEParallelMLP(nn.Module):
     def local_experts(self):
         """(begin, end): the experts this rank holds."""
         return self._impl.local_experts
+
+    def gather_weights(self, prefix: str) -> Dict[str, torch.Tensor]:
+        """Every tensor whole (the router, every expert, the shared expert) under the
+        per-expert names load_weights reads below ``prefix``; every rank must call it."""
+        return self._impl.gather_weights(prefix)
 
     def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(input)

@@ -23,7 +23,9 @@ Quantized layers are described the same way, tensor by tensor, in tp's stored la
 the checkpoint format's): each tensor's output- and input-feature dimensions and how many
 features one index covers (``_AXES``: int32 words of eight codes, scale groups, FP8
 blocks); a piece that does not fall on whole indices, or a tensor without a declared split,
-is an error naming it.
+is an error naming it. A mixture of experts' expert e is ``...experts.<e>.gate_up.*`` /
+``...experts.<e>.down.*``, declared by the ranks that hold it, each with its slice of the
+expert's intermediate dimension: saved at one split (TP, EP, or both), loaded at another.
 """
 
 from typing import Dict, List, Sequence, Tuple
@@ -32,6 +34,7 @@ import torch
 from torch import nn
 
 from . import _C
+from .causal_lm import MoEParallelMLP
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
@@ -124,8 +127,8 @@ _AXES_BY_FORMAT = {
 }
 
 
-def _axes(layer, name, path):
-    quant = layer._impl.options.quant
+def _axes(layer, name, path, quant=None):
+    quant = layer._impl.options.quant if quant is None else quant
     fmt = str(quant.format).split(".")[-1]
     axes = _AXES_BY_FORMAT.get(fmt, {}).get(name, _AXES.get(name))
     if axes is None:
@@ -215,6 +218,56 @@ def _row_pieces(layer, path) -> Dict[str, ShardedParameter]:
     return out
 
 
+def _expert_pieces(moe, expert, path, local, inter, quant) -> Dict[str, ShardedParameter]:
+    """One expert this rank holds (or the shared expert): gate_up's [gate | up] rows of the
+    expert's [2 * intermediate, hidden] as GateUp's, down's columns of [hidden,
+    intermediate] as a row layer's; biases (GPT-OSS) along their features."""
+    begin, end = local
+    out = {}
+    for part in ("gate_up", "down"):
+        for name, t in expert._modules[part]._parameters.items():
+            what = f"{path}{part}.{name}"
+            n_dim, n_div, k_dim, k_div = _axes(moe, name, f"{path}{part}.", quant)
+            if part == "gate_up":
+                if n_dim is None:
+                    out[what] = _whole(t, what)
+                    continue
+                pieces = []
+                for local_off, glob in ((0, begin), (end - begin, inter + begin)):
+                    l_idx, n = _cut(what, local_off, end - begin, n_div)
+                    g_idx, _ = _cut(what, glob, end - begin, n_div)
+                    pieces.append((l_idx, g_idx, n))
+                out[what] = _split_along(t, n_dim, pieces, 2 * inter // n_div, what)
+            elif k_dim is None:
+                out[what] = _whole(t, what)  # the down bias, per-row scales: whole on every rank of the group
+            else:
+                g_idx, n = _cut(what, begin, end - begin, k_div)
+                out[what] = _split_along(t, k_dim, [(0, g_idx, n)], -(-inter // k_div), what)
+    return out
+
+
+def _moe_pieces(moe, path) -> Dict[str, ShardedParameter]:
+    """A mixture of experts: the router (and the shared expert's gate) mirrored; each expert
+    this rank holds under its global id (experts.<e>: only its holders declare it), in its
+    rank's slice of the intermediate dimension; the shared expert's slice."""
+    impl = moe._impl
+    out = {}
+    for name, t in moe._parameters.items():
+        if t is not None:
+            out[f"{path}{name}"] = _whole(t, f"{path}{name}")
+    for name, b in moe._buffers.items():
+        if b is not None and name not in moe._non_persistent_buffers_set:
+            out[f"{path}{name}"] = _whole(b, f"{path}{name}")
+    experts = moe._modules.get("experts")
+    for e, expert in (experts._modules.items() if experts is not None else ()):
+        out.update(_expert_pieces(moe, expert, f"{path}experts.{e}.", impl.local_range, impl.intermediate_size,
+                                  impl.quant_config))
+    if "shared_expert" in moe._modules:
+        out.update(_expert_pieces(moe, moe.shared_expert, f"{path}shared_expert.", impl.shared_expert_range,
+                                  impl.shared_expert_intermediate_size, impl.shared_expert_quant_config))
+    return out
+
+
 def _vocab_pieces(layer, path) -> Dict[str, ShardedParameter]:
     """Embedding / untied head: this rank's real vocabulary rows (padding rows are not
     part of the tensor)."""
@@ -246,6 +299,8 @@ def dcp_state_dict(module: nn.Module) -> Dict[str, ShardedParameter]:
             return None
         if isinstance(m, (VocabParallelEmbedding, ParallelLMHead)):
             return out.update(_vocab_pieces(m, path))
+        if isinstance(m, MoEParallelMLP):
+            return out.update(_moe_pieces(m, path))
         for name, p in m._parameters.items():  # mirrored: norms and plain modules
             if p is not None:
                 out[f"{path}{name}"] = _whole(p, f"{path}{name}")

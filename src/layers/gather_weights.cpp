@@ -6,6 +6,7 @@
 #include "layers/layer_common.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/moe_parallel_mlp.h"
 #include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
@@ -32,6 +33,7 @@ void visit(const torch::nn::Module& m, const std::string& path, const std::strin
     return merge(out, l->gather_weights(fused_prefix));
   if (const auto* l = dynamic_cast<const VocabParallelEmbeddingImpl*>(&m)) return merge(out, l->gather_weights(path));
   if (const auto* l = dynamic_cast<const ParallelLMHeadImpl*>(&m)) return merge(out, l->gather_weights(path));
+  if (const auto* l = dynamic_cast<const MoEParallelMLPImpl*>(&m)) return merge(out, l->gather_weights(path));
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> own;
   for (const auto& p : m.named_parameters(/*recurse=*/false)) own[detail::join_name(path, p.key())] = p.value().clone();

@@ -35,7 +35,7 @@ ExpertShard::ExpertShard(torch::nn::Module& parent, const std::string& name, int
       adds_down_bias_(adds_down_bias),
       gate_up_(make_quant_method(quant)),
       down_(make_quant_method(quant)) {
-  auto expert = parent.register_module(name, std::make_shared<torch::nn::Module>("tp::MoEExpert"));
+  auto expert = module_ = parent.register_module(name, std::make_shared<torch::nn::Module>("tp::MoEExpert"));
   auto gate_up = expert->register_module("gate_up", std::make_shared<torch::nn::Module>("tp::ExpertGateUp"));
   auto down = expert->register_module("down", std::make_shared<torch::nn::Module>("tp::ExpertDown"));
   const int64_t r = range.size();
@@ -45,6 +45,12 @@ ExpertShard::ExpertShard(torch::nn::Module& parent, const std::string& name, int
     gate_up_bias_ = gate_up->register_parameter("bias", at::empty({2 * r}, options));
     down_bias_ = down->register_parameter("bias", at::empty({hidden}, options));
   }
+}
+
+int64_t ExpertShard::stored_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& p : module_->parameters()) bytes += static_cast<int64_t>(p.nbytes());
+  return bytes;
 }
 
 void ExpertShard::reset_parameters() {

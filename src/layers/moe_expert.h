@@ -66,6 +66,10 @@ class ExpertShard {
   /// down bias [hidden]. Unquantized experts only (an error naming the format otherwise).
   std::vector<at::Tensor> local_pieces(const std::string& what) const;
 
+  /// Bytes of every tensor this slice stores (the format's codes and scales, biases):
+  /// what one pass over it reads.
+  int64_t stored_bytes() const;
+
   const QuantMethod& method() const { return *gate_up_; }
   Range range() const { return range_; }
   bool has_bias() const { return gate_up_bias_.defined(); }
@@ -77,6 +81,7 @@ class ExpertShard {
   std::shared_ptr<QuantMethod> gate_up_, down_;
   at::Tensor gate_up_bias_;  // [2 r] or undefined
   at::Tensor down_bias_;     // [hidden] or undefined
+  std::shared_ptr<torch::nn::Module> module_;
 };
 
 }  // namespace tp::detail

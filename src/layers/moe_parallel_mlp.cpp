@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "layers/layer_common.h"
@@ -201,6 +202,14 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
   const at::Tensor x = x_in.reshape({-1, options.hidden_size()});
   const int64_t tokens = x.size(0), k = options.top_k();
   const detail::ExpertActivation act{options.activation(), options.swiglu_alpha(), options.swiglu_limit()};
+  MoETimings t;
+  auto clock = std::chrono::steady_clock::now();
+  const auto lap = [&](double& into) {
+    if (!record_timings) return;
+    const auto now = std::chrono::steady_clock::now();
+    into += std::chrono::duration<double>(now - clock).count();
+    clock = now;
+  };
   auto [weights, experts] = route(x);
   // The weights are mirrored; each rank's partial output depends on them: their gradient
   // is the sum of every rank's part (copy_to_parallel's backward), as the input's is. The
@@ -218,18 +227,25 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
     const at::Tensor order = at::argsort(flat, /*stable=*/true);
     const auto counts = at::bincount(flat, {}, options.num_experts()).cpu();
     const auto* count = counts.data_ptr<int64_t>();
+    lap(t.route_s);
     int64_t begin = 0;
     for (int64_t e = 0; e < options.num_experts(); ++e) {
       const int64_t n = count[e], start = begin;
       begin += n;
       if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another group's expert
+      const auto& shard = *experts_shards_[static_cast<size_t>(e - experts_.begin)];
       const at::Tensor pairs = order.narrow(0, start, n);
       const at::Tensor token = at::floor_divide(pairs, k), slot = at::remainder(pairs, k);
-      const at::Tensor y =
-          experts_shards_[static_cast<size_t>(e - experts_.begin)]->forward(xp.index_select(0, token), act) *
-          weights.index({token, slot}).unsqueeze(-1);
+      const at::Tensor y = shard.forward(xp.index_select(0, token), act) * weights.index({token, slot}).unsqueeze(-1);
       out = out.index_add(0, token, y.to(out.scalar_type()));
+      if (record_timings) {
+        ++t.experts_run;
+        t.weight_bytes += shard.stored_bytes();
+      }
     }
+    lap(t.experts_s);
+  } else {
+    lap(t.route_s);
   }
   if (shared_) {
     at::Tensor shared = shared_->forward(xp, act);
@@ -238,8 +254,13 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
       shared = shared * copy_to_parallel(at::sigmoid(at::linear(x, shared_expert_gate_weight)), comm);
     }
     out = out + shared;
+    if (record_timings) t.weight_bytes += shared_->stored_bytes();
+    lap(t.shared_s);
   }
-  return reduce_from_parallel(out, comm).reshape(x_in.sizes());
+  at::Tensor y = reduce_from_parallel(out, comm).reshape(x_in.sizes());
+  lap(t.reduce_s);
+  if (record_timings) timings = t;
+  return y;
 }
 
 void MoEParallelMLPImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix,

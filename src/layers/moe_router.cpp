@@ -71,7 +71,9 @@ std::pair<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, const at::
             keep.unsqueeze(-1).expand({tokens, o.num_groups(), per}).reshape({tokens, experts_n}).logical_not(),
             -std::numeric_limits<float>::infinity());
       }
-      experts = std::get<1>(at::topk(choice, top_k, -1));
+      // Unsorted, as DeepSeek-V3's and GLM's routers take them: the order of the k weights
+      // is the order their float32 sum below adds them in.
+      experts = std::get<1>(at::topk(choice, top_k, -1, /*largest=*/true, /*sorted=*/false));
       weights = scores.gather(1, experts);
       if (o.normalize_top_k()) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
       if (o.scaling_factor() != 1.0) weights = weights * o.scaling_factor();

@@ -202,8 +202,9 @@ std::pair<std::vector<int64_t>, std::vector<at::Tensor>> route_token(const Spec&
     for (int64_t g = 0; g < r.top_k_groups(); ++g) keep[static_cast<size_t>(groups[g].second)] = true;
     for (int64_t e = 0; e < kExperts; ++e)
       if (!keep[static_cast<size_t>(e / per)]) choice[e] = -std::numeric_limits<float>::infinity();
-    const auto idx = std::get<1>(at::topk(choice, s.top_k));
-    // The weights as transformers computes them: the chosen scores as one row, its sum.
+    const auto idx = std::get<1>(at::topk(choice.unsqueeze(0), s.top_k, -1, true, /*sorted=*/false))[0];
+    // The weights as transformers computes them: the chosen scores (in the order an unsorted
+    // top-k gives them) as one row, its sum.
     at::Tensor chosen = scores.index_select(0, idx).unsqueeze(0);
     if (r.normalize_top_k()) chosen = chosen / (chosen.sum(-1, /*keepdim=*/true) + 1e-20);
     chosen = chosen * r.scaling_factor();

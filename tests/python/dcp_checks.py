@@ -28,10 +28,10 @@ def _example_block(dtype, seed):
     return block
 
 
-def _model(kind, folder, seed):
+def _model(kind, folder, seed, ep=False):
     if kind == "block":
         return _example_block(torch.float32, seed)
-    model = tp.CausalLM.from_pretrained(f"{folder}/{kind}", dtype=torch.float64)
+    model = tp.CausalLM.from_pretrained(f"{folder}/{kind}", dtype=torch.float64, expert_parallel=ep)
     if seed:  # other values than the folder's, so a load that did nothing is seen
         with torch.no_grad():
             for p in model.parameters():
@@ -39,18 +39,18 @@ def _model(kind, folder, seed):
     return model
 
 
-def save(rank, world, kind, folder, path):
-    """Saves the model (the folder's weights, or the seeded example block) at this TP size;
-    returns every tensor gathered whole."""
-    model = _model(kind, folder, 0)
+def save(rank, world, kind, folder, path, ep=False):
+    """Saves the model (the folder's weights, or the seeded example block) at this TP size
+    (a mixture of experts' experts split as `ep` says); returns every tensor gathered whole."""
+    model = _model(kind, folder, 0, ep)
     dcp.save(tp.dcp_state_dict(model), checkpoint_id=path)
     return tp.gather_weights(model)
 
 
-def load(rank, world, kind, folder, path):
+def load(rank, world, kind, folder, path, ep=False):
     """A model with other values, loaded from `path`: every tensor gathered whole, and
     this process's peak RSS growth during the load (KiB)."""
-    model = _model(kind, folder, 1)
+    model = _model(kind, folder, 1, ep)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     dcp.load(tp.dcp_state_dict(model), checkpoint_id=path)
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before

@@ -113,6 +113,30 @@ FAMILIES = {
         num_key_value_heads=4, head_dim=32, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
         mlp_only_layers=[1], decoder_sparse_step=1,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
+    # Qwen2-MoE: a shared expert (96 wide) scaled by its sigmoid gate beside 8 experts, top 2
+    # not renormalised; q/k/v biased; 12 / 4 heads (uneven at TP 3).
+    "qwen2_moe": dict(config_class="Qwen2MoeConfig", model_class="Qwen2MoeForCausalLM", prompt=8, config=dict(
+        hidden_size=96, intermediate_size=256, moe_intermediate_size=48, shared_expert_intermediate_size=96,
+        num_attention_heads=12, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
+    # GLM-4.5: layer 0 dense (first_k_dense_replace), layer 1 a mixture of 16 experts routed
+    # as DeepSeek-V3 does (sigmoid scores, a random correction bias that changes the
+    # choice, 4 groups of which the best 2, top 4, renormalised, x 2.5), one shared expert;
+    # q/k/v biased, q/k norms, rotary on half of each head.
+    "glm4_moe": dict(config_class="Glm4MoeConfig", model_class="Glm4MoeForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=32, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+        n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=1,
+        attention_bias=True, use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, **_COMMON)),
+    # Mixtral as transformers 5 holds it (save_pretrained(save_original_format=False)): one
+    # [experts, 2 * intermediate, hidden] gate_up_proj and one [experts, hidden,
+    # intermediate] down_proj per layer, under mlp.experts.
+    "mixtral_fused": dict(config_class="MixtralConfig", model_class="MixtralForCausalLM", prompt=8,
+                          save_original_format=False, config=dict(
+        hidden_size=128, intermediate_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
 }
 
 
@@ -129,7 +153,7 @@ def _config(name: str, dtype: torch.dtype, **changes):
 
 
 def is_moe(name: str) -> bool:
-    return "num_local_experts" in FAMILIES[name]["config"] or "num_experts" in FAMILIES[name]["config"]
+    return any(k in FAMILIES[name]["config"] for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def hf_kwargs(name: str) -> dict:
@@ -176,6 +200,14 @@ def build(name: str, dtype: torch.dtype = torch.float64, seed: int = 0, **config
             else:
                 r = r / p.shape[-1] ** 0.5
             p.copy_(r.to(dtype))
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                # DeepSeek-V3 / GLM routing: a correction that changes which experts are chosen,
+                # kept in float32 as from_pretrained keeps it (with the router weight).
+                b.data = 0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float32)
+        for mname, m in model.named_modules():
+            if hasattr(m, "e_score_correction_bias"):
+                m.weight.data = m.weight.data.to(torch.float32)
     return model
 
 
@@ -260,7 +292,7 @@ def _checks(name: str, model, ref: dict) -> dict:
         out[key] = _max_diff(_logits(_twin(name, model, **config_changes), ids), expected)
         assert out[key] > 1e-3, f"{name}: {key} = {out[key]}: the feature does not change the output"
 
-    if getattr(cfg, "sliding_window", None) is not None:
+    if getattr(cfg, "sliding_window", None):  # None or 0 (Qwen2-MoE without use_sliding_window): no window
         assert cfg.sliding_window < prompt.shape[1], "the window must be shorter than the prompt"
         if cfg.model_type.startswith("gemma"):  # layer_types keeps sliding layers: widen the window
             change("no_window_change", prompt, ref["model.logits"], sliding_window=4096)
@@ -296,7 +328,8 @@ def _make_one(out: Path, name: str, seed: int) -> dict:
     folder = out / name
     shutil.rmtree(folder, ignore_errors=True)  # no stale shards from an earlier run
     model = build(name, torch.float64, seed)
-    model.save_pretrained(folder, max_shard_size=SHARD)
+    model.save_pretrained(folder, max_shard_size=SHARD,
+                          save_original_format=FAMILIES[name].get("save_original_format", True))
     ref = _reference(model, FAMILIES[name]["prompt"], model.config.vocab_size, seed + 200)
     checks = _checks(name, model, ref)
     # what a user of the folder gets: from_pretrained must give the reference logits

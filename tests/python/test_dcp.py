@@ -1,5 +1,6 @@
 """Sharded saving through torch.distributed.checkpoint (tp.dcp_state_dict): saved at TP 4,
-loaded at TP 1, 2, 3, every tensor bitwise the saved one (quantized codes and scales too)."""
+loaded at TP 1, 2, 3, every tensor bitwise the saved one (quantized codes and scales too);
+mixtures of experts saved at one split of their experts (TP, EP, both) loaded at another."""
 
 import pytest
 import torch
@@ -27,6 +28,29 @@ def test_dcp_save_at_tp4_loads_exactly_at_tp1_2_3(folder, tmp_path, kind):
             assert loaded.keys() == saved.keys(), (world, sorted(set(loaded) ^ set(saved)))
             bad = [n for n in saved if not torch.equal(loaded[n], saved[n])]
             assert not bad, f"TP {world} rank {rank}: {bad} differ from the TP 4 save"
+
+
+@pytest.fixture(scope="module")
+def moe_folder(tmp_path_factory):
+    import family_fixtures
+
+    return family_fixtures.folder_for_tests(tmp_path_factory, ("qwen2_moe", "glm4_moe"))
+
+
+@pytest.mark.parametrize("kind", ["qwen2_moe", "glm4_moe"])
+def test_dcp_mixture_of_experts_saved_at_one_split_loads_exactly_at_others(moe_folder, tmp_path, kind):
+    """Qwen2-MoE (a gated shared expert) and GLM-4.5 (grouped routing, its correction bias a
+    buffer, a shared expert): saved with every expert split over 4 ranks, loaded with the
+    experts distributed over 3 ranks, split two ways (2 x 2) and at TP 2; saved with them
+    distributed over 4, loaded at TP 3. Every tensor gathered whole equals the saved one."""
+    for save_world, save_ep, loads in ((4, False, ((3, True), (4, 2), (2, False))), (4, True, ((3, False),))):
+        path = str(tmp_path / f"ckpt_{save_ep}")
+        saved = launcher.run(save_world, dcp_checks.save, kind, str(moe_folder), path, save_ep)[0]
+        for world, ep in loads:
+            for rank, (loaded, _) in enumerate(launcher.run(world, dcp_checks.load, kind, str(moe_folder), path, ep)):
+                assert loaded.keys() == saved.keys(), (world, ep, sorted(set(loaded) ^ set(saved)))
+                bad = [n for n in saved if not torch.equal(loaded[n], saved[n])]
+                assert not bad, f"saved at {save_world} (ep {save_ep}), loaded at {world} (ep {ep}) rank {rank}: {bad}"
 
 
 def _assemble(per_rank):

@@ -3,9 +3,12 @@ sliding window shorter than the prompt, Phi-3 with fused qkv_proj / gate_up_proj
 rotary and LongRoPE crossing its pretrained context during generation, GPT-NeoX with its
 per-head interleaved query_key_value, LayerNorms, partial rotary and the parallel residual
 (and a sequential twin with gelu_fast), Gemma 2 with soft caps that are reached and
-alternating sliding layers, Gemma 3 with q/k norms and a RoPE per layer type), against the
-folders' own transformers models, at TP 1-4 (one process per rank, gloo; 12 / 4 and 8 / 4
-heads and GPT-NeoX's 6 heads split unevenly at TP 3 and 4, the vocabulary of 128 at TP 3):
+alternating sliding layers, Gemma 3 with q/k norms and a RoPE per layer type; the mixtures
+of experts Mixtral (per expert, and fused as transformers 5 holds it), Qwen2-MoE with its
+gated shared expert, Qwen3-MoE, GLM-4.5 with grouped sigmoid routing and a shared expert),
+against the folders' own transformers models, at TP 1-4 (one process per rank, gloo; 12 / 4
+and 8 / 4 heads and GPT-NeoX's 6 heads split unevenly at TP 3 and 4, the vocabulary of 128
+at TP 3):
 
 - float64 logits of the prompt within 1e-12, and of the whole generated sequence;
 - 16 greedy tokens equal to generate(do_sample=False);
@@ -13,7 +16,10 @@ heads and GPT-NeoX's 6 heads split unevenly at TP 3 and 4, the vocabulary of 128
 - one SGD step of the vocab-parallel cross entropy: every weight after it equal to the one
   transformers' step gives (as its save_pretrained writes them);
 - a save at TP 4 (gather_weights, rank 0 writes) reloaded at TP 1-3 gives the logits;
-- float32 within transformers' own float32 error.
+- float32 within transformers' own float32 error;
+- the mixtures of experts with their experts distributed (EP 1-4) and split two ways
+  (TP x EP 2 x 2): logits, tokens, gather_weights, one SGD step, a save at EP 3 reloaded
+  at TP 2 and at 2 x 2.
 """
 
 import json
@@ -102,7 +108,8 @@ def _train_rank(rank, world, folder):
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= LR * p.grad
+                if p.grad is not None:  # an expert no token reached has none (as torch.optim skips it)
+                    p -= LR * p.grad
         weights = model.gather_weights()
         out[name] = (loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
     return out
@@ -123,7 +130,9 @@ def _train_reference(folder, name, tmp_path):
         for p in model.parameters():  # tied weights appear once
             p -= LR * p.grad
     changed = max((v - before[k]).abs().max().item() for k, v in model.state_dict().items())
-    model.save_pretrained(tmp_path / name)
+    # In the folder's own layout (a fused MoE folder's experts stay fused).
+    model.save_pretrained(tmp_path / name,
+                          save_original_format=family_fixtures.FAMILIES[name].get("save_original_format", True))
     return loss.item(), _stored(tmp_path / name), changed
 
 
@@ -262,13 +271,16 @@ def test_gptq_folders_of_every_family_equal_their_dequantized_model(gptq_folder,
 
 
 MOE = tuple(n for n in FAMILIES if family_fixtures.is_moe(n))
+# (world, expert_parallel): the experts distributed over every rank (EP 1-4; 16 experts over
+# 3 ranks: 6, 5, 5), and two groups of two ranks each splitting its experts (TP x EP).
+EP_SPLITS = [(1, True), (2, True), (3, True), (4, True), (4, 2)]
 
 
-def _rank_ep(rank, world, folder):
+def _rank_ep(rank, world, folder, ep):
     out = {}
     for name in MOE:
         ref = _reference(folder, name)
-        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=True)
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=ep)
         prompt, generated = ref["model.prompt"], ref["model.generated"]
         with torch.no_grad():
             logits = model.gather_logits(model(prompt))
@@ -281,16 +293,19 @@ def _rank_ep(rank, world, folder):
     return out
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_moe_families_with_expert_parallelism_equal_transformers(folder, world):
-    """Mixtral's 8 and Qwen3-MoE's 16 experts distributed over the ranks (3 ranks: 3, 3, 2
-    and 6, 5, 5): float64 logits within 1e-12, the greedy tokens, and gather_weights giving
-    back the folder's tensors."""
-    results = launcher.run(world, _rank_ep, str(folder), timeout=600) if world > 1 else [_rank_ep(0, 1, str(folder))]
+@pytest.mark.parametrize("world,ep", EP_SPLITS)
+def test_moe_families_with_expert_parallelism_equal_transformers(folder, world, ep):
+    """Every MoE family's experts distributed over the ranks (Mixtral's 8 over 3: 3, 3, 2;
+    16 over 3: 6, 5, 5), or over two groups of two ranks that each split their experts:
+    float64 logits within 1e-12, the greedy tokens, and gather_weights giving back the
+    folder's tensors (a fused folder's as fused tensors)."""
+    results = launcher.run(world, _rank_ep, str(folder), ep, timeout=600) if world > 1 else [
+        _rank_ep(0, 1, str(folder), ep)]
+    groups = world if ep is True else ep
     for name in MOE:
         for rank, res in enumerate(results):
-            r, where = res[name], f"{name} EP {world} rank {rank}"
-            assert "expert_parallel" in r["text"], r["text"]
+            r, where = res[name], f"{name} world {world} expert_parallel={ep} rank {rank}"
+            assert f"expert_parallel={groups}" in r["text"], r["text"]
             assert r["err"] <= 1e-12 * r["scale"], f"{where}: max |logit err| {r['err']:.3g}"
             assert r["same_tokens"], where
         stored = _stored(Path(folder, name))
@@ -298,3 +313,70 @@ def test_moe_families_with_expert_parallelism_equal_transformers(folder, world):
         assert got.keys() == stored.keys(), (name, world, sorted(set(got) ^ set(stored)))
         for k, v in stored.items():
             assert torch.equal(got[k], v), (name, world, k)
+
+
+def _train_rank_ep(rank, world, folder, ep):
+    out = {}
+    for name in MOE:
+        ids = _reference(folder, name)["model.prompt"]
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=ep)
+        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= LR * p.grad
+        weights = model.gather_weights()
+        out[name] = (loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
+    return out
+
+
+@pytest.mark.parametrize("world,ep", [(3, True), (4, 2)])
+def test_moe_sgd_step_under_expert_parallelism_equals_transformers(folder, world, ep, tmp_path):
+    """One SGD step with the experts distributed (EP 3) or split two ways (TP x EP 2 x 2): the
+    loss, the router and every expert's weights after the step equal transformers' (_step_bound)."""
+    results = launcher.run(world, _train_rank_ep, str(folder), ep, timeout=600)
+    for name in MOE:
+        want_loss, want, changed = _train_reference(folder, name, tmp_path)
+        assert changed > 1e-3, f"{name}: the step changed nothing"
+        for rank, res in enumerate(results):
+            assert abs(res[name][0] - want_loss) <= 1e-10, f"{name} rank {rank}: loss {res[name][0]!r} vs {want_loss!r}"
+        got = {k: torch.from_numpy(v) for k, v in results[0][name][1].items()}
+        assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
+        for key, v in want.items():
+            diff = (got[key] - v).abs().max().item() / max(1.0, v.abs().max().item())
+            assert diff <= _step_bound(name, key), f"{name} world {world} ep {ep}: {key} after the step differs by {diff:.3g}"
+
+
+def _save_rank_ep(rank, world, folder, out, ep):
+    for name in MOE:
+        model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=ep)
+        weights = model.gather_weights()  # collective
+        if rank == 0:
+            target = Path(out, name)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copy(Path(folder, name, "config.json"), target / "config.json")
+            tp.save_sharded_safetensors(str(target), weights, 100_000)
+    return True
+
+
+def _reloaded_rank_ep(rank, world, folder, saved, ep):
+    out = {}
+    for name in MOE:
+        ref = _reference(folder, name)
+        model = tp.CausalLM.from_pretrained(f"{saved}/{name}", dtype=torch.float64, expert_parallel=ep)
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        out[name] = (logits - ref["model.logits"]).abs().max().item() / max(1.0, ref["model.logits"].abs().max().item())
+    return out
+
+
+def test_moe_saved_under_expert_parallelism_reloads_at_other_splits(folder, tmp_path):
+    """Saved with the experts distributed over 3 ranks (gather_weights, rank 0 writes; a fused
+    folder stays fused), reloaded at TP 2 and at TP x EP 2 x 2: the logits."""
+    launcher.run(3, _save_rank_ep, str(folder), str(tmp_path), True, timeout=600)
+    for world, ep in ((2, False), (4, 2)):
+        results = launcher.run(world, _reloaded_rank_ep, str(folder), str(tmp_path), ep, timeout=600)
+        for name in MOE:
+            for rank, res in enumerate(results):
+                assert res[name] <= 1e-12, f"{name}: saved at EP 3, loaded at world {world} ep {ep} rank {rank}: {res[name]:.3g}"

@@ -25,7 +25,9 @@ namespace tp {
 ///     does ("model.layers.0.self_attn.qkv_proj" writes "model.layers.0.self_attn.q_proj.weight"),
 ///     so a tree shaped like the Hugging Face model gives its names;
 ///   VocabParallelEmbedding / an untied ParallelLMHead at P: P.weight, [vocab, hidden]
-///     without padding rows (a tied head writes nothing: the embedding has the weight).
+///     without padding rows (a tied head writes nothing: the embedding has the weight);
+///   MoEParallelMLP at P: P.gate.weight and every expert whole, P.experts.<e>.gate_proj /
+///     .up_proj / .down_proj (the per-expert layout), the shared expert's.
 ///   (tp::CausalLM's own gather_weights() gives its Hugging Face names.)
 /// When `module` itself is a fused layer, `prefix` is what its load_weights takes.
 /// Other modules contribute their own parameters and buffers, copied. Every rank gets

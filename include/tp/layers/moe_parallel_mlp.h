@@ -88,6 +88,17 @@ namespace detail {
 class ExpertShard;
 }
 
+/// Where one forward's time went on this rank (MoEParallelMLPImpl::timings, recorded
+/// while record_timings is set): what tp-bench --rows moe prints.
+struct MoETimings {
+  double route_s = 0;        ///< the router: logits, scores, top-k, and sorting the tokens by expert
+  double experts_s = 0;      ///< the routed experts' GEMMs and activations, this rank's slices
+  double shared_s = 0;       ///< the shared expert and its gate
+  double reduce_s = 0;       ///< the block's all-reduce
+  int64_t experts_run = 0;   ///< experts this rank ran (had tokens)
+  int64_t weight_bytes = 0;  ///< bytes of the expert tensors those passes read (each once), shared expert included
+};
+
 /// The module behind the MoEParallelMLP holder. Parameters: router_weight [experts,
 /// hidden] (router_bias, the score_correction_bias buffer where the router has them),
 /// mirrored; experts.<e>.gate_up.* (this rank's [gate | up] rows of expert e, in the
@@ -132,6 +143,11 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   int64_t rank_in_expert_group() const { return comm.rank() % (comm.world_size() / ep_); }
   /// The experts' format ("none", "int4_gptq:g128:sym", ...).
   std::string quant_name() const;
+
+  /// While true, each forward records where its time went in `timings` (steady clock;
+  /// the all-reduce waits for the slowest rank).
+  bool record_timings = false;
+  MoETimings timings;
 
   MoEParallelMLPOptions options;
   Communicator comm;
