@@ -126,6 +126,17 @@ void bind_children(py::module_& m) {
       .def_property_readonly("hidden_act", [](const DecoderLayerImpl& l) { return to_string(l.config.hidden_act); })
       .def_property_readonly("communicator",
                              [](const DecoderLayerImpl& l) { return release_gil_on_delete(new Communicator(l.comm)); })
+      .def_property_readonly("attention_sinks", [](const DecoderLayerImpl& l) { return l.sinks.defined(); })
+      .def_property_readonly("sinks",
+                             [](const DecoderLayerImpl& l) -> std::optional<at::Tensor> {
+                               if (!l.sinks.defined()) return std::nullopt;
+                               return l.sinks;
+                             })
+      .def_property_readonly("q_heads",
+                             [](const DecoderLayerImpl& l) {
+                               const auto r = l.qkv->head_plan().q_heads;
+                               return py::make_tuple(r.begin, r.end);
+                             })
       .def_property_readonly("q_norm", [](const Layer& l) { return child_of(l, l->q_norm); })
       .def_property_readonly("k_norm", [](const Layer& l) { return child_of(l, l->k_norm); })
       .def_property_readonly("qkv", [](const Layer& l) { return child_of(l, l->qkv); })

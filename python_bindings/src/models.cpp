@@ -29,13 +29,15 @@ void init_models(py::module_& m) {
       .value("mixtral", ModelType::kMixtral)
       .value("qwen2_moe", ModelType::kQwen2Moe)
       .value("qwen3_moe", ModelType::kQwen3Moe)
-      .value("glm4_moe", ModelType::kGlm4Moe);
+      .value("glm4_moe", ModelType::kGlm4Moe)
+      .value("gpt_oss", ModelType::kGptOss);
   py::enum_<RopeType>(m, "RopeType",
                       "RoPE variants: default, llama3 (Llama 3.1's frequency-band scaling), linear, longrope.")
       .value("default", RopeType::kDefault)
       .value("llama3", RopeType::kLlama3)
       .value("linear", RopeType::kLinear)
-      .value("longrope", RopeType::kLongRope);
+      .value("longrope", RopeType::kLongRope)
+      .value("yarn", RopeType::kYarn);
 
   py::class_<RopeParameters>(m, "RopeParameters",
                              "RoPE parameters (transformers 5's rope_parameters, or 4's rope_theta + rope_scaling).")

@@ -186,7 +186,7 @@ int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
 }
 
 /// A decoder layer's attention (DecoderLayerImpl::attention): q, k, v, cos, sin; its
-/// parameters are the q/k norm weights (Qwen3, Gemma 3; none otherwise).
+/// parameters are the q/k norm weights (Qwen3, Gemma 3) and the sinks (GPT-OSS).
 int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
   auto module = new_module(impl, impl ? "DecoderLayer " + std::to_string(impl->index) : "DecoderLayer");
   std::weak_ptr<DecoderLayerImpl> weak = impl;
@@ -195,9 +195,11 @@ int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
                                   },
                                   [weak] {
                                     auto layer = weak.lock();
-                                    return layer->qk_norm()
-                                               ? std::vector<at::Tensor>{layer->q_norm->weight, layer->k_norm->weight}
-                                               : std::vector<at::Tensor>{};
+                                    auto params = layer->qk_norm() ? std::vector<at::Tensor>{layer->q_norm->weight,
+                                                                                             layer->k_norm->weight}
+                                                                   : std::vector<at::Tensor>{};
+                                    if (layer->sinks.defined()) params.push_back(layer->sinks);
+                                    return params;
                                   }};
   return Registry::get().add(std::move(module));
 }

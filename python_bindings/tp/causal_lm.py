@@ -163,6 +163,9 @@ class DecoderLayer(nn.Module):
         if impl.qk_norm:
             self.q_norm = Norm(impl.q_norm)
             self.k_norm = Norm(impl.k_norm)
+        self._sinks = impl.attention_sinks  # a constant for torch.compile
+        if self._sinks:
+            self.sinks = _as_parameter(impl.sinks)  # this rank's query heads' (GPT-OSS)
         self.qkv = QKVParallelLinear._from_impl(impl.qkv)
         self.o_proj = RowParallelLinear._from_impl(impl.o_proj)
         moe = impl.moe
@@ -217,7 +220,13 @@ class DecoderLayer(nn.Module):
         return self.down_proj(self._act(gate) * up)
 
     def _attention_params(self):
-        return [self.q_norm.weight, self.k_norm.weight] if self._qk_norm else []
+        params = [self.q_norm.weight, self.k_norm.weight] if self._qk_norm else []
+        return params + [self.sinks] if self._sinks else params
+
+    @property
+    def q_heads(self):
+        """(begin, end): the query heads this rank holds (its sinks' global offset)."""
+        return self._impl.q_heads
 
     def _fake_output(self, q: torch.Tensor) -> torch.Tensor:
         # [batch, seq, local q heads * head_dim]: q's own shape.

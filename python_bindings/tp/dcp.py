@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from . import _C
-from .causal_lm import MoEParallelMLP
+from .causal_lm import DecoderLayer, MoEParallelMLP
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
@@ -121,6 +121,7 @@ _AXES = {
     "g_idx": (None, None, 0, 1),
 }
 _AXES_BY_FORMAT = {
+    "mxfp4": {"blocks": (0, 1, 1, 32), "scales": (0, 1, 1, 32)},  # [N, K / 32, 16], [N, K / 32]
     "int4_awq": {"qweight": (1, 8, 0, 1)},  # [K, N / 8]
     "int4_pack_quantized": {"weight_packed": (0, 1, 1, 8), "weight_scale": (0, 1, 1, "g"),
                             "weight_zero_point": (0, 8, 1, "g")},
@@ -302,8 +303,15 @@ def dcp_state_dict(module: nn.Module) -> Dict[str, ShardedParameter]:
         if isinstance(m, MoEParallelMLP):
             return out.update(_moe_pieces(m, path))
         for name, p in m._parameters.items():  # mirrored: norms and plain modules
-            if p is not None:
-                out[f"{path}{name}"] = _whole(p, f"{path}{name}")
+            if p is None:
+                continue
+            if isinstance(m, DecoderLayer) and name == "sinks":  # GPT-OSS: per query head, this rank's heads
+                begin, _ = m.q_heads
+                heads = m.qkv._impl.options.num_heads
+                out[f"{path}{name}"] = ShardedParameter((heads,), [((begin,), p.detach())] if p.numel() else [],
+                                                        f"{path}{name}")
+                continue
+            out[f"{path}{name}"] = _whole(p, f"{path}{name}")
         for name, b in m._buffers.items():
             if b is not None and name not in m._non_persistent_buffers_set:
                 out[f"{path}{name}"] = _whole(b, f"{path}{name}")

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -106,15 +107,19 @@ FusedExpertView fused_expert_view(const Checkpoint& checkpoint, const std::strin
   FusedExpertView view;
   // Synthetic prefixes the methods append their suffixes to; the sources keep the fused
   // tensors' own names (with the expert) for messages.
-  for (const auto& name : {gate_up, down}) {
-    TORCH_CHECK_VALUE(checkpoint.contains(name), where, ": the checkpoint has no tensor '", name,
-                      "' (the fused layout keeps every expert's projection in one tensor; a checkpoint with one "
-                      "tensor per expert, '",
-                      experts, ".0.<name>.weight', is the per-expert layout)");
+  const auto names = checkpoint.names_with_prefix(experts + ".");
+  for (const auto& fused : {gate_up, down}) {
+    const bool found = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+      return n == fused || n.rfind(fused + "_", 0) == 0;  // the weight, or a format's "<name>_blocks", ...
+    });
+    TORCH_CHECK_VALUE(found, where, ": the checkpoint has no tensor '", fused, "' (nor '", fused,
+                      "_<suffix>'): the fused layout keeps every expert's projection in one tensor; a checkpoint "
+                      "with one tensor per expert, '",
+                      experts, ".0.<name>.weight', is the per-expert layout");
   }
   const std::string e_str = "[" + std::to_string(e) + "]";
   view.prefixes = {gate_up + e_str + ".gate", gate_up + e_str + ".up", down + e_str};
-  for (const auto& name : checkpoint.names_with_prefix(experts + ".")) {
+  for (const auto& name : names) {
     const bool is_gate_up = name == gate_up || name.rfind(gate_up + "_", 0) == 0;
     const bool is_down = name == down || name.rfind(down + "_", 0) == 0;
     if (!is_gate_up && !is_down) continue;  // not this layout's: strict loading names it

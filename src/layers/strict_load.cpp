@@ -33,6 +33,7 @@ bool is_quant_tensor(const std::string& suffix) {
       "activation_scale",
       "weight_global_scale",
       "input_global_scale",
+      "blocks",
   };
   return std::any_of(std::begin(kNames), std::end(kNames), [&](const char* n) { return suffix == n; });
 }

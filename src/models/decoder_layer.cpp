@@ -89,6 +89,11 @@ void DecoderLayerImpl::reset() {
   }
   auto opts = decoder_layer_options(c, index, dtype, device);
   qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
+  if (c.attention_sinks) {
+    // One logit per query head, for this rank's heads (zeros until loaded).
+    sinks = register_parameter("sinks",
+                               at::zeros({qkv->head_plan().q_heads.size()}, at::TensorOptions(dtype).device(device)));
+  }
   // O owns exactly this rank's query heads, even when heads split unevenly.
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   if (c.is_moe(index)) {
@@ -99,7 +104,10 @@ void DecoderLayerImpl::reset() {
                                   .router(m.router)
                                   .expert_parallel_size(m.expert_parallel_size)
                                   .quant(moe_quant(c, moe_prefix()))
-                                  .activation(to_string(c.hidden_act))
+                                  .activation(m.activation.empty() ? to_string(c.hidden_act) : m.activation)
+                                  .swiglu_alpha(m.swiglu_alpha)
+                                  .swiglu_limit(m.swiglu_limit)
+                                  .expert_bias(m.expert_bias)
                                   .shared_expert_intermediate_size(m.shared_expert_intermediate_size)
                                   .shared_expert_gate(m.shared_expert_gate)
                                   .shared_expert_quant(shared_expert_quant(c, moe_prefix()))
@@ -153,7 +161,7 @@ at::Tensor attention_mask(int64_t s, int64_t total, int64_t window, const at::De
 // Causal GQA attention of this rank's query heads. q: [b, hq, s, d]; k, v: [b, hkv, L, d]
 // with L = past + s (the cache's positions, then the new ones).
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan,
-                             int64_t group, const ModelConfig& config, int64_t window) {
+                             int64_t group, const ModelConfig& config, int64_t window, const at::Tensor& sinks) {
   const int64_t b = q.size(0), nq = q.size(1), s = q.size(2), d = q.size(3), total = k.size(2);
   if (nq == 0) return at::empty({b, 0, s, d}, q.options());
   // Local query head h reads local KV head (q_begin + h) / group - kv_begin.
@@ -170,6 +178,19 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
     vh = v.index_select(1, index);
   }
   const double scale = config.attention_scale;
+  if (sinks.defined()) {
+    // GPT-OSS's eager attention, operation for operation: each head's sink logit joins its
+    // row of scores, the softmax runs over both (in the scores' dtype, after subtracting
+    // the row's max), and the sink's share is dropped.
+    at::Tensor scores = at::matmul(q, kh.transpose(2, 3)) * scale;
+    const at::Tensor visible = attention_mask(s, total, window, q.device(), /*implicit_causal=*/false);
+    if (visible.defined()) scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+    const at::Tensor sink = sinks.to(scores.scalar_type()).view({1, nq, 1, 1}).expand({b, nq, s, 1});
+    at::Tensor combined = at::cat({scores, sink}, -1);
+    combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+    const at::Tensor probs = at::softmax(combined, -1, combined.scalar_type());
+    return at::matmul(probs.narrow(-1, 0, total).to(vh.scalar_type()), vh);
+  }
   if (config.attn_logit_softcapping > 0) {
     // Soft-capped scores, as transformers' eager attention (the one implementation that
     // applies the cap) computes them: cap * tanh(q.k * scale / cap), masked, softmax in float32.
@@ -250,7 +271,8 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
   if (cache) std::tie(k, v) = cache->append(index, k, v);
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   const int64_t window = config.is_sliding(index) ? config.sliding_window : 0;
-  const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window);
+  // Each rank's heads see their own sinks; the shared sink tensor's gradient is theirs alone.
+  const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window, sinks);
   return a.transpose(1, 2).reshape({b, s, -1});
 }
 
@@ -283,6 +305,18 @@ void DecoderLayerImpl::load_weights(const Checkpoint& checkpoint) {
   const auto opts = decoder_layer_options(config, index, dtype, device);
   qkv->load_weights(checkpoint, opts.qkv_prefix, config.names.qkv);
   o_proj->load_weights(checkpoint, opts.o_prefix);
+  if (sinks.defined()) {
+    // This rank's query heads' sinks, of [num_attention_heads].
+    const std::string name = prefix() + "." + config.names.attention + ".sinks";
+    const auto& source = checkpoint.get(name, "DecoderLayer");
+    TORCH_CHECK_VALUE(source.shape() == std::vector<int64_t>{config.num_attention_heads}, "tensor '", name,
+                      "' has shape ", c10::IntArrayRef(source.shape()), "; expected [", config.num_attention_heads,
+                      "] (one sink logit per query head)");
+    TORCH_CHECK_TYPE(at::isFloatingType(source.dtype()) && !at::isFloat8Type(source.dtype()), "tensor '", name,
+                     "' has dtype ", source.dtype(), "; attention sinks are stored in a floating dtype");
+    at::NoGradGuard no_grad;
+    sinks.copy_(source.read(0, qkv->head_plan().q_heads));
+  }
   if (!moe.is_empty()) {
     moe->load_weights(checkpoint, moe_prefix(), moe_layout());
     return;
@@ -307,6 +341,18 @@ std::map<std::string, at::Tensor> DecoderLayerImpl::gather_weights() const {
   const auto add = [&](std::map<std::string, at::Tensor> part) { out.insert(part.begin(), part.end()); };
   add(qkv->gather_weights(opts.qkv_prefix, config.names.qkv));
   add(o_proj->gather_weights(opts.o_prefix));
+  if (sinks.defined()) {
+    // Every rank's heads' sinks, in head order (ranks own consecutive query heads).
+    at::NoGradGuard no_grad;
+    const at::Tensor count = at::full({1}, sinks.size(0), at::kLong);
+    std::vector<int64_t> sizes;
+    if (comm.world_size() > 1) {
+      const at::Tensor counts = comm.all_gather(count, 0, std::vector<int64_t>(comm.world_size(), 1)).cpu();
+      for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(counts[r].item<int64_t>());
+    }
+    out[prefix() + "." + config.names.attention + ".sinks"] =
+        comm.world_size() == 1 ? sinks.clone() : comm.all_gather(sinks.contiguous(), 0, sizes);
+  }
   if (!moe.is_empty()) {
     add(moe->gather_weights(moe_prefix(), moe_layout()));
     return out;

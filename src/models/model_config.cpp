@@ -28,6 +28,7 @@ const char* to_string(ModelType type) {
     case ModelType::kQwen2Moe: return "qwen2_moe";
     case ModelType::kQwen3Moe: return "qwen3_moe";
     case ModelType::kGlm4Moe: return "glm4_moe";
+    case ModelType::kGptOss: return "gpt_oss";
   }
   return "?";
 }
@@ -38,6 +39,7 @@ const char* to_string(RopeType type) {
     case RopeType::kLlama3: return "llama3";
     case RopeType::kLinear: return "linear";
     case RopeType::kLongRope: return "longrope";
+    case RopeType::kYarn: return "yarn";
   }
   return "?";
 }
@@ -46,6 +48,7 @@ const char* to_string(NormKind kind) {
   switch (kind) {
     case NormKind::kRMS: return "rms";
     case NormKind::kRMSUnitOffset: return "rms_unit_offset";
+    case NormKind::kRMSScaleFirst: return "rms_scale_first";
     case NormKind::kLayerNorm: return "layer_norm";
   }
   return "?";
@@ -85,6 +88,7 @@ constexpr Family kFamilies[] = {
     {"mistral", ModelType::kMistral},    {"phi3", ModelType::kPhi3},          {"gpt_neox", ModelType::kGptNeoX},
     {"gemma2", ModelType::kGemma2},      {"gemma3_text", ModelType::kGemma3}, {"mixtral", ModelType::kMixtral},
     {"qwen2_moe", ModelType::kQwen2Moe}, {"qwen3_moe", ModelType::kQwen3Moe}, {"glm4_moe", ModelType::kGlm4Moe},
+    {"gpt_oss", ModelType::kGptOss},
 };
 
 ModelType parse_model_type(const ConfigFields& f) {

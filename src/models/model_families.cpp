@@ -80,8 +80,31 @@ void parse_rope_object(const ConfigFields& top, const ConfigFields& rope, const 
               ? 1.0
               : std::sqrt(1 + std::log(factor) / std::log(static_cast<double>(out.original_max_position_embeddings)));
     }
+  } else if (type == "yarn") {
+    // transformers' _compute_yarn_parameters: the attention factor given, or from mscale /
+    // mscale_all_dim, or 0.1 ln(factor) + 1; beta_fast / beta_slow 32 / 1 when absent or 0.
+    out.type = RopeType::kYarn;
+    out.factor = rope.required_double("factor");
+    if (!(out.factor > 0)) rope.fail("factor", "must be > 0");
+    const auto& src =
+        !rope.has("original_max_position_embeddings") && top.has("original_max_position_embeddings") ? top : rope;
+    out.original_max_position_embeddings = src.required_positive("original_max_position_embeddings");
+    out.beta_fast = rope.number("beta_fast", 0.0);
+    out.beta_slow = rope.number("beta_slow", 0.0);
+    if (out.beta_fast == 0) out.beta_fast = 32.0;
+    if (out.beta_slow == 0) out.beta_slow = 1.0;
+    out.truncate = rope.boolean("truncate", true);
+    const auto mscale = [](double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    const double m = rope.number("mscale", 0.0), m_all = rope.number("mscale_all_dim", 0.0);
+    if (rope.has("attention_factor")) {
+      out.attention_factor = rope.required_double("attention_factor");
+      if (!(out.attention_factor > 0)) rope.fail("attention_factor", "must be > 0");
+    } else {
+      out.attention_factor =
+          m != 0 && m_all != 0 ? mscale(out.factor, m) / mscale(out.factor, m_all) : mscale(out.factor, 1.0);
+    }
   } else {
-    rope.fail(key, "is not supported; tp reads the RoPE types default, llama3, linear and longrope");
+    rope.fail(key, "is not supported; tp reads the RoPE types default, llama3, linear, longrope and yarn");
   }
 }
 
@@ -425,6 +448,36 @@ void read_glm4_moe(const ConfigFields& f, ModelConfig& c) {
   if (c.extra_layers < 0) f.fail("num_nextn_predict_layers", "must be >= 0");
 }
 
+// GPT-OSS: q/k/v/o biased, attention sinks, sliding and full layers alternating (layer
+// 0 slides in older configs), YaRN; every MLP a mixture of experts: the router's bias,
+// softmax over the top-k logits, experts with biases and GPT-OSS's clamped swiglu, stored
+// fused as transformers writes them (mlp.experts.gate_up_proj [experts, hidden,
+// 2 * intermediate] with gate and up columns alternating, down_proj [experts,
+// intermediate, hidden]; MXFP4 _blocks / _scales in [experts, out, ...]).
+void read_gpt_oss(const ConfigFields& f, ModelConfig& c) {
+  read_llama_like(f, c);
+  c.norm = NormKind::kRMSScaleFirst;
+  c.qkv_bias = c.o_bias = f.boolean("attention_bias", true);
+  c.attention_sinks = true;
+  read_sliding_window(f, c);
+  parse_layer_types(f, c, [&](int64_t i) { return i % 2 == 0; });
+  parse_rope(f, c);
+  auto& m = c.moe;
+  m.num_experts = f.required_positive("num_local_experts");
+  m.top_k = f.required_positive("num_experts_per_tok");
+  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds num_local_experts");
+  m.intermediate_size = c.intermediate_size;
+  m.router.scoring(MoEScoring::kSoftmaxOfTopK).bias(true);
+  m.expert_bias = true;
+  m.activation = "swiglu_oai";
+  m.swiglu_alpha = f.number("swiglu_alpha", 1.702);
+  m.swiglu_limit = f.number("swiglu_limit", 7.0);
+  if (!(m.swiglu_limit > 0)) f.fail("swiglu_limit", "must be > 0");
+  m.layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
+  c.names.moe = "mlp";
+  c.names.moe_layout.router_name("router").experts(ExpertLayout::kFused).interleaved_gate_up(true).transposed(true);
+}
+
 }  // namespace
 
 void read_family(const ConfigFields& f, ModelConfig& c) {
@@ -442,6 +495,7 @@ void read_family(const ConfigFields& f, ModelConfig& c) {
     case ModelType::kQwen2Moe: read_qwen2_moe(f, c); break;
     case ModelType::kQwen3Moe: read_qwen3_moe(f, c); break;
     case ModelType::kGlm4Moe: read_glm4_moe(f, c); break;
+    case ModelType::kGptOss: read_gpt_oss(f, c); break;
   }
   if (c.sliding_layers.empty()) c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
 }

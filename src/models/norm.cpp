@@ -38,6 +38,12 @@ at::Tensor NormImpl::forward(const at::Tensor& x, const at::Tensor& w, const at:
       const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
       return (normed * (w.to(options.compute_dtype()) + 1.0)).to(x.scalar_type());
     }
+    case NormKind::kRMSScaleFirst: {
+      // GPT-OSS's RMSNorm: the weight times the normalised float32 value, cast once at the end.
+      const at::Tensor h = x.to(options.compute_dtype());
+      const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+      return (w * (h * at::rsqrt(variance + options.eps()))).to(x.scalar_type());
+    }
     case NormKind::kRMS: break;
   }
   // The same operations, in the same order, as transformers' LlamaRMSNorm.forward.

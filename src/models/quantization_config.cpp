@@ -288,6 +288,19 @@ void parse_fp8(const ConfigFields& q, std::vector<Rule>& rules, std::vector<Patt
     ignore.push_back(make_pattern(q, "modules_to_not_convert", Match::kTransformers, m));
 }
 
+// ---- MXFP4 (transformers' Mxfp4Config: GPT-OSS) ------------------------------------------
+
+void parse_mxfp4(const ConfigFields& q, std::vector<Rule>& rules, std::vector<Pattern>& ignore) {
+  // transformers' Mxfp4HfQuantizer stores the experts of a mixture of experts (GPT-OSS's
+  // "...mlp.experts": gate_up_proj_blocks / _scales, down_proj_blocks / _scales) in MXFP4
+  // and nothing else; "dequantize" only tells transformers to widen them when it loads.
+  QuantConfig config;
+  config.format = QuantFormat::kMxfp4;
+  rules.push_back(Rule{"mxfp4", {Pattern{Match::kRegex, R"(.*\.experts$)"}}, config});
+  for (const auto& m : q.strings("modules_to_not_convert"))
+    ignore.push_back(make_pattern(q, "modules_to_not_convert", Match::kTransformers, m));
+}
+
 std::string describe_pattern(const Pattern& p) {
   switch (p.match) {
     case Match::kRegex: return "re:" + p.text;
@@ -372,8 +385,10 @@ CheckpointQuantization QuantizationParser::parse(const ConfigFields& q) {
     parse_awq(q, out.rules_, out.ignore_);
   } else if (out.method_ == "fp8") {
     parse_fp8(q, out.rules_, out.ignore_);
+  } else if (out.method_ == "mxfp4") {
+    parse_mxfp4(q, out.rules_, out.ignore_);
   } else {
-    q.fail("quant_method", "is not supported; tp reads compressed-tensors, gptq, awq and fp8");
+    q.fail("quant_method", "is not supported; tp reads compressed-tensors, gptq, awq, fp8 and mxfp4");
   }
   return out;
 }

@@ -37,6 +37,27 @@ RotaryEmbedding::RotaryEmbedding(int64_t rotary_dim, const RopeParameters& rope)
     };
     inv_freq = factors(rope.short_factor);
     long_inv_freq_ = factors(rope.long_factor);
+  } else if (rope.type == RopeType::kYarn) {
+    // transformers' _compute_yarn_parameters, operation for operation: the ramp's bounds in
+    // double, the frequencies in float32.
+    const double dim = static_cast<double>(rotary_dim), theta = rope.theta;
+    const double context = static_cast<double>(rope.original_max_position_embeddings);
+    const auto correction_dim = [&](double rotations) {
+      return (dim * std::log(context / (rotations * 2 * M_PI))) / (2 * std::log(theta));
+    };
+    double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+    if (rope.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // a zero-width ramp
+    const at::Tensor extrapolation = base.reciprocal() * 1.0;
+    const at::Tensor interpolation = (base * rope.factor).reciprocal() * 1.0;
+    const at::Tensor ramp = ((at::arange(rotary_dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+    const at::Tensor keep = at::rsub(ramp, 1);  // the share of the original frequency
+    inv_freq = interpolation * at::rsub(keep, 1) + extrapolation * keep;
   }
   inv_freq_ = inv_freq;
 }
@@ -48,7 +69,8 @@ std::pair<at::Tensor, at::Tensor> RotaryEmbedding::cos_sin(const at::Tensor& pos
   const at::Tensor& inv_freq = uses_long_factors(positions) ? long_inv_freq_ : inv_freq_;
   const at::Tensor freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq.to(positions.device());
   const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [batch, seq, rotary_dim]
-  const double scaling = rope_.type == RopeType::kLongRope ? rope_.attention_factor : 1.0;
+  const bool scaled = rope_.type == RopeType::kLongRope || rope_.type == RopeType::kYarn;
+  const double scaling = scaled ? rope_.attention_factor : 1.0;
   return {(emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)};
 }
 

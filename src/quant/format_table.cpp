@@ -5,6 +5,7 @@
 #include "quant/fp8/fp8.h"
 #include "quant/int4/int4.h"
 #include "quant/int8/int8.h"
+#include "quant/mxfp4/mxfp4.h"
 #include "quant/unquantized/method.h"
 
 namespace tp::detail {
@@ -23,6 +24,7 @@ const std::vector<FormatEntry>& format_table() {
     {QuantFormat::kInt4Gptq,           "int4_gptq",           kInt4 | kGptqFormatOption, make_int4_method,       quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment,        false},
     {QuantFormat::kInt4Awq,            "int4_awq",            kInt4,                    make_int4_method,        quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment,        false},
     {QuantFormat::kInt4PackQuantized,  "int4_pack_quantized", kInt4,                    make_int4_method,        quantize_int4_pack_quantized, dequantize_int4_pack_quantized, quantize_activation_int4,        int4_alignment,        false},
+    {QuantFormat::kMxfp4,              "mxfp4",               kNoOptions,               make_mxfp4_method,       quantize_mxfp4,               dequantize_mxfp4,               quantize_activation_mxfp4,       mxfp4_alignment,       true},
   };
   // clang-format on
   return table;

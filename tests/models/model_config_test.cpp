@@ -320,6 +320,37 @@ TEST_CASE("ModelConfig reads Mixtral, Qwen2-MoE, Qwen3-MoE and GLM-4.5: experts,
              Contains("n_group") && Contains("divide n_routed_experts"));
 }
 
+TEST_CASE("ModelConfig reads GPT-OSS: sinks, YaRN, alternating windows, its experts' router, layout and MXFP4",
+          "[model][moe]") {
+  const std::string gpt_oss = R"({"model_type": "gpt_oss", "hidden_size": 128, "intermediate_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 128,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128, "swiglu_limit": 7.0,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+      "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": false})";
+  const auto c = ModelConfig::from_json(gpt_oss + "}");
+  CHECK((c.model_type == ModelType::kGptOss && c.attention_sinks && c.qkv_bias && c.o_bias));
+  CHECK((c.norm == NormKind::kRMSScaleFirst && c.sliding_window == 128 && c.is_sliding(0) && !c.is_sliding(1)));
+  CHECK((c.rope.type == RopeType::kYarn && c.rope.factor == 32.0 && c.rope.original_max_position_embeddings == 4096 &&
+         !c.rope.truncate && c.rope.beta_fast == 32.0 && c.rope.beta_slow == 1.0));
+  CHECK(std::abs(c.rope.attention_factor - (0.1 * std::log(32.0) + 1.0)) < 1e-15);  // transformers' default
+  const auto& m = c.moe;
+  CHECK((m.num_experts == 8 && m.top_k == 2 && m.intermediate_size == 64 && m.expert_bias &&
+         m.activation == "swiglu_oai" && m.swiglu_limit == 7.0 && m.swiglu_alpha == 1.702));
+  CHECK((m.router.scoring() == MoEScoring::kSoftmaxOfTopK && m.router.bias() && c.is_moe(0) && c.is_moe(3)));
+  const auto& l = c.names.moe_layout;
+  CHECK((c.names.moe == "mlp" && l.router_name() == "router" && l.experts() == ExpertLayout::kFused &&
+         l.interleaved_gate_up() && l.transposed()));
+  CHECK(c.quant_config("model.layers.0.mlp.experts").format == QuantFormat::kNone);
+  // OpenAI's checkpoints: MXFP4 experts, everything else as it is.
+  const auto q = ModelConfig::from_json(gpt_oss + R"(, "quantization_config": {"quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+    "lm_head"]}})");
+  CHECK(q.quant_config("model.layers.3.mlp.experts").format == QuantFormat::kMxfp4);
+  for (const char* other : {"model.layers.3.mlp.router", "model.layers.3.self_attn.q_proj", "lm_head"})
+    CHECK(q.quant_config(other).format == QuantFormat::kNone);
+}
+
 TEST_CASE("ModelConfig refuses the families' fields it cannot build, naming the field and the value",
           "[model][errors]") {
   const auto fails = config_error;
@@ -358,8 +389,10 @@ TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the va
                                "phi3, gpt_neox, gemma2, gemma3_text"));
   CHECK_THAT(fails(llama(R"("vision_config": {"hidden_size": 64})", "gemma3")),
              Contains("vision_config") && Contains("multimodal") && Contains("gemma3_text"));
+  CHECK_THAT(fails(llama(R"("rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0})")),
+             Contains("rope_parameters.rope_type = \"dynamic\"") && Contains("yarn"));
   CHECK_THAT(fails(llama(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0})")),
-             Contains("rope_parameters.rope_type = \"yarn\""));
+             Contains("rope_parameters.original_max_position_embeddings") && Contains("required"));
   CHECK_THAT(fails(llama(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})")),
              Contains("rope_scaling.low_freq_factor") && Contains("required"));
   CHECK_THAT(fails(llama(R"("hidden_act": "relu2")")), Contains("hidden_act = \"relu2\" is not supported"));

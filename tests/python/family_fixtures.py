@@ -137,6 +137,18 @@ FAMILIES = {
         hidden_size=128, intermediate_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
         num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **_COMMON)),
+    # GPT-OSS: attention sinks, q/k/v/o biased, layer 0 sliding (window 4 < prompt 8) and
+    # layer 1 full, YaRN (GPT-OSS's own parameters, truncate false); 8 experts of 64, top 2
+    # by a softmax of the top logits with the router's bias, expert biases, the clamped
+    # swiglu with its limit low enough to clamp (0.8), stored fused as transformers writes
+    # them (gate_up_proj [experts, hidden, 2 * intermediate], gate and up columns alternating).
+    "gpt_oss": dict(config_class="GptOssConfig", model_class="GptOssForCausalLM", prompt=8, config=dict(
+        hidden_size=128, intermediate_size=64, num_attention_heads=8, num_key_value_heads=4, head_dim=16,
+        num_local_experts=8, num_experts_per_tok=2, sliding_window=4, swiglu_limit=0.8,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False},
+        tie_word_embeddings=False, **_COMMON)),
 }
 
 
@@ -154,6 +166,13 @@ def _config(name: str, dtype: torch.dtype, **changes):
 
 def is_moe(name: str) -> bool:
     return any(k in FAMILIES[name]["config"] for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
+def _set_sinks(model, value):
+    """GPT-OSS: every attention sink set to `value` (a twin without the sinks' share: -inf)."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.fill_(value)
 
 
 def hf_kwargs(name: str) -> dict:
@@ -294,7 +313,7 @@ def _checks(name: str, model, ref: dict) -> dict:
 
     if getattr(cfg, "sliding_window", None):  # None or 0 (Qwen2-MoE without use_sliding_window): no window
         assert cfg.sliding_window < prompt.shape[1], "the window must be shorter than the prompt"
-        if cfg.model_type.startswith("gemma"):  # layer_types keeps sliding layers: widen the window
+        if cfg.model_type.startswith("gemma") or cfg.model_type == "gpt_oss":  # layer_types keeps sliding layers: widen the window
             change("no_window_change", prompt, ref["model.logits"], sliding_window=4096)
         else:
             change("no_window_change", prompt, ref["model.logits"], sliding_window=None)
@@ -309,6 +328,12 @@ def _checks(name: str, model, ref: dict) -> dict:
         full = FAMILIES[name]["config"]["rope_parameters"]["full_attention"]
         change("one_rope_change", prompt, ref["model.logits"],
                rope_parameters={"sliding_attention": full, "full_attention": full})
+    if cfg.model_type == "gpt_oss":
+        no_sinks = _twin(name, model)
+        _set_sinks(no_sinks, float("-inf"))
+        out["sinks_change"] = _max_diff(_logits(no_sinks, prompt), ref["model.logits"])
+        assert out["sinks_change"] > 1e-3, f"{name}: the attention sinks change nothing"
+        change("no_clamp_change", prompt, ref["model.logits"], swiglu_limit=1e9)
     if cfg.model_type == "gemma2":
         with torch.no_grad():
             raw = model.lm_head(model.model(prompt).last_hidden_state)
@@ -426,6 +451,67 @@ def make_gptq(out, name: str, seed: int = 0) -> dict:
                 if f"{module}.bias" in state:
                     state[f"{module}.bias"].copy_(tensors[f"{module}.bias"].to(dtype))
         ref[key] = _logits(deq, prompt).to(torch.float64).contiguous()
+    save_file(ref, str(Path(out) / f"{name}.reference.safetensors"))
+    return {"quantized": quantized}
+
+
+def mxfp4_quantize(w: torch.Tensor):
+    """OCP MXFP4 of w [..., N, K] along K: (blocks uint8 [..., N, K/32, 16], two E2M1 codes a
+    byte, element 2i in the low nibble; scales uint8 [..., N, K/32], E8M0) with each block's
+    scale 2^(floor(log2(amax)) - 2) and codes the nearest E2M1 values (saturating at 6), as
+    GPT-OSS's checkpoints store its experts."""
+    *lead, n, k = w.shape
+    g = w.reshape(*lead, n, k // 32, 32).float()
+    amax = g.abs().amax(-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -127)).clamp(-127, 127)
+    v = g / torch.ldexp(torch.ones_like(amax), e).unsqueeze(-1)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    code = (v.abs().unsqueeze(-1) - grid).abs().argmin(-1)
+    code = torch.where(v < 0, code | 8, code).to(torch.uint8)
+    pairs = code.reshape(*lead, n, k // 32, 16, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+def make_mxfp4(out, name: str = "gpt_oss_mxfp4", seed: int = 0) -> dict:
+    """Writes out/NAME: the GPT-OSS family's folder with its experts in MXFP4 as OpenAI's
+    checkpoints store them (mlp.experts.gate_up_proj_blocks [experts, 2 * intermediate,
+    hidden / 32, 16], _scales, down_proj_blocks / _scales; biases, router and attention
+    unquantized; quantization_config mxfp4 with GPT-OSS's modules_to_not_convert), and
+    out/NAME.reference.safetensors: model.prompt, model.logits (transformers' float64
+    forward of the folder, which dequantizes the experts itself: the format's float64 model
+    from the peer's own code) and model.logits_float32 (the same in float32)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(out) / name
+    shutil.rmtree(folder, ignore_errors=True)
+    model = build("gpt_oss", torch.float32, seed)
+    model.save_pretrained(folder)
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+        f.unlink()
+    for f in folder.glob("*.index.json"):
+        f.unlink()
+    quantized = sorted(k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    for key in quantized:  # stored [experts, in, out]; MXFP4 is [experts, out, in / 32, 16]
+        tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = mxfp4_quantize(tensors.pop(key).transpose(1, 2))
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with open(folder / "config.json") as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(folder / "config.json", "w") as f:
+        json.dump(config, f, indent=1)
+    prompt = torch.randint(0, model.config.vocab_size, (BATCH, FAMILIES["gpt_oss"]["prompt"]),
+                           generator=torch.Generator().manual_seed(seed + 300))
+    ref = {"model.prompt": prompt}
+    for dtype, key in ((torch.float64, "model.logits"), (torch.float32, "model.logits_float32")):
+        loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, experts_implementation="eager").eval()
+        assert loaded.model.layers[0].mlp.experts.gate_up_proj.dtype == dtype  # dequantized by transformers
+        ref[key] = _logits(loaded, prompt).to(torch.float64).contiguous()
     save_file(ref, str(Path(out) / f"{name}.reference.safetensors"))
     return {"quantized": quantized}
 

@@ -270,6 +270,45 @@ def test_gptq_folders_of_every_family_equal_their_dequantized_model(gptq_folder,
         print(f"\nTP {world} {name}: max |logit err| {max(r[name][0] for r in results):.2g}, transformers float32 {hf_err:.2g}")
 
 
+@pytest.fixture(scope="module")
+def mxfp4_folder(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("family_mxfp4")
+    family_fixtures.make_mxfp4(out, seed=70)
+    return out
+
+
+def _rank_mxfp4(rank, world, folder, ep):
+    ref = _reference(folder, "gpt_oss_mxfp4")
+    out = {}
+    for dtype in (torch.float64, torch.float32):
+        model = tp.CausalLM.from_pretrained(f"{folder}/gpt_oss_mxfp4", dtype=dtype, expert_parallel=ep)
+        with torch.no_grad():
+            logits = model.gather_logits(model(ref["model.prompt"]))
+        out[str(dtype)] = ((logits.double() - ref["model.logits"]).abs().max().item(), repr(model.layers[0].moe))
+    return out
+
+
+@pytest.mark.parametrize("world,ep", [(1, False), (2, False), (4, False), (3, True), (4, 2)])
+def test_gpt_oss_mxfp4_folder_equals_transformers_dequantized(mxfp4_folder, world, ep):
+    """GPT-OSS with its experts in MXFP4 as OpenAI stores them (fused _blocks / _scales,
+    quantization_config mxfp4): in float64 tp's logits equal transformers' own (which
+    dequantizes the experts with its own code) within 1e-12; in float32, where tp's MXFP4
+    CPU kernel runs, within transformers' own float32 error of that model. Experts split
+    (TP 1, 2, 4: intermediate 64 in blocks of 32, so one rank of four holds none),
+    distributed (EP 3) and both (2 x 2)."""
+    results = launcher.run(world, _rank_mxfp4, str(mxfp4_folder), ep, timeout=600) if world > 1 else [
+        _rank_mxfp4(0, 1, str(mxfp4_folder), ep)]
+    ref = _reference(mxfp4_folder, "gpt_oss_mxfp4")
+    scale = max(1.0, ref["model.logits"].abs().max().item())
+    hf_err = (ref["model.logits_float32"] - ref["model.logits"]).abs().max().item()
+    for rank, res in enumerate(results):
+        err64, text = res[str(torch.float64)]
+        err32, _ = res[str(torch.float32)]
+        assert "quant=mxfp4" in text, text
+        assert err64 <= 1e-12 * scale, f"world {world} ep {ep} rank {rank}: float64 max |logit err| {err64:.3g}"
+        assert err32 <= 4 * hf_err + 1e-6 * scale, f"world {world} rank {rank}: float32 {err32:.3g} vs transformers {hf_err:.3g}"
+
+
 MOE = tuple(n for n in FAMILIES if family_fixtures.is_moe(n))
 # (world, expert_parallel): the experts distributed over every rank (EP 1-4; 16 experts over
 # 3 ranks: 6, 5, 5), and two groups of two ranks each splitting its experts (TP x EP).

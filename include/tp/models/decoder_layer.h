@@ -84,6 +84,7 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma only
   Norm q_norm{nullptr}, k_norm{nullptr};                                         // qk_norm only
+  at::Tensor sinks;  // [local query heads]: this rank's heads' attention sinks (attention_sinks only)
   QKVParallelLinear qkv{nullptr};
   RowParallelLinear o_proj{nullptr};
   GateUpParallelLinear gate_up{nullptr};  // a gated MLP

@@ -36,9 +36,10 @@ enum class ModelType {
   kQwen2Moe,
   kQwen3Moe,
   kGlm4Moe,
+  kGptOss,
 };
 /// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text",
-/// "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe".
+/// "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "gpt_oss".
 const char* to_string(ModelType type);
 
 /// The RoPE variants tp reads (rope_type).
@@ -47,8 +48,9 @@ enum class RopeType {
   kLlama3,    ///< Llama 3.1's frequency-band scaling (factor, low/high_freq_factor, original max positions)
   kLinear,    ///< positions divided by `factor` (Gemma 3's global layers)
   kLongRope,  ///< Phi-3's LongRoPE: per-frequency short / long factors, cos and sin scaled
+  kYarn,      ///< YaRN: frequencies blended between interpolated and original by a ramp, cos and sin scaled (GPT-OSS)
 };
-/// "default", "llama3", "linear", "longrope".
+/// "default", "llama3", "linear", "longrope", "yarn".
 const char* to_string(RopeType type);
 
 /// Rotary position embedding parameters, from transformers 5's `rope_parameters` or
@@ -67,15 +69,21 @@ struct RopeParameters {
   /// the long ones beyond; cos and sin are multiplied by attention_factor.
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
+  /// kYarn (also factor, original_max_position_embeddings and attention_factor, which
+  /// defaults to 0.1 ln(factor) + 1, or the mscale / mscale_all_dim ratio): the ramp's
+  /// rotation bounds, and whether its ends are rounded to whole dimensions (truncate).
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
 };
 
 /// The normalisation layers of a family.
 enum class NormKind {
   kRMS,            ///< weight * x / rms(x) (Llama, Qwen, Mistral, Phi-3)
   kRMSUnitOffset,  ///< (1 + weight) * x / rms(x), all in float32 (Gemma)
+  kRMSScaleFirst,  ///< weight * x / rms(x), the product in float32, cast last (GPT-OSS)
   kLayerNorm,      ///< LayerNorm with weight and bias (GPT-NeoX)
 };
-/// "rms", "rms_unit_offset", "layer_norm".
+/// "rms", "rms_unit_offset", "rms_scale_first", "layer_norm".
 const char* to_string(NormKind kind);
 
 /// The MLP activation (config.json's hidden_act / hidden_activation).
@@ -128,6 +136,12 @@ struct MoEParameters {
   /// 0: none), and whether a sigmoid gate scales it (Qwen2-MoE's shared_expert_gate).
   int64_t shared_expert_intermediate_size = 0;
   bool shared_expert_gate = false;
+  /// Biases on every expert's projections (GPT-OSS).
+  bool expert_bias = false;
+  /// The experts' activation when it is not the model's hidden_act ("swiglu_oai" with its
+  /// alpha and limit: GPT-OSS); empty: hidden_act.
+  std::string activation;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
   /// Which layers are MoE (Qwen-MoE: decoder_sparse_step, mlp_only_layers; the rest dense).
   std::vector<bool> layers;
   /// How many groups the experts are distributed over (not in config.json:
@@ -248,6 +262,9 @@ struct ModelConfig {
   std::vector<bool> sliding_layers;
   /// The multiplier of q . k (head_dim^-0.5, or Gemma's query_pre_attn_scalar^-0.5).
   double attention_scale = 0;
+  /// GPT-OSS: a learned logit per query head ("self_attn.sinks") joins each query's
+  /// softmax over the keys and takes its share of the probability, attending to nothing.
+  bool attention_sinks = false;
   /// Gemma 2's soft caps: cap * tanh(x / cap) on the attention scores and the final
   /// logits (0: none).
   double attn_logit_softcapping = 0;

@@ -32,6 +32,7 @@ struct NormOptions {
 
 /// kRMS:           y = weight * (h / sqrt(mean(h^2) + eps)).to(x.dtype), h = x in compute_dtype
 /// kRMSUnitOffset: y = ((h / sqrt(mean(h^2) + eps)) * (1 + weight in compute_dtype)).to(x.dtype)
+/// kRMSScaleFirst: y = (weight * (h / sqrt(mean(h^2) + eps))).to(x.dtype)
 /// kLayerNorm:     y = layer_norm(x, weight, bias, eps)
 class NormImpl : public torch::nn::Cloneable<NormImpl> {
  public:

@@ -1,6 +1,6 @@
 #pragma once
 // Rotary position embedding (the rotate-half form, over the leading rotary_dim features
-// of a head), with plain, Llama-3, linear and LongRoPE frequencies.
+// of a head), with plain, Llama-3, linear, LongRoPE and YaRN frequencies.
 
 #include <cstdint>
 #include <utility>
@@ -24,7 +24,7 @@ class RotaryEmbedding {
   /// positions: int64 [batch, seq] -> (cos, sin), each [batch, seq, rotary_dim] in
   /// `dtype`. LongRoPE takes its long factors when the largest position + 1 exceeds
   /// original_max_position_embeddings (per call, as transformers does), and scales
-  /// both tables by its attention_factor.
+  /// both tables by its attention_factor; so does YaRN.
   std::pair<at::Tensor, at::Tensor> cos_sin(const at::Tensor& positions, at::ScalarType dtype) const;
   /// The inverse frequencies, float32 [rotary_dim / 2] (LongRoPE: the short ones).
   const at::Tensor& inv_freq() const { return inv_freq_; }

@@ -21,10 +21,11 @@ enum class QuantFormat {
   kInt4Gptq,           ///< INT4 group-wise, GPTQ packing (qweight packed along in_features; QuantConfig::gptq_format)
   kInt4Awq,            ///< INT4 group-wise, AWQ packing (qweight packed along out_features, AWQ nibble order)
   kInt4PackQuantized,  ///< INT4 group-wise, compressed-tensors pack-quantized (weight_packed [N, K/8], offset binary)
+  kMxfp4,              ///< OCP MXFP4: E2M1 codes (blocks [N, K/32, 16]) with an E8M0 scale per 32 (GPT-OSS's experts)
 };
 
 /// The format's short name ("none", "fp8_tensor", "fp8_channel", "fp8_block",
-/// "int8_w8a8", "int8_weight_only", "int4_gptq", "int4_awq", "int4_pack_quantized").
+/// "int8_w8a8", "int8_weight_only", "int4_gptq", "int4_awq", "int4_pack_quantized", "mxfp4").
 const char* to_string(QuantFormat format);
 
 /// Every format, in enum order (the names parse_quant_config accepts).

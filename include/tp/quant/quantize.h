@@ -18,6 +18,8 @@
 //   int4_awq          qweight i32 [K, N/8], scales f16 [K/g, N], qzeros i32 [K/g, N/8]
 //   int4_pack_quantized  weight_packed i32 [N, K/8], weight_scale f32 [N, K/g],
 //                     weight_shape i64 [2], and weight_zero_point i32 [N/8, K/g] when asymmetric
+//   mxfp4             blocks u8 [N, K/32, 16] (two E2M1 codes a byte, low nibble first),
+//                     scales u8 [N, K/32] (E8M0: 2^(scale - 127))
 // (the INT4 packings and zero-point conventions are described in src/quant/int4/packing.h).
 
 #include <map>
