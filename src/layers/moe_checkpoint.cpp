@@ -12,6 +12,19 @@ namespace tp::detail {
 
 namespace {
 
+// The last region read from one fused tensor, shared by the views of its interleaved
+// parts: the gate view and the up view of GPT-OSS's gate_up each want rows [2b, 2e) of
+// the same expert (every other one), so the second takes what the first read.
+struct SharedRegion {
+  std::mutex mutex;
+  std::vector<Range> region;
+  at::Tensor tensor;
+};
+
+bool same(const std::vector<Range>& a, const std::vector<Range>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
 // Expert e of a fused tensor, rows {offset + stride * i : i < rows} of its output
 // dimension, as [out, ...] (transposed back from a stored [in, out]).
 class FusedExpertSource final : public TensorSource {
@@ -25,7 +38,8 @@ class FusedExpertSource final : public TensorSource {
     bool transposed = false;  // the expert's tensor is stored [in, out] (2-D)
     // What the fused tensor must look like: [experts, ..., out_rows at rows_dim, ...].
     int64_t experts = 0, out_rows = 0;
-    std::string out_what;  // "gate/up" or "hidden"
+    std::string out_what;                  // "gate/up" or "hidden"
+    std::shared_ptr<SharedRegion> shared;  // the interleaved parts' common read (stride > 1)
   };
   explicit FusedExpertSource(Spec spec) : spec_(std::move(spec)) {}
 
@@ -47,12 +61,25 @@ class FusedExpertSource final : public TensorSource {
     region[0] = {spec_.expert, spec_.expert + 1};
     const int64_t rows_dim = spec_.transposed ? 2 : 1;  // the output dimension in the fused tensor
     const Range rows = dim == 0 ? range : Range{0, spec_.rows};
-    region[rows_dim] = rows.empty() ? Range{spec_.offset, spec_.offset}
-                                    : Range{spec_.offset + spec_.stride * rows.begin,
-                                            spec_.offset + spec_.stride * (rows.end - 1) + 1};
     if (dim != 0) region[spec_.transposed ? 1 : dim + 1] = range;
-    at::Tensor t = source().read_region(region).select(0, 0);
-    if (spec_.stride > 1) t = t.slice(rows_dim - 1, 0, std::numeric_limits<int64_t>::max(), spec_.stride);
+    at::Tensor t;
+    if (spec_.stride == 1) {
+      region[rows_dim] = rows.shifted(spec_.offset);
+      t = source().read_region(region).select(0, 0);
+    } else {
+      // Interleaved: the rows of every part, [stride * b, stride * e), read once for all of
+      // them, then this part's every stride-th one.
+      region[rows_dim] = {spec_.stride * rows.begin, spec_.stride * rows.end};
+      {
+        std::lock_guard<std::mutex> lock(spec_.shared->mutex);
+        if (!spec_.shared->tensor.defined() || !same(spec_.shared->region, region)) {
+          spec_.shared->tensor = source().read_region(region);
+          spec_.shared->region = region;
+        }
+        t = spec_.shared->tensor;
+      }
+      t = t.select(0, 0).slice(rows_dim - 1, spec_.offset, std::numeric_limits<int64_t>::max(), spec_.stride);
+    }
     if (spec_.transposed) t = t.t();
     return t.contiguous();
   }
@@ -142,6 +169,7 @@ FusedExpertView fused_expert_view(const Checkpoint& checkpoint, const std::strin
     }
     spec.rows = shape.intermediate;
     spec.stride = layout.interleaved_gate_up() ? 2 : 1;
+    spec.shared = std::make_shared<SharedRegion>();
     for (const bool up : {false, true}) {
       spec.offset = up ? (layout.interleaved_gate_up() ? 1 : shape.intermediate) : 0;
       spec.name = name + e_str + (up ? ".up" : ".gate");

@@ -23,7 +23,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <mutex>
+#include <thread>
 
 #include "support/quant_formats.h"
 #include "support/test_util.h"
@@ -422,6 +424,65 @@ TEST_CASE("fused 3-D expert layouts load what the per-expert layout loads and ga
         }
         CHECK(back.size() == fused.size());
       });
+    }
+  }
+}
+
+namespace {
+
+// Counts the bytes of what read() and read_region() return, per reading thread (a rank).
+class CountingSource final : public TensorSource {
+ public:
+  CountingSource(std::shared_ptr<const TensorSource> inner, std::map<std::thread::id, int64_t>* bytes, std::mutex* mu)
+      : inner_(std::move(inner)), bytes_(bytes), mu_(mu) {}
+  const std::string& name() const override { return inner_->name(); }
+  std::vector<int64_t> shape() const override { return inner_->shape(); }
+  at::ScalarType dtype() const override { return inner_->dtype(); }
+  at::Tensor read(int64_t dim, Range range) const override { return count(inner_->read(dim, range)); }
+  at::Tensor read_region(const std::vector<Range>& region) const override { return count(inner_->read_region(region)); }
+
+ private:
+  at::Tensor count(at::Tensor t) const {
+    std::lock_guard<std::mutex> lock(*mu_);
+    (*bytes_)[std::this_thread::get_id()] += static_cast<int64_t>(t.nbytes());
+    return t;
+  }
+  std::shared_ptr<const TensorSource> inner_;
+  std::map<std::thread::id, int64_t>* bytes_;
+  std::mutex* mu_;
+};
+
+}  // namespace
+
+TEST_CASE("each rank reads only its experts, and only its slices of them, in either layout", "[layers][moe][loader]") {
+  // Bytes read per rank, exactly: the router (mirrored) and, of every expert it holds,
+  // its rows of gate and up and its columns of down (the biases' too).
+  const Spec spec = specs()[3];  // with expert biases
+  const Weights w = make_weights(spec, 5000);
+  std::mutex mu;
+  for (const bool fused : {false, true}) {
+    const Checkpoint plain = fused ? fused_checkpoint(w, true) : per_expert_checkpoint(w);
+    const auto layout =
+        fused ? MoECheckpointLayout().experts(ExpertLayout::kFused).interleaved_gate_up(true).transposed(true)
+              : MoECheckpointLayout();
+    for (const auto& [world, ep] : kSplits) {
+      INFO((fused ? "fused" : "per expert") << " world " << world << ", expert_parallel_size " << ep);
+      std::map<std::thread::id, int64_t> bytes;
+      Checkpoint counted;
+      for (const auto& name : plain.names())
+        counted.add(std::make_shared<CountingSource>(
+            std::shared_ptr<const TensorSource>(&plain.get(name), [](const TensorSource*) {}), &bytes, &mu));
+      std::vector<int64_t> want(static_cast<size_t>(world)), got(static_cast<size_t>(world));
+      run_ranks_in_threads(world, [&](Communicator& comm) {
+        MoEParallelMLP moe(options_of(spec).expert_parallel_size(ep), comm);
+        moe->load_weights(counted, "moe", layout);
+        const int64_t r = moe->local_range().size(), experts = moe->local_experts().size();
+        const int64_t per_expert = 3 * r * kHidden + 2 * r + kHidden;  // gate, up rows, down columns; biases
+        std::lock_guard<std::mutex> lock(mu);
+        want[static_cast<size_t>(comm.rank())] = 8 * (kExperts * kHidden + kExperts + experts * per_expert);
+        got[static_cast<size_t>(comm.rank())] = bytes[std::this_thread::get_id()];
+      });
+      CHECK(got == want);
     }
   }
 }
