@@ -338,6 +338,13 @@ void read_gemma(const ConfigFields& f, ModelConfig& c) {
     f.fail("use_bidirectional_attention", "true is not supported (tp builds causal decoders)");
 }
 
+// The expert count (under the family's key) and num_experts_per_tok, top-k never above it.
+void read_expert_count(const ConfigFields& f, const char* experts_key, MoEParameters& m) {
+  m.num_experts = f.required_positive(experts_key);
+  m.top_k = f.required_positive("num_experts_per_tok");
+  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", std::string("exceeds ") + experts_key);
+}
+
 // Mixtral: Mistral's attention, every layer's MLP a mixture of experts (w1 = gate,
 // w3 = up, w2 = down under block_sparse_moe), top-k of a float32 softmax, renormalised.
 void read_mixtral(const ConfigFields& f, ModelConfig& c) {
@@ -346,9 +353,7 @@ void read_mixtral(const ConfigFields& f, ModelConfig& c) {
   parse_layer_types(f, c, [&](int64_t) { return c.sliding_window > 0; });
   parse_rope(f, c);
   auto& m = c.moe;
-  m.num_experts = f.required_positive("num_local_experts");
-  m.top_k = f.required_positive("num_experts_per_tok");
-  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds num_local_experts");
+  read_expert_count(f, "num_local_experts", m);
   m.intermediate_size = c.intermediate_size;
   m.router.normalize_top_k(true);
   m.layers.assign(static_cast<size_t>(c.num_hidden_layers), true);
@@ -363,9 +368,7 @@ void read_mixtral(const ConfigFields& f, ModelConfig& c) {
 void read_qwen_moe_experts(const ConfigFields& f, ModelConfig& c) {
   auto& m = c.moe;
   const char* experts = f.has("num_local_experts") ? "num_local_experts" : "num_experts";
-  m.num_experts = f.required_positive(experts);
-  m.top_k = f.required_positive("num_experts_per_tok");
-  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", std::string("exceeds ") + experts);
+  read_expert_count(f, experts, m);
   m.intermediate_size = f.required_positive("moe_intermediate_size");
   m.router.normalize_top_k(f.boolean("norm_topk_prob", false)).weights_in_input_dtype(true);
   const int64_t step = f.integer("decoder_sparse_step", 1);
@@ -419,9 +422,7 @@ void read_glm4_moe(const ConfigFields& f, ModelConfig& c) {
   refuse_sliding(f);
   parse_rope(f, c);
   auto& m = c.moe;
-  m.num_experts = f.required_positive("n_routed_experts");
-  m.top_k = f.required_positive("num_experts_per_tok");
-  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds n_routed_experts");
+  read_expert_count(f, "n_routed_experts", m);
   m.intermediate_size = f.required_positive("moe_intermediate_size");
   const int64_t groups = f.integer("n_group", 1), top_groups = f.integer("topk_group", 1);
   if (groups < 1 || m.num_experts % groups != 0) f.fail("n_group", "must be >= 1 and divide n_routed_experts");
@@ -463,9 +464,7 @@ void read_gpt_oss(const ConfigFields& f, ModelConfig& c) {
   parse_layer_types(f, c, [&](int64_t i) { return i % 2 == 0; });
   parse_rope(f, c);
   auto& m = c.moe;
-  m.num_experts = f.required_positive("num_local_experts");
-  m.top_k = f.required_positive("num_experts_per_tok");
-  if (m.top_k > m.num_experts) f.fail("num_experts_per_tok", "exceeds num_local_experts");
+  read_expert_count(f, "num_local_experts", m);
   m.intermediate_size = c.intermediate_size;
   m.router.scoring(MoEScoring::kSoftmaxOfTopK).bias(true);
   m.expert_bias = true;

@@ -125,30 +125,37 @@ Weights make_weights(const Spec& s, uint64_t seed) {
   return w;
 }
 
-// Per expert ("<prefix>.experts.<e>.gate_proj.weight", ...), as transformers 4 writes them.
-Checkpoint per_expert_checkpoint(const Weights& w, const std::string& prefix = "moe") {
-  Checkpoint ckpt;
-  const auto add = [&](const std::string& name, const at::Tensor& t) {
-    if (t.defined()) ckpt.add(prefix + "." + name, t.detach());
+// Every tensor of `w` under its per-expert checkpoint name (without the layer prefix),
+// as transformers 4 writes them; absent (undefined) ones are skipped.
+template <typename F>
+void for_each_named(const Weights& w, F&& f) {
+  const auto visit = [&](const std::string& name, const at::Tensor& t) {
+    if (t.defined()) f(name, t);
   };
-  add("gate.weight", w.router);
-  add("gate.bias", w.router_bias);
-  add("gate.e_score_correction_bias", w.correction);
+  visit("gate.weight", w.router);
+  visit("gate.bias", w.router_bias);
+  visit("gate.e_score_correction_bias", w.correction);
   for (int64_t e = 0; e < kExperts; ++e) {
     const std::string p = "experts." + std::to_string(e) + ".";
-    add(p + "gate_proj.weight", w.gate[e]);
-    add(p + "up_proj.weight", w.up[e]);
-    add(p + "down_proj.weight", w.down[e]);
+    visit(p + "gate_proj.weight", w.gate[e]);
+    visit(p + "up_proj.weight", w.up[e]);
+    visit(p + "down_proj.weight", w.down[e]);
     if (!w.gate_b.empty()) {
-      add(p + "gate_proj.bias", w.gate_b[e]);
-      add(p + "up_proj.bias", w.up_b[e]);
-      add(p + "down_proj.bias", w.down_b[e]);
+      visit(p + "gate_proj.bias", w.gate_b[e]);
+      visit(p + "up_proj.bias", w.up_b[e]);
+      visit(p + "down_proj.bias", w.down_b[e]);
     }
   }
-  add("shared_expert.gate_proj.weight", w.s_gate);
-  add("shared_expert.up_proj.weight", w.s_up);
-  add("shared_expert.down_proj.weight", w.s_down);
-  add("shared_expert_gate.weight", w.shared_gate);
+  visit("shared_expert.gate_proj.weight", w.s_gate);
+  visit("shared_expert.up_proj.weight", w.s_up);
+  visit("shared_expert.down_proj.weight", w.s_down);
+  visit("shared_expert_gate.weight", w.shared_gate);
+}
+
+// Per expert ("<prefix>.experts.<e>.gate_proj.weight", ...).
+Checkpoint per_expert_checkpoint(const Weights& w, const std::string& prefix = "moe") {
+  Checkpoint ckpt;
+  for_each_named(w, [&](const std::string& name, const at::Tensor& t) { ckpt.add(prefix + "." + name, t.detach()); });
   return ckpt;
 }
 
@@ -263,29 +270,14 @@ std::map<std::string, at::Tensor> gathered_grads(MoEParallelMLP& moe, const std:
   return out;
 }
 
-// The reference's gradients under the checkpoint names.
+// The reference's gradients under the checkpoint names (the correction bias is a buffer,
+// not trained).
 std::map<std::string, at::Tensor> reference_grads(const Weights& w) {
   std::map<std::string, at::Tensor> out;
-  const auto add = [&](const std::string& name, const at::Tensor& t) {
-    if (t.defined()) out["moe." + name] = t.grad().defined() ? t.grad() : at::zeros_like(t);
-  };
-  add("gate.weight", w.router);
-  add("gate.bias", w.router_bias);
-  for (int64_t e = 0; e < kExperts; ++e) {
-    const std::string p = "experts." + std::to_string(e) + ".";
-    add(p + "gate_proj.weight", w.gate[e]);
-    add(p + "up_proj.weight", w.up[e]);
-    add(p + "down_proj.weight", w.down[e]);
-    if (!w.gate_b.empty()) {
-      add(p + "gate_proj.bias", w.gate_b[e]);
-      add(p + "up_proj.bias", w.up_b[e]);
-      add(p + "down_proj.bias", w.down_b[e]);
-    }
-  }
-  add("shared_expert.gate_proj.weight", w.s_gate);
-  add("shared_expert.up_proj.weight", w.s_up);
-  add("shared_expert.down_proj.weight", w.s_down);
-  add("shared_expert_gate.weight", w.shared_gate);
+  for_each_named(w, [&](const std::string& name, const at::Tensor& t) {
+    if (name == "gate.e_score_correction_bias") return;
+    out["moe." + name] = t.grad().defined() ? t.grad() : at::zeros_like(t);
+  });
   return out;
 }
 
