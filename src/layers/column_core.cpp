@@ -16,14 +16,23 @@ namespace tp::detail {
 std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const ColumnSpec& spec, const Communicator& comm,
                                              const ColumnPlanner& plan_of, torch::nn::Module& owner) {
   const auto method = make_quant_method(spec.quant);
-  const auto policy = aligned_policy(layer, spec.split, *method, ShardMode::kColumn);
+  const bool invariant = resolve_numerics(spec.numerics) == Numerics::kInvariant;
+  if (invariant) check_invariant_supported(layer, *method, spec.device);
+  auto policy = aligned_policy(layer, spec.split, *method, ShardMode::kColumn);
+  if (invariant && spec.invariant_size > 0)
+    policy.granularity = invariant_granularity(policy.granularity, spec.invariant_size, !policy.weights.empty());
   auto plans = with_layer_context(layer, [&] {
     std::vector<SegmentPlan> all;
     for (int64_t r = 0; r < comm.world_size(); ++r) all.push_back(plan_of(r, policy));
     return all;
   });
-  return std::make_shared<ColumnCore>(layer, comm, std::move(plans), spec.in_features, method, spec.bias,
-                                      at::TensorOptions().dtype(spec.dtype).device(spec.device), owner);
+  auto core = std::make_shared<ColumnCore>(layer, comm, plans, spec.in_features, method, spec.bias,
+                                           at::TensorOptions().dtype(spec.dtype).device(spec.device), owner);
+  if (invariant) {
+    const int64_t boundaries = spec.boundary_granularity > 0 ? spec.boundary_granularity : policy.granularity;
+    core->set_invariant(column_invariant_plan(layer, comm, plans, spec.in_features, boundaries));
+  }
+  return core;
 }
 
 ColumnCore::ColumnCore(std::string layer, Communicator comm, std::vector<SegmentPlan> plans, int64_t in_features,
@@ -76,6 +85,13 @@ void ColumnCore::reset_parameters() {
 
 at::Tensor ColumnCore::forward(const at::Tensor& x, bool gather_output, std::optional<int64_t> sequence_dim) const {
   check_input(layer_, x, in_features_, "in_features", method_->activation_dtype(), method_->weight_device());
+  if (invariant_) {
+    // The input gradient comes out of the canonical sums already reduced over ranks:
+    // no copy_to_parallel (its all-reduce would add it up again, in another order).
+    TORCH_CHECK_VALUE(!sequence_dim, layer_, ": sequence parallelism is not covered by invariant numerics");
+    const at::Tensor y = invariant_linear(x, weight_, bias_, /*add_bias=*/true, invariant_);
+    return gather_output ? gather(y, -1) : y;
+  }
   // Megatron's f: identity forward, the input gradient summed over ranks in the backward.
   // Sequence parallel: the token pieces gathered, the gradient reduce-scattered back.
   const at::Tensor xin =

@@ -15,8 +15,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "layers/invariant_linear.h"
 #include "layers/linear_function.h"
 #include "tp/comm/communicator.h"
+#include "tp/layers/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
@@ -57,6 +59,9 @@ class ColumnCore {
   at::Tensor forward(const at::Tensor& x, bool gather, std::optional<int64_t> sequence_dim = std::nullopt) const;
   /// Whether some local rows are copies of rows other ranks hold (replicated KV heads).
   bool has_replicas() const { return replicas_ != nullptr; }
+  /// Under invariant numerics, the plan of the layer's sums (set once by make_column_core).
+  void set_invariant(std::shared_ptr<const InvariantPlan> plan) { invariant_ = std::move(plan); }
+  bool invariant() const { return invariant_ != nullptr; }
   /// The whole weight [global_out, in] and bias [global_out] (undefined without one)
   /// from every rank's shard, segments in global order, replicated rows once. Every
   /// rank calls it and gets the same tensors.
@@ -87,9 +92,10 @@ class ColumnCore {
   std::vector<SegmentPlan> plans_;
   int64_t in_features_;
   std::shared_ptr<QuantMethod> method_;
-  at::Tensor weight_;                           // as registered by the method
-  at::Tensor bias_;                             // [local_out] or undefined
-  std::shared_ptr<const ReplicaSum> replicas_;  // null when no row is replicated
+  at::Tensor weight_;                               // as registered by the method
+  at::Tensor bias_;                                 // [local_out] or undefined
+  std::shared_ptr<const ReplicaSum> replicas_;      // null when no row is replicated
+  std::shared_ptr<const InvariantPlan> invariant_;  // null under default numerics
 };
 
 /// What the column layers' options share (their sizes differ; these do not).
@@ -100,6 +106,13 @@ struct ColumnSpec {
   SplitPolicy split;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
+  /// Invariant numerics (tp/layers/numerics.h; kAuto resolved at construction).
+  Numerics numerics = Numerics::kAuto;
+  /// Under invariant numerics: the size each segment's even split divides (0: none), so
+  /// the split granularity can rise to a whole chunk (invariant_granularity), and the
+  /// granularity of the segments' boundaries (0: the split policy's; QKV: head_dim).
+  int64_t invariant_size = 0;
+  int64_t boundary_granularity = 0;
 };
 
 /// Rank `rank`'s plan of the output dimension under `policy` (the layer's split policy

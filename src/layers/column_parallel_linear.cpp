@@ -27,8 +27,9 @@ void ColumnParallelLinearImpl::reset() {
   run_collectively(comm, std::string(kLayer) + " construction", [&] {
     detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
                           options.dtype());
-    const detail::ColumnSpec spec{options.in_features(), options.bias(),  options.quant(),
-                                  options.split(),       options.dtype(), options.device()};
+    const detail::ColumnSpec spec{options.in_features(), options.bias(),         options.quant(),
+                                  options.split(),       options.dtype(),        options.device(),
+                                  options.numerics(),    options.out_features(), 0};
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) {

@@ -29,8 +29,15 @@ void GateUpParallelLinearImpl::reset() {
                           {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
                           options.dtype());
     const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
-    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                  options.split(),       options.dtype(), options.device()};
+    const detail::ColumnSpec spec{options.hidden_size(),
+                                  options.bias(),
+                                  options.quant(),
+                                  options.split(),
+                                  options.dtype(),
+                                  options.device(),
+                                  options.numerics(),
+                                  options.intermediate_size(),
+                                  0};
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },

@@ -35,8 +35,9 @@ void QKVParallelLinearImpl::reset() {
                            {"num_heads", options.num_heads()},
                            {"num_kv_heads", options.num_kv_heads()}},
                           options.dtype());
-    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),  options.quant(),
-                                  options.split(),       options.dtype(), options.device()};
+    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),   options.quant(),    options.split(),
+                                  options.dtype(),       options.device(), options.numerics(), 0,
+                                  options.head_dim()};
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include "layers/invariant_linear.h"
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
 #include "layers/strict_load.h"
@@ -33,10 +34,29 @@ void RowParallelLinearImpl::reset() {
     detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
                           options.dtype());
     method_ = make_quant_method(options.quant());
-    const auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
+    const bool invariant = resolve_numerics(options.numerics()) == Numerics::kInvariant;
+    if (invariant) {
+      detail::check_invariant_supported(kLayer, *method_, options.device());
+      TORCH_CHECK_VALUE(options.reduce_output() && !options.sequence_parallel(), kLayer,
+                        ": invariant numerics needs reduce_output and no sequence_parallel (the canonical sum is "
+                        "taken whole, on every rank)");
+    }
+    auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
+    if (invariant)
+      policy.granularity =
+          detail::invariant_granularity(policy.granularity, options.in_features(), !policy.weights.empty());
     ranges_ = detail::with_layer_context(
         kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
     range_ = ranges_.at(comm.rank());
+    invariant_.reset();
+    if (invariant) {
+      std::vector<std::pair<int64_t, int64_t>> ranges;
+      for (const auto& r : ranges_) ranges.emplace_back(r.begin, r.end);
+      invariant_ = detail::with_layer_context(kLayer, [&] {
+        return detail::row_invariant_plan(kLayer, comm, options.in_features(), options.out_features(), ranges,
+                                          policy.granularity);
+      });
+    }
     const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
     method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
     weight = method_->weight();
@@ -75,6 +95,8 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     for (const auto& r : ranges_) sizes.push_back(r.size());
     x = scatter_to_parallel(x, comm, -1, sizes);
   }
+  // Invariant numerics: the canonical sum over every rank's columns, already reduced.
+  if (invariant_) return detail::invariant_linear(x, weight, bias, /*add_bias=*/true, invariant_);
   const auto sequence_dim = detail::sequence_dim_of(kLayer, x, options.sequence_parallel() && options.reduce_output(),
                                                     options.sequence_dim());
   // Bias contract: only rank 0 adds the bias, so the reduction counts it once; every

@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/numerics.h"
 #include "tp/layers/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/range.h"
@@ -40,6 +41,8 @@ struct ParallelLMHeadOptions {
   TORCH_ARG(bool, gather_output) = false;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
+  /// The order of its sums (tp/layers/numerics.h): kAuto reads TP_NUMERICS.
+  TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
 };
 
 /// The module behind the ParallelLMHead holder.

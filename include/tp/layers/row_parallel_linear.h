@@ -20,12 +20,16 @@
 
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
+#include "tp/layers/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/split.h"
 
 namespace tp {
 class QuantMethod;
+namespace detail {
+struct InvariantPlan;
+}
 
 /// Options for RowParallelLinear. Sizes are GLOBAL (unsharded).
 /// Example: tp::RowParallelLinear down(tp::RowParallelLinearOptions(11008, 4096).bias(false), comm);
@@ -57,6 +61,8 @@ struct RowParallelLinearOptions {
   TORCH_ARG(SplitPolicy, split) = {};
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
+  /// The order of its sums (tp/layers/numerics.h): kAuto reads TP_NUMERICS.
+  TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
 };
 
 /// The module behind the RowParallelLinear holder.
@@ -99,6 +105,7 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   Range range_;
   std::vector<Range> ranges_;
   std::shared_ptr<QuantMethod> method_;  // the format's weights and GEMM (hidden, as in the column layers)
+  std::shared_ptr<const detail::InvariantPlan> invariant_;  // null under default numerics
 };
 
 /// A ModuleHolder for RowParallelLinearImpl.

@@ -1,0 +1,121 @@
+#include "cpu/invariant_gemm.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "cpu/features.h"
+#include "cpu/panel_gemm.h"
+
+namespace tp::cpu {
+namespace {
+
+// What the decoder reads: panels [P, rows, 16] and the chunk's first reduction row.
+struct ChunkOfPanels {
+  const void* panels = nullptr;
+  bool bf16 = false;
+  int64_t rows = 0;
+  int64_t first = 0;
+};
+
+// panel_gemm's decoder over packed panels: a copy (float32) or an exact widening (bf16).
+void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf, int64_t ld_buf) {
+  const auto& d = *static_cast<const ChunkOfPanels*>(weight);
+  for (int64_t j = 0; j < np; ++j) {
+    const int64_t offset = ((p + j) * d.rows + d.first + k0) * kPanelWidth;
+    float* out = buf + j * kPanelWidth;
+    if (!d.bf16) {
+      const float* src = static_cast<const float*>(d.panels) + offset;
+      for (int64_t kk = 0; kk < kc; ++kk) std::memcpy(out + kk * ld_buf, src + kk * kPanelWidth, sizeof(float) * 16);
+      continue;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(d.panels) + offset;
+    for (int64_t kk = 0; kk < kc; ++kk) {
+      for (int64_t c = 0; c < kPanelWidth; ++c) {
+        const uint32_t bits = static_cast<uint32_t>(src[kk * kPanelWidth + c]) << 16;
+        std::memcpy(out + kk * ld_buf + c, &bits, sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<ChunkSpan> dyadic_pieces(int64_t begin, int64_t end) {
+  std::vector<ChunkSpan> out;
+  while (begin < end) {
+    int64_t size = 1;
+    while ((begin % (2 * size)) == 0 && begin + 2 * size <= end) size *= 2;
+    out.push_back({begin, size});
+    begin += size;
+  }
+  return out;
+}
+
+at::Tensor invariant_pack(const at::Tensor& b) {
+  TORCH_CHECK(b.dim() == 2 && (b.scalar_type() == at::kFloat || b.scalar_type() == at::kBFloat16),
+              "invariant_pack: expected a 2-D float32 or bfloat16 tensor, got ", b.sizes(), " ", b.scalar_type());
+  const int64_t n = b.size(0), r = b.size(1), panels = (n + kPanelWidth - 1) / kPanelWidth;
+  at::Tensor padded = at::zeros({panels * kPanelWidth, r}, b.options().device(at::kCPU));
+  padded.narrow(0, 0, n).copy_(b);
+  return padded.view({panels, kPanelWidth, r}).transpose(1, 2).contiguous();
+}
+
+at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
+                                 int64_t chunk) {
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous() && chunk > 0,
+              "invariant_gemm_pieces: a must be contiguous float32 [M, R]");
+  const int64_t m = a.size(0), r = a.size(1), chunks = (r + chunk - 1) / chunk;
+  const int64_t panels = (n + kPanelWidth - 1) / kPanelWidth;
+  TORCH_CHECK(b_packed.dim() == 3 && b_packed.size(0) == panels && b_packed.size(1) == r &&
+                  b_packed.size(2) == kPanelWidth && b_packed.is_contiguous(),
+              "invariant_gemm_pieces: b_packed ", b_packed.sizes(), " is not invariant_pack of [", n, ", ", r, "]");
+  const auto spans = dyadic_pieces(first_chunk, first_chunk + chunks);
+  at::Tensor out = at::empty({static_cast<int64_t>(spans.size()), m, n}, a.options());
+  if (m == 0 || n == 0 || spans.empty()) return out;
+
+  const Isa isa = cpu::isa();
+  // Each chunk of a packed for the microkernels once, shared by every thread.
+  std::vector<std::vector<float>> xp(chunks);
+  for (int64_t c = 0; c < chunks; ++c)
+    xp[c] = panel_pack_x(a.data_ptr<float>() + c * chunk, m, r, std::min(chunk, r - c * chunk), isa);
+  const bool bf16 = b_packed.scalar_type() == at::kBFloat16;
+  const void* panel_data = b_packed.data_ptr();
+  float* out_data = out.data_ptr<float>();
+
+  parallel_over_panels(panels, m, r, panel_gemm_panels_per_step(isa), [&](int64_t p0, int64_t p1) {
+    const int64_t width = kPanelWidth * (p1 - p0), cols = std::min(width, n - kPanelWidth * p0);
+    // The binary counter: complete subtrees of decreasing size, merged as soon as a
+    // right sibling completes, so at the end they are exactly `spans`.
+    std::vector<std::vector<float>> stack;
+    std::vector<ChunkSpan> held;
+    for (int64_t c = 0; c < chunks; ++c) {
+      std::vector<float> part(static_cast<size_t>(m * width));
+      ChunkOfPanels d{panel_data, bf16, r, c * chunk};
+      const PanelWeight w{n, std::min(chunk, r - c * chunk), decode_panels, &d};
+      // panel_gemm writes columns [16 p0, 16 p1) of its y: offset so they land at 0.
+      panel_gemm(xp[c].data(), m, w, part.data() - kPanelWidth * p0, width, p0, p1, isa);
+      stack.push_back(std::move(part));
+      held.push_back({first_chunk + c, 1});
+      while (held.size() >= 2) {
+        const ChunkSpan left = held[held.size() - 2], right = held.back();
+        if (left.size != right.size || left.lo % (2 * left.size) != 0) break;
+        auto& l = stack[stack.size() - 2];
+        const auto& rr = stack.back();
+        for (size_t i = 0; i < l.size(); ++i) l[i] = l[i] + rr[i];
+        stack.pop_back();
+        held.pop_back();
+        held.back() = {left.lo, 2 * left.size};
+      }
+    }
+    TORCH_INTERNAL_ASSERT(held == spans, "invariant_gemm_pieces: the counter's subtrees are not the dyadic pieces");
+    for (size_t i = 0; i < stack.size(); ++i)
+      for (int64_t row = 0; row < m; ++row)
+        std::memcpy(out_data + (static_cast<int64_t>(i) * m + row) * n + kPanelWidth * p0,
+                    stack[i].data() + row * width, sizeof(float) * cols);
+  });
+  return out;
+}
+
+}  // namespace tp::cpu

@@ -1,0 +1,295 @@
+// Invariant numerics (tp/layers/numerics.h): the canonical GEMM and the layers at TP 1-4,
+// ranks as threads. "Bitwise" below is at::equal: every output and gradient of TP 2, 3
+// and 4 equals TP 1's to the last bit, in float32 and bfloat16, with uneven shards
+// (world 3), chunk tails and zero-size shards; a row alone equals the same row inside a
+// batch; and the canonical GEMM stays within float32 accumulation bounds of float64.
+
+#include "support/tp_catch.h"
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+#include <vector>
+
+#include "cpu/invariant_gemm.h"
+#include "layers/canonical_sum.h"
+#include "support/test_util.h"
+#include "tp/tp.h"
+
+using namespace tp;
+using tp::test::randn;
+
+namespace {
+
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, int64_t chunk) {
+  // The whole reduction on one rank: its pieces make the whole tree.
+  const at::Tensor pieces = cpu::invariant_gemm_pieces(a.contiguous(), cpu::invariant_pack(b), b.size(0), 0, chunk);
+  const int64_t leaves = (a.size(1) + chunk - 1) / chunk;
+  return tp::detail::evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0));
+}
+
+// What one rank saw, gathered after the ranks joined (Catch's assertions are not thread-safe).
+struct Seen {
+  at::Tensor y, gx, gw, gb;
+};
+
+}  // namespace
+
+TEST_CASE("invariant: dyadic pieces are the canonical tree's whole subtrees", "[invariant]") {
+  using S = cpu::ChunkSpan;
+  CHECK((cpu::dyadic_pieces(0, 8) == std::vector<S>{{0, 8}}));
+  CHECK((cpu::dyadic_pieces(3, 11) == std::vector<S>{{3, 1}, {4, 4}, {8, 2}, {10, 1}}));
+  CHECK(cpu::dyadic_pieces(5, 5).empty());
+  CHECK((cpu::dyadic_pieces(0, 11) == std::vector<S>{{0, 8}, {8, 2}, {10, 1}}));
+}
+
+TEST_CASE("invariant: the canonical GEMM gives a row the same bits alone and in any batch, near float64",
+          "[invariant]") {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t k : {1, 63, 64, 200, 1000}) {
+      INFO("dtype=" << dtype << " K=" << k);
+      const at::Tensor a = randn({37, k}, 11 + k).to(at::kFloat);
+      const at::Tensor b = randn({45, k}, 12 + k).to(dtype);
+      const at::Tensor y = gemm(a, b, 64);
+      for (const int64_t m : {1, 2, 5, 17}) CHECK(at::equal(gemm(a.narrow(0, 3, m), b, 64), y.narrow(0, 3, m)));
+      const at::Tensor exact = at::matmul(a.to(at::kDouble), b.to(at::kDouble).t());
+      const double bound =
+          2.0 * k * 6e-8 * (at::matmul(a.abs().to(at::kDouble), b.abs().to(at::kDouble).t())).max().item<double>();
+      CHECK((y.to(at::kDouble) - exact).abs().max().item<double>() <= bound + 1e-30);
+    }
+  }
+}
+
+TEST_CASE("invariant: pieces of a reduction split over ranks rebuild one device's sum bit for bit", "[invariant]") {
+  const int64_t chunk = 16, chunks = 11, k = chunks * chunk - 5;  // a short last chunk
+  const at::Tensor a = randn({5, k}, 1).to(at::kFloat), b = randn({9, k}, 2).to(at::kFloat);
+  const at::Tensor whole = gemm(a, b, chunk);
+  for (const auto& split :
+       std::vector<std::vector<int64_t>>{{0, 11}, {0, 3, 7, 11}, {0, 1, 2, 11}, {0, 5, 5, 10, 11}}) {
+    std::vector<cpu::ChunkSpan> spans;
+    std::vector<at::Tensor> values;
+    for (size_t r = 0; r + 1 < split.size(); ++r) {
+      const int64_t c0 = split[r], c1 = split[r + 1];
+      const int64_t k0 = c0 * chunk, k1 = std::min(k, c1 * chunk);
+      const at::Tensor pieces = cpu::invariant_gemm_pieces(a.narrow(1, k0, k1 - k0).contiguous(),
+                                                           cpu::invariant_pack(b.narrow(1, k0, k1 - k0)), 9, c0, chunk);
+      const auto mine = cpu::dyadic_pieces(c0, c1);
+      REQUIRE(pieces.size(0) == static_cast<int64_t>(mine.size()));
+      for (size_t i = 0; i < mine.size(); ++i) {
+        spans.push_back(mine[i]);
+        values.push_back(pieces[static_cast<int64_t>(i)]);
+      }
+    }
+    CHECK(at::equal(tp::detail::evaluate_tree(chunks, spans, values), whole));
+  }
+}
+
+namespace {
+
+// Runs `body(comm, rank_seen)` at TP 1-4 and checks every world's outputs and
+// gradients equal TP 1's bit for bit (`slice` maps TP 1's weight gradient to a rank's).
+using Body = std::function<Seen(Communicator&)>;
+using Slice = std::function<at::Tensor(const at::Tensor& whole, int64_t world, int64_t rank)>;
+
+void check_tp_invariant(const Body& body, const Slice& weight_slice, const Slice& bias_slice) {
+  Seen one;
+  run_ranks_in_threads(1, [&](Communicator& comm) { one = body(comm); });
+  for (int64_t world = 2; world <= 4; ++world) {
+    std::vector<Seen> seen(world);
+    run_ranks_in_threads(world, [&](Communicator& comm) { seen[comm.rank()] = body(comm); });
+    for (int64_t r = 0; r < world; ++r) {
+      INFO("world " << world << " rank " << r);
+      CHECK(at::equal(seen[r].y, one.y));
+      CHECK(at::equal(seen[r].gx, one.gx));
+      CHECK(at::equal(seen[r].gw, weight_slice(one.gw, world, r)));
+      if (one.gb.defined()) CHECK(at::equal(seen[r].gb, bias_slice(one.gb, world, r)));
+    }
+  }
+}
+
+Seen record(const at::Tensor& y, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return {y.detach().clone(), x.grad().clone(), w.grad().clone(), b.defined() ? b.grad().clone() : at::Tensor()};
+}
+
+}  // namespace
+
+TEST_CASE("invariant: a Column then Row pair gives TP 1's bits at TP 2-4, forward and backward",
+          "[invariant][layers]") {
+  // in 96 (a short second chunk of 32), intermediate 320 (granularity 1, raised to 64:
+  // 5 chunks, 2 + 2 + 1 at TP 3, a rank with none at TP 4 ... 2 + 1 + 1 + 1), out 37.
+  const int64_t in = 96, mid = 320, out = 37, tokens = 7;
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    INFO("dtype " << dtype);
+    const auto x = randn({tokens, in}, 1).to(dtype), G = randn({tokens, out}, 2).to(dtype);
+    Checkpoint ckpt;
+    ckpt.add("up.weight", randn({mid, in}, 3).to(dtype));
+    ckpt.add("up.bias", randn({mid}, 4).to(dtype));
+    ckpt.add("down.weight", randn({out, mid}, 5).to(dtype));
+    ckpt.add("down.bias", randn({out}, 6).to(dtype));
+    std::vector<std::vector<Range>> up_ranges(5);
+    std::mutex mutex;
+    // Record the column layer's gradients (its weight's rows are this rank's range).
+    const Body body = [&](Communicator& comm) {
+      ColumnParallelLinear up(ColumnParallelLinearOptions(in, mid).numerics(Numerics::kInvariant).dtype(dtype), comm);
+      RowParallelLinear down(RowParallelLinearOptions(mid, out).numerics(Numerics::kInvariant).dtype(dtype), comm);
+      up->load_weights(ckpt, "up");
+      down->load_weights(ckpt, "down");
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        up_ranges[comm.world_size()].resize(comm.world_size());
+        up_ranges[comm.world_size()][comm.rank()] = up->local_range();
+      }
+      const at::Tensor xr = x.clone().requires_grad_(true);
+      const at::Tensor y = down->forward(at::gelu(up->forward(xr)));
+      (y * G).sum().backward();
+      return record(y, xr, up->weight, up->bias);
+    };
+    check_tp_invariant(
+        body,
+        [&](const at::Tensor& w, int64_t world, int64_t r) {
+          const Range rr = up_ranges[world][r];
+          return w.narrow(0, rr.begin, rr.size());
+        },
+        [&](const at::Tensor& b, int64_t world, int64_t r) {
+          const Range rr = up_ranges[world][r];
+          return b.narrow(0, rr.begin, rr.size());
+        });
+    // The row layer's own weight gradient, by columns.
+    std::vector<std::vector<Range>> down_ranges(5);
+    const Body row_body = [&](Communicator& comm) {
+      RowParallelLinear down(
+          RowParallelLinearOptions(mid, out).input_is_parallel(false).numerics(Numerics::kInvariant).dtype(dtype),
+          comm);
+      down->load_weights(ckpt, "down");
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        down_ranges[comm.world_size()].resize(comm.world_size());
+        down_ranges[comm.world_size()][comm.rank()] = down->local_range();
+      }
+      const at::Tensor h = at::gelu(randn({tokens, mid}, 7)).to(dtype).requires_grad_(true);
+      const at::Tensor y = down->forward(h);
+      (y * G).sum().backward();
+      return record(y, h, down->weight, down->bias);
+    };
+    check_tp_invariant(
+        row_body,
+        [&](const at::Tensor& w, int64_t world, int64_t r) {
+          const Range rr = down_ranges[world][r];
+          return w.narrow(1, rr.begin, rr.size());
+        },
+        [](const at::Tensor& b, int64_t, int64_t) { return b; });
+  }
+}
+
+TEST_CASE("invariant: a row gives the same bits alone and inside a batch, at TP 1-3", "[invariant][layers]") {
+  const int64_t in = 256, out = 48;
+  Checkpoint ckpt;
+  ckpt.add("down.weight", randn({out, in}, 5).to(at::kFloat));
+  const at::Tensor x = randn({7, in}, 8).to(at::kFloat);
+  for (int64_t world = 1; world <= 3; ++world) {
+    std::vector<at::Tensor> batch(world), alone(world);
+    run_ranks_in_threads(world, [&](Communicator& comm) {
+      RowParallelLinear down(
+          RowParallelLinearOptions(in, out).bias(false).input_is_parallel(false).numerics(Numerics::kInvariant), comm);
+      down->load_weights(ckpt, "down");
+      batch[comm.rank()] = down->forward(x);
+      alone[comm.rank()] = down->forward(x.narrow(0, 4, 1));
+    });
+    for (int64_t r = 0; r < world; ++r) CHECK(at::equal(alone[r], batch[r].narrow(0, 4, 1)));
+  }
+}
+
+TEST_CASE("invariant: QKV and GateUp give TP 1's outputs and input gradients at TP 2-4", "[invariant][layers]") {
+  const int64_t hidden = 80, head_dim = 16, heads = 4, kv = 4, inter = 128, tokens = 5;
+  Checkpoint ckpt;
+  for (const char* n : {"q", "k", "v"})
+    ckpt.add(std::string("attn.") + n + "_proj.weight", randn({heads * head_dim, hidden}, n[0]).to(at::kFloat));
+  ckpt.add("mlp.gate_proj.weight", randn({inter, hidden}, 21).to(at::kFloat));
+  ckpt.add("mlp.up_proj.weight", randn({inter, hidden}, 22).to(at::kFloat));
+  const at::Tensor x = randn({tokens, hidden}, 9).to(at::kFloat);
+  const at::Tensor Gq = randn({tokens, (heads + 2 * kv) * head_dim}, 10).to(at::kFloat);
+  const at::Tensor Gm = randn({tokens, 2 * inter}, 11).to(at::kFloat);
+  std::vector<at::Tensor> one(4);
+  for (int64_t world = 1; world <= 4; ++world) {
+    std::vector<std::vector<at::Tensor>> seen(world);
+    run_ranks_in_threads(world, [&](Communicator& comm) {
+      QKVParallelLinear qkv(QKVParallelLinearOptions(hidden, head_dim, heads, kv)
+                                .bias(false)
+                                .gather_output(true)
+                                .numerics(Numerics::kInvariant),
+                            comm);
+      qkv->load_weights(ckpt, "attn");
+      GateUpParallelLinear mlp(
+          GateUpParallelLinearOptions(hidden, inter).bias(false).gather_output(true).numerics(Numerics::kInvariant),
+          comm);
+      mlp->load_weights(ckpt, "mlp");
+      const at::Tensor xq = x.clone().requires_grad_(true), xm = x.clone().requires_grad_(true);
+      const at::Tensor yq = qkv->forward(xq), ym = mlp->forward(xm);
+      (yq * Gq).sum().backward();
+      (ym * Gm).sum().backward();
+      seen[comm.rank()] = {yq.detach(), xq.grad(), ym.detach(), xm.grad()};
+    });
+    for (int64_t r = 0; r < world; ++r) {
+      if (world == 1) {
+        one = seen[0];
+        continue;
+      }
+      INFO("world " << world << " rank " << r);
+      for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(seen[r][i], one[i]));
+    }
+  }
+}
+
+TEST_CASE("invariant: replicated KV heads compute TP 1's forward and refuse the backward by name",
+          "[invariant][layers]") {
+  const int64_t hidden = 32, head_dim = 8, heads = 4, kv = 2;
+  Checkpoint ckpt;
+  ckpt.add("attn.q_proj.weight", randn({heads * head_dim, hidden}, 3).to(at::kFloat));
+  ckpt.add("attn.k_proj.weight", randn({kv * head_dim, hidden}, 4).to(at::kFloat));
+  ckpt.add("attn.v_proj.weight", randn({kv * head_dim, hidden}, 5).to(at::kFloat));
+  const at::Tensor x = randn({3, hidden}, 4).to(at::kFloat);
+  at::Tensor one;
+  std::vector<at::Tensor> four(4);
+  std::vector<std::string> errors(4);
+  for (const int64_t world : {1, 4}) {
+    run_ranks_in_threads(world, [&](Communicator& comm) {
+      QKVParallelLinear qkv(QKVParallelLinearOptions(hidden, head_dim, heads, kv)
+                                .bias(false)
+                                .gather_output(true)
+                                .numerics(Numerics::kInvariant),
+                            comm);
+      qkv->load_weights(ckpt, "attn");
+      const at::Tensor xr = x.clone().requires_grad_(true);
+      const at::Tensor y = qkv->forward(xr);
+      if (world == 1) {
+        one = y.detach();
+        return;
+      }
+      four[comm.rank()] = y.detach();
+      try {
+        y.sum().backward();
+      } catch (const std::exception& e) {
+        errors[comm.rank()] = e.what();
+      }
+    });
+  }
+  for (int64_t r = 0; r < 4; ++r) {
+    CHECK(at::equal(four[r], one));
+    CHECK_THAT(errors[r], Catch::Contains("replicated KV heads"));
+  }
+}
+
+TEST_CASE("invariant: quantized formats, sequence parallelism and unreduced outputs are refused by name",
+          "[invariant][layers]") {
+  run_ranks_in_threads(2, [&](Communicator& comm) {
+    CHECK_THROWS_WITH(
+        RowParallelLinear(RowParallelLinearOptions(64, 8).reduce_output(false).numerics(Numerics::kInvariant), comm),
+        Catch::Contains("reduce_output"));
+  });
+  CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 64)
+                                             .quant(parse_quant_config("int8_weight_only"))
+                                             .numerics(Numerics::kInvariant)),
+                    Catch::Contains("invariant numerics covers unquantized layers"));
+  CHECK(parse_numerics("Invariant") == Numerics::kInvariant);
+  CHECK_THROWS_WITH(parse_numerics("exact"), Catch::Contains("auto, default or invariant"));
+}
