@@ -169,12 +169,14 @@ void init_causal_lm(py::module_& m) {
       .def_static(
           "from_pretrained",
           [](const std::string& folder, const Communicator& comm, std::optional<at::ScalarType> dtype,
-             int64_t pad_vocab_to_multiple_of, int64_t num_layers, int64_t expert_parallel_size) {
+             int64_t pad_vocab_to_multiple_of, int64_t num_layers, int64_t expert_parallel_size,
+             const std::string& numerics) {
             auto options = CausalLMOptions()
                                .dtype(dtype.value_or(at::ScalarType::Undefined))
                                .pad_vocab_to_multiple_of(pad_vocab_to_multiple_of)
                                .num_layers(num_layers)
-                               .expert_parallel_size(expert_parallel_size);
+                               .expert_parallel_size(expert_parallel_size)
+                               .numerics(parse_numerics(numerics));
             std::shared_ptr<CausalLMImpl> model;
             {
               py::gil_scoped_release no_gil;  // collective: ranks that are threads must all get there
@@ -191,7 +193,8 @@ void init_causal_lm(py::module_& m) {
             });
           },
           py::arg("folder"), py::arg("communicator"), py::arg("dtype") = std::nullopt,
-          py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel_size") = 1)
+          py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel_size") = 1,
+          py::arg("numerics") = "auto")
       .def(
           "forward",
           [](CausalLMImpl& model, const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {

@@ -131,9 +131,15 @@ void bind_head(py::module_& m) {
       .def("argmax", &Impl::argmax, py::arg("local_logits"), Release())
       .def_property_readonly("tied", &Impl::tied);
 
-  m.def("vocab_parallel_cross_entropy", &vocab_parallel_cross_entropy, py::arg("local_logits"), py::arg("target"),
-        py::arg("partition"), py::arg("communicator"), py::arg("ignore_index") = -100, Release(),
-        "Per-row cross entropy from this rank's local logits (Megatron's vocab-parallel cross entropy).");
+  m.def(
+      "vocab_parallel_cross_entropy",
+      [](const at::Tensor& logits, const at::Tensor& target, const VocabPartition& partition, const Communicator& comm,
+         int64_t ignore_index, const std::string& numerics) {
+        return vocab_parallel_cross_entropy(logits, target, partition, comm, ignore_index, parse_numerics(numerics));
+      },
+      py::arg("local_logits"), py::arg("target"), py::arg("partition"), py::arg("communicator"),
+      py::arg("ignore_index") = -100, py::arg("numerics") = "default", Release(),
+      "Per-row cross entropy from this rank's local logits (Megatron's vocab-parallel cross entropy).");
   m.def("vocab_parallel_argmax", &vocab_parallel_argmax, py::arg("local_logits"), py::arg("partition"),
         py::arg("communicator"), Release(), "The argmax over the whole vocabulary from the local logits.");
 }

@@ -264,7 +264,7 @@ class CausalLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str, *, dtype: Optional[torch.dtype] = None, pad_vocab_to_multiple_of: int = 1,
-                        num_layers: int = 0, expert_parallel: Union[bool, int] = False,
+                        num_layers: int = 0, expert_parallel: Union[bool, int] = False, numerics: str = "auto",
                         group: Optional["dist.ProcessGroup"] = None,
                         communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
@@ -274,12 +274,16 @@ class CausalLM(nn.Module):
         split over every rank (expert tensor parallelism); True: distributed over the ranks,
         each whole on one (expert parallelism: each rank reads only its experts); an integer
         n dividing the world size: n groups of ranks, each splitting its share of experts.
-        Collective: every rank calls it."""
+        ``numerics``: "invariant" sums every reduction in one canonical order, so logits,
+        losses and gradients have the bits of TP 1 at every TP size and a prompt's logits
+        the same bits alone or in any batch (README, "Invariant numerics"); "default" the
+        fastest order; "auto" reads TP_NUMERICS. Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
         ep = (0 if expert_parallel else 1) if isinstance(expert_parallel, bool) else int(expert_parallel)
-        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep))
+        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep,
+                                               numerics))
 
     def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0):
         """ids int64 [batch, seq] (the same on every rank) -> local logits. With a cache the

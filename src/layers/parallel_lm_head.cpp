@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "layers/invariant_linear.h"
 #include "layers/layer_common.h"
 #include "layers/vocab_common.h"
 #include "tp/comm/differentiable.h"
@@ -25,12 +26,13 @@ ParallelLMHeadImpl::ParallelLMHeadImpl(ParallelLMHeadOptions options_, Communica
   reset();
 }
 
-ParallelLMHeadImpl::ParallelLMHeadImpl(const VocabParallelEmbedding& embedding, bool gather_output)
+ParallelLMHeadImpl::ParallelLMHeadImpl(const VocabParallelEmbedding& embedding, bool gather_output, Numerics numerics)
     : options(ParallelLMHeadOptions(embedding->options.embedding_dim(), embedding->options.num_embeddings())
                   .pad_to_multiple_of(embedding->options.pad_to_multiple_of())
                   .gather_output(gather_output)
                   .dtype(embedding->options.dtype())
-                  .device(embedding->options.device())),
+                  .device(embedding->options.device())
+                  .numerics(numerics)),
       comm(embedding->comm),
       tied_(true) {
   weight = embedding->weight;  // the same tensor: one parameter, two uses
@@ -52,6 +54,17 @@ void ParallelLMHeadImpl::reset() {
                           kLayer, ": the tied embedding's weight ", weight.sizes(), " does not match the partition");
   } else {
     weight = register_parameter("weight", at::empty({rows.size(), options.hidden_size()}, tensor_options));
+  }
+  invariant_.reset();
+  if (resolve_numerics(options.numerics()) == Numerics::kInvariant) {
+    // The vocabulary is one output segment, split at multiples of pad_to_multiple_of.
+    std::vector<SegmentPlan> plans;
+    for (int64_t r = 0; r < comm.world_size(); ++r)
+      plans.push_back(make_segment_plan({Segment{"vocab", partition_.padded_size}}, {partition_.range(r)}));
+    invariant_ = detail::with_layer_context(kLayer, [&] {
+      detail::check_invariant_supported(kLayer, *make_quant_method({}), options.device());
+      return detail::column_invariant_plan(kLayer, comm, plans, options.hidden_size(), partition_.pad_to_multiple_of);
+    });
   }
   padding_mask_ = at::Tensor();
   if (real.size() < rows.size())
@@ -80,7 +93,9 @@ void ParallelLMHeadImpl::pretty_print(std::ostream& stream) const {
 at::Tensor ParallelLMHeadImpl::forward(const at::Tensor& x) {
   detail::check_input(kLayer, x, options.hidden_size(), "hidden_size", weight.scalar_type(), weight.device());
   // Every rank's logits depend on all of x: its gradient is the sum of the ranks' parts.
-  at::Tensor logits = at::linear(copy_to_parallel(x, comm), weight);  // [..., local rows]
+  // Invariant numerics: the canonical GEMM, whose backward reduces the input gradient itself.
+  at::Tensor logits = invariant_ ? detail::invariant_linear(x, weight, {}, /*add_bias=*/false, invariant_)
+                                 : at::linear(copy_to_parallel(x, comm), weight);  // [..., local rows]
   if (options.gather_output()) {
     std::vector<int64_t> sizes;
     for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(partition_.real(r).size());
@@ -95,7 +110,8 @@ at::Tensor ParallelLMHeadImpl::cross_entropy(const at::Tensor& local_logits, con
   TORCH_CHECK_VALUE(!options.gather_output(), kLayer,
                     ": cross_entropy takes the local logits; this head gathers them (gather_output=true): use "
                     "at::cross_entropy on the gathered logits, or a head without gather_output");
-  return vocab_parallel_cross_entropy(local_logits, target, partition_, comm, ignore_index);
+  return vocab_parallel_cross_entropy(local_logits, target, partition_, comm, ignore_index,
+                                      invariant_ ? Numerics::kInvariant : Numerics::kDefault);
 }
 
 at::Tensor ParallelLMHeadImpl::argmax(const at::Tensor& local_logits) const {

@@ -6,6 +6,8 @@
 
 #include <limits>
 
+#include "cpu/invariant_gemm.h"
+#include "layers/canonical_sum.h"
 #include "layers/vocab_common.h"
 
 namespace tp {
@@ -38,9 +40,23 @@ at::Tensor gather_stacked(const at::Tensor& t, const Communicator& comm) {
   return comm.all_gather(t.unsqueeze(0).contiguous(), 0, std::vector<int64_t>(comm.world_size(), 1));
 }
 
+// The canonical sum over the vocabulary of exp [..., real] (float32): each rank's
+// subtrees over its chunks, exchanged and evaluated as one device would.
+at::Tensor canonical_sum_exp(const at::Tensor& exp, const Communicator& comm, int64_t begin, int64_t real,
+                             const detail::CanonicalSum& sum, int64_t chunk) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < exp.dim(); ++d) rows *= exp.size(d);
+  const at::Tensor e = exp.reshape({rows, real}).contiguous();
+  const at::Tensor ones = cpu::invariant_pack(at::ones({1, real}, e.options()));
+  const at::Tensor pieces = cpu::invariant_gemm_pieces(e, ones, 1, begin / chunk, chunk);
+  const at::Tensor s = detail::canonical_sums(comm, {sum}, {pieces}, {e.size(0), 1}).at(0);
+  return s.defined() ? s : at::zeros({e.size(0), 1}, e.options());
+}
+
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
-                            const Communicator& comm, int64_t begin, int64_t real, int64_t ignore_index) {
+                            const Communicator& comm, int64_t begin, int64_t real, int64_t ignore_index,
+                            const std::optional<detail::CanonicalSum>& canonical, int64_t chunk) {
     const auto lf = logits.narrow(-1, 0, real).to(compute_dtype(logits));  // padding columns left out
     const auto row_shape = target.sizes();
     // The row max over all ranks (an empty slice contributes -inf).
@@ -55,9 +71,19 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const at::Tensor picked =
         real > 0 ? shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(mine.logical_not(), 0)
                  : at::zeros(row_shape, lf.options());
-    at::Tensor sums = at::stack({exp.sum(-1), picked}).contiguous();
-    comm.all_reduce(sums, AllReduceStrategy::kAuto, WirePrecision::kNative);
-    const at::Tensor sum_exp = sums[0], target_logit = sums[1];
+    at::Tensor sum_exp, target_logit;
+    if (canonical) {
+      // Invariant numerics: the exponentials summed in the canonical tree over the whole
+      // vocabulary; the target's logit is one rank's value plus zeros, exact in any order.
+      sum_exp = canonical_sum_exp(exp, comm, begin, real, *canonical, chunk).view(row_shape);
+      target_logit = picked.contiguous();
+      comm.all_reduce(target_logit, AllReduceStrategy::kAuto, WirePrecision::kNative);
+    } else {
+      at::Tensor sums = at::stack({exp.sum(-1), picked}).contiguous();
+      comm.all_reduce(sums, AllReduceStrategy::kAuto, WirePrecision::kNative);
+      sum_exp = sums[0];
+      target_logit = sums[1];
+    }
     const at::Tensor loss = (sum_exp.log() - target_logit).masked_fill(ignored, 0);
     ctx->save_for_backward({exp / sum_exp.unsqueeze(-1), index, mine, ignored});
     ctx->saved_data["width"] = logits.size(-1);
@@ -76,15 +102,15 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data.at("dtype").toInt());
     at::Tensor grad = g.to(dtype);
     if (g.size(-1) < width) grad = at::constant_pad_nd(grad, {0, width - g.size(-1)});  // padding: no gradient
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
-                                        const VocabPartition& partition, const Communicator& comm,
-                                        int64_t ignore_index) {
+                                        const VocabPartition& partition, const Communicator& comm, int64_t ignore_index,
+                                        Numerics numerics) {
   constexpr const char* kOp = "vocab_parallel_cross_entropy";
   check_local_logits(kOp, local_logits, partition, comm);
   TORCH_CHECK_TYPE(target.defined() && target.scalar_type() == at::kLong, kOp, ": target must be int64; got ",
@@ -99,7 +125,16 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
   if (kept.any().item<bool>())
     detail::check_token_ids(kOp, target.masked_select(kept), partition.vocab_size, target.device());
   const Range real = partition.real(comm.rank());
-  return VocabParallelCrossEntropy::apply(local_logits, target, comm, real.begin, real.size(), ignore_index);
+  std::optional<detail::CanonicalSum> canonical;
+  int64_t chunk = 1;
+  if (resolve_numerics(numerics) == Numerics::kInvariant && local_logits.scalar_type() != at::kDouble) {
+    chunk = detail::invariant_chunk(partition.pad_to_multiple_of);
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (int64_t r = 0; r < comm.world_size(); ++r) ranges.emplace_back(partition.real(r).begin, partition.real(r).end);
+    canonical = detail::split_sum(partition.vocab_size, chunk, ranges, kOp);
+  }
+  return VocabParallelCrossEntropy::apply(local_logits, target, comm, real.begin, real.size(), ignore_index, canonical,
+                                          chunk);
 }
 
 at::Tensor vocab_parallel_argmax(const at::Tensor& local_logits, const VocabPartition& partition,

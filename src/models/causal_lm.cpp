@@ -1,5 +1,7 @@
 #include "tp/models/causal_lm.h"
 
+#include <numeric>
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -18,6 +20,17 @@ CausalLMImpl::CausalLMImpl(ModelConfig config_, CausalLMOptions options_, Commun
 
 void CausalLMImpl::reset() {
   config.moe.expert_parallel_size = options.expert_parallel_size();
+  config.numerics = resolve_numerics(options.numerics());
+  const bool invariant = config.numerics == Numerics::kInvariant;
+  if (invariant) {
+    TORCH_CHECK_VALUE(config.moe.num_experts == 0 && !config.parallel_residual,
+                      "CausalLM: invariant numerics does not cover ",
+                      config.parallel_residual ? "the parallel residual" : "mixtures of experts", " (", config.source,
+                      "); use numerics=default");
+  }
+  // Invariant numerics sums the vocabulary in whole chunks: pad it to a multiple of one.
+  const int64_t pad =
+      invariant ? std::lcm(options.pad_vocab_to_multiple_of(), kInvariantChunk) : options.pad_vocab_to_multiple_of();
   const auto& c = config;
   dtype = options.dtype() == at::ScalarType::Undefined ? c.dtype : options.dtype();
   const int64_t n_layers = options.num_layers() > 0 ? options.num_layers() : c.num_hidden_layers;
@@ -27,7 +40,7 @@ void CausalLMImpl::reset() {
                     "CausalLM: a quantized lm_head is not supported");
   embed_tokens =
       register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size, c.hidden_size)
-                                                                 .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
+                                                                 .pad_to_multiple_of(pad)
                                                                  .dtype(dtype)
                                                                  .device(options.device()),
                                                              comm));
@@ -40,10 +53,12 @@ void CausalLMImpl::reset() {
   norm = register_module(
       "norm", Norm(NormOptions(c.hidden_size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(options.device())));
   if (c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", ParallelLMHead(embed_tokens));  // holds no parameter of its own
+    // Holds no parameter of its own.
+    lm_head = register_module("lm_head", ParallelLMHead(embed_tokens, /*gather_output=*/false, config.numerics));
   } else {
     lm_head = register_module("lm_head", ParallelLMHead(ParallelLMHeadOptions(c.hidden_size, c.vocab_size)
-                                                            .pad_to_multiple_of(options.pad_vocab_to_multiple_of())
+                                                            .pad_to_multiple_of(pad)
+                                                            .numerics(config.numerics)
                                                             .dtype(dtype)
                                                             .device(options.device()),
                                                         comm));

@@ -63,28 +63,33 @@ DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t lay
                 .bias(config.qkv_bias)
                 .quant(fused_quant(config, out.qkv_prefix, qkv_parts(n.qkv), "QKVParallelLinear"))
                 .dtype(dtype)
+                .numerics(config.numerics)
                 .device(device);
   out.o = RowParallelLinearOptions(config.q_size(), config.hidden_size)
               .bias(config.o_bias)
               .reduce_output(reduce)
               .quant(config.quant_config(out.o_prefix))
               .dtype(dtype)
+              .numerics(config.numerics)
               .device(device);
   out.gate_up = GateUpParallelLinearOptions(config.hidden_size, config.intermediate_size)
                     .bias(config.mlp_bias)
                     .quant(fused_quant(config, out.gate_up_prefix, gate_up_parts(n.gate_up), "GateUpParallelLinear"))
                     .dtype(dtype)
+                    .numerics(config.numerics)
                     .device(device);
   out.up = ColumnParallelLinearOptions(config.hidden_size, config.intermediate_size)
                .bias(config.mlp_bias)
                .quant(config.quant_config(out.up_prefix))
                .dtype(dtype)
+               .numerics(config.numerics)
                .device(device);
   out.down = RowParallelLinearOptions(config.intermediate_size, config.hidden_size)
                  .bias(config.mlp_bias)
                  .reduce_output(reduce)
                  .quant(config.quant_config(out.down_prefix))
                  .dtype(dtype)
+                 .numerics(config.numerics)
                  .device(device);
   return out;
 }

@@ -27,6 +27,9 @@
 #include "tp/shard/vocab.h"
 
 namespace tp {
+namespace detail {
+struct InvariantPlan;
+}
 
 /// Options for ParallelLMHead. Sizes are GLOBAL.
 /// Example: tp::ParallelLMHead head(tp::ParallelLMHeadOptions(4096, 128256), comm);
@@ -55,7 +58,8 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   /// both uses add to its gradient). Sizes, padding, dtype, device and communicator are
   /// the embedding's.
   /// Example: tp::ParallelLMHead head(embed, /*gather_output=*/false);
-  explicit ParallelLMHeadImpl(const VocabParallelEmbedding& embedding, bool gather_output = false);
+  explicit ParallelLMHeadImpl(const VocabParallelEmbedding& embedding, bool gather_output = false,
+                              Numerics numerics = Numerics::kAuto);
 
   void reset() override;
   /// Untied: N(0, 1/hidden_size) rows, padding rows zero. Tied: nothing (the embedding owns the weight).
@@ -95,6 +99,7 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
  private:
   bool tied_ = false;
   VocabPartition partition_;
+  std::shared_ptr<const detail::InvariantPlan> invariant_;  // null under default numerics
   at::Tensor padding_mask_;  // [local rows] bool, true on padding rows; undefined without padding
 };
 

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/numerics.h"
 #include "tp/shard/vocab.h"
 
 namespace tp {
@@ -21,10 +22,12 @@ namespace tp {
 /// Returns [...] in float32 (float64 for float64 logits), the same on every rank. The
 /// backward needs no communication: the gradient of the local logits is
 /// (softmax - one_hot(target)) * grad, zero on padding columns.
+/// Under invariant numerics (float32 / bfloat16 logits) the sum of exponentials is the
+/// canonical sum over the vocabulary (tp/layers/numerics.h), so the loss has TP 1's bits.
 /// Example: auto loss = tp::vocab_parallel_cross_entropy(head->forward(h), labels, head->partition(), comm).mean();
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
                                         const VocabPartition& partition, const Communicator& comm,
-                                        int64_t ignore_index = -100);
+                                        int64_t ignore_index = -100, Numerics numerics = Numerics::kDefault);
 
 /// The index of the largest logit of each row, over the whole vocabulary (padding
 /// excluded): each rank's (max, index) are all-gathered and the largest wins; ties go to

@@ -11,6 +11,7 @@
 
 #include "tp/layers/moe_checkpoint_layout.h"
 #include "tp/layers/moe_router.h"
+#include "tp/layers/numerics.h"
 #include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
 
@@ -313,6 +314,9 @@ struct ModelConfig {
   /// This reads it from `checkpoint`'s names (the first MoE layer's) and makes `names`
   /// follow; both at once is an error naming them. CausalLM::from_pretrained calls it.
   void use_expert_layout_of(const Checkpoint& checkpoint);
+  /// The order of the layers' sums (not in config.json: CausalLMOptions::numerics sets
+  /// it; tp/layers/numerics.h says what kInvariant guarantees).
+  Numerics numerics = Numerics::kAuto;
 };
 
 }  // namespace tp
