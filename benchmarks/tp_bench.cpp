@@ -39,6 +39,7 @@
 #include "model_bench.h"
 #include "moe_bench.h"
 #include "tp/comm/launch.h"
+#include "tp/layers/numerics.h"
 #include "tp/quant/quant_config.h"
 
 extern char** environ;
@@ -72,6 +73,8 @@ const char* kUsage = R"(usage: tp-bench [options]
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
   --dtype LIST       float32 | float64 | bfloat16 | float16               (default float32)
   --device NAME      cpu | cuda                                           (default cpu)
+  --numerics NAME    default | invariant: the order of the TP layers' sums (tp/layers/numerics.h); the
+                     reference stays at::linear, so TP/linear is invariant numerics' cost (format none, CPU)
   --seconds S        measuring time per side of a case, before the iteration cap (default 0.5)
   --json FILE        write every result as JSON (benchmarks/plot_bench.py plots it)
   --csv FILE         write the result rows as CSV
@@ -174,11 +177,18 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--dtype") {
       config.dtypes.clear();
       for (const auto& name : split_list(flag, value)) config.dtypes.push_back(parse_dtype(name));
-    } else if (flag == "--device")
+    } else if (flag == "--device") {
       config.device = parse_device(value);
-    else if (flag == "--hidden" || flag == "--intermediate" || flag == "--heads" || flag == "--kv-heads" ||
-             flag == "--head-dim" || flag == "--experts" || flag == "--top-k" || flag == "--moe-intermediate" ||
-             flag == "--shared-intermediate")
+    } else if (flag == "--numerics") {
+      // Every layer built with numerics kAuto (all of tp-bench's) reads TP_NUMERICS, and
+      // worker processes inherit it: the TP side runs in this order, the single-device
+      // reference (at::linear) in the default one, so TP/linear is this order's cost.
+      const tp::Numerics n = tp::parse_numerics(value);
+      TORCH_CHECK_VALUE(n != tp::Numerics::kAuto, "tp-bench: --numerics takes default or invariant");
+      setenv("TP_NUMERICS", tp::to_string(n), 1);
+    } else if (flag == "--hidden" || flag == "--intermediate" || flag == "--heads" || flag == "--kv-heads" ||
+               flag == "--head-dim" || flag == "--experts" || flag == "--top-k" || flag == "--moe-intermediate" ||
+               flag == "--shared-intermediate")
       custom[flag] = parse_positive(flag, value);
     else if (flag == "--seconds") {
       try {
@@ -441,6 +451,8 @@ int main(int argc, char** argv) {
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();
+    if (const char* n = std::getenv("TP_NUMERICS"))
+      std::cout << "numerics: " << n << " (TP_NUMERICS; the TP layers' sums; the reference is at::linear)\n";
     std::ostringstream strategies;
     for (size_t i = 0; i < config.allreduce.size(); ++i) strategies << (i ? "," : "") << config.allreduce[i];
     std::cout

@@ -72,6 +72,35 @@ at::Tensor input_grad(const InvariantPlan& p, const at::Tensor& g, const at::Ten
   return out.defined() ? out : at::zeros({t, in}, g.options());
 }
 
+// The replicated rows' output gradient is the same on every holder (InvariantPlan::ReplicaSlot).
+void check_replicas(const InvariantPlan& p, const at::Tensor& g) {
+  const int64_t world = p.comm.world_size(), rank = p.comm.rank(), t = g.size(0);
+  at::Tensor buffer = at::zeros({1, t, p.replica_rows}, g.options());
+  for (const auto& s : p.replica_slots) {
+    const int64_t local = s.local_offset_by_rank[rank];
+    if (local >= 0) buffer[0].narrow(1, s.slot_offset, s.rows).copy_(g.narrow(1, local, s.rows));
+  }
+  const at::Tensor all = p.comm.all_gather(buffer, 0, std::vector<int64_t>(world, 1));
+  for (const auto& s : p.replica_slots) {
+    int64_t first = -1;
+    for (int64_t r = 0; r < world; ++r) {
+      if (s.local_offset_by_rank[r] < 0) continue;
+      if (first < 0) {
+        first = r;
+        continue;
+      }
+      TORCH_CHECK_VALUE(at::equal(all[r].narrow(1, s.slot_offset, s.rows), all[first].narrow(1, s.slot_offset, s.rows)),
+                        p.layer,
+                        ": invariant numerics needs the gradient of replicated KV rows whole and equal on "
+                        "every rank that holds them, but ranks ",
+                        first, " and ", r,
+                        " differ (tp's attention, "
+                        "DecoderLayer, makes it so; an attention of your own must sum each KV head's gradient over its "
+                        "whole group on every replica)");
+    }
+  }
+}
+
 struct Saved : torch::CustomClassHolder {
   std::shared_ptr<const InvariantPlan> plan;
   std::vector<int64_t> x_shape;
@@ -109,13 +138,11 @@ struct InvariantLinear : torch::autograd::Function<InvariantLinear> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = c10::static_intrusive_pointer_cast<Saved>(ctx->saved_data.at("tp").toCapsule());
     const auto& p = *s->plan;
-    TORCH_CHECK_VALUE(!p.has_replicas, p.layer,
-                      ": the backward of replicated KV heads (world size above num_kv_heads) is not covered by "
-                      "invariant numerics yet; train at a TP size that divides num_kv_heads, or with numerics=default");
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const int64_t t = rows_of(s->x_shape), in = weight.size(1), out = weight.size(0);
     const at::Tensor g = grads[0].reshape({t, out}).to(at::kFloat).contiguous();
+    if (p.replica_rows > 0) check_replicas(p, g);
     at::Tensor grad_x, grad_w, grad_b;
     if (ctx->needs_input_grad(0)) grad_x = input_grad(p, g, weight).to(s->x_dtype).view(s->x_shape);
     const at::Tensor gt =
@@ -178,9 +205,21 @@ std::shared_ptr<InvariantPlan> column_invariant_plan(const std::string& layer, c
     for (const auto& plan : plans) {
       const auto& piece = plan.pieces[s];
       const bool first = piece.size() > 0 && std::find(seen.begin(), seen.end(), piece.source) == seen.end();
-      if (piece.size() > 0 && !first) p->has_replicas = true;
       if (first) seen.push_back(piece.source);
       ranges.emplace_back(first ? piece.source.begin : 0, first ? piece.source.end : 0);
+    }
+    for (const auto& source : seen) {
+      InvariantPlan::ReplicaSlot slot{p->replica_rows, source.size(), {}};
+      int64_t holders = 0;
+      for (const auto& plan : plans) {
+        const auto& piece = plan.pieces[s];
+        const bool held = piece.size() > 0 && piece.source == source;
+        holders += held ? 1 : 0;
+        slot.local_offset_by_rank.push_back(held ? piece.local_offset : -1);
+      }
+      if (holders < 2) continue;
+      p->replica_rows += slot.rows;
+      p->replica_slots.push_back(std::move(slot));
     }
     const std::string what = layer + " (segment '" + mine.pieces[s].name + "')";
     p->out_sums.push_back(split_sum(mine.pieces[s].segment_size, chunk, ranges, what.c_str()));

@@ -48,9 +48,17 @@ struct InvariantPlan {
   std::vector<Segment> out_mine;
   bool out_across_ranks = false;
   std::vector<CanonicalSum> out_sums;
-  /// Local rows held by other ranks too (replicated KV heads): the backward through them
-  /// is not covered yet (see the README's "Invariant numerics"), and is refused.
-  bool has_replicas = false;
+  /// Rows that several ranks hold (replicated KV heads): their output gradient must be
+  /// whole and the same on every holder (tp's attention makes it so: layers/invariant_heads.h),
+  /// since each holder computes its weight gradient alone and only the first holder adds
+  /// the rows to the input gradient. The backward checks it (one all-gather of those rows'
+  /// gradients) and fails on every rank, naming the layer, where it is not.
+  struct ReplicaSlot {
+    int64_t slot_offset = 0, rows = 0;
+    std::vector<int64_t> local_offset_by_rank;  // -1 where the rank does not hold it
+  };
+  std::vector<ReplicaSlot> replica_slots;
+  int64_t replica_rows = 0;
   /// The layer's name for errors.
   std::string layer;
 

@@ -157,6 +157,25 @@ std::map<std::string, at::Tensor> QKVParallelLinearImpl::gather_weights(const st
   return detail::split_segments(core_->plan(), w, b, prefix, {layout.q_name(), layout.k_name(), layout.v_name()});
 }
 
+namespace {
+std::vector<Range> head_ranges(const std::vector<SegmentPlan>& plans, size_t segment, int64_t head_dim) {
+  std::vector<Range> out;
+  for (const auto& plan : plans) {
+    const Range r = plan.pieces.at(segment).source;
+    out.push_back({r.begin / head_dim, r.end / head_dim});
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<Range> QKVParallelLinearImpl::q_head_ranges() const {
+  return head_ranges(core_->plans(), 0, options.head_dim());
+}
+
+std::vector<Range> QKVParallelLinearImpl::kv_head_ranges() const {
+  return head_ranges(core_->plans(), 1, options.head_dim());
+}
+
 SplitPolicy QKVParallelLinearImpl::attention_output_split() const {
   std::vector<double> weights;
   for (const auto& plan : core_->plans()) weights.push_back(static_cast<double>(plan.pieces.at(0).size()));

@@ -1,12 +1,12 @@
 #include "tp/models/causal_lm.h"
 
-#include <numeric>
-
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <numeric>
 
+#include "layers/invariant_heads.h"
 #include "models/model_common.h"
 #include "tp/layers/load_session.h"
 #include "tp/loader/checkpoint.h"
@@ -62,6 +62,12 @@ void CausalLMImpl::reset() {
                                                             .dtype(dtype)
                                                             .device(options.device()),
                                                         comm));
+  }
+  if (invariant) {
+    const detail::HeadsByRank hidden{comm, {}, 1};
+    norm->scale = [hidden](const at::Tensor& w, const at::Tensor& x) {
+      return detail::scale_by_weight_invariant(w, x, hidden);
+    };
   }
   rotary = RotaryEmbedding(c.rotary_dim, c.rope);
   if (c.has_local_rope) local_rotary = RotaryEmbedding(c.rotary_dim, c.local_rope);

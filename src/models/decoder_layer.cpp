@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "layers/invariant_heads.h"
 #include "models/model_common.h"
 #include "tp/comm/differentiable.h"
 #include "tp/models/layer_options.h"
@@ -94,6 +95,7 @@ void DecoderLayerImpl::reset() {
     sinks = register_parameter("sinks",
                                at::zeros({qkv->head_plan().q_heads.size()}, at::TensorOptions(dtype).device(device)));
   }
+  if (c.numerics == Numerics::kInvariant) use_invariant_heads();
   // O owns exactly this rank's query heads, even when heads split unevenly.
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   if (c.is_moe(index)) {
@@ -161,7 +163,8 @@ at::Tensor attention_mask(int64_t s, int64_t total, int64_t window, const at::De
 // Causal GQA attention of this rank's query heads. q: [b, hq, s, d]; k, v: [b, hkv, L, d]
 // with L = past + s (the cache's positions, then the new ones).
 at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HeadPlan& plan,
-                             int64_t group, const ModelConfig& config, int64_t window, const at::Tensor& sinks) {
+                             int64_t group, const ModelConfig& config, int64_t window, const at::Tensor& sinks,
+                             const std::function<at::Tensor(const at::Tensor&)>& expand) {
   const int64_t b = q.size(0), nq = q.size(1), s = q.size(2), d = q.size(3), total = k.size(2);
   if (nq == 0) return at::empty({b, 0, s, d}, q.options());
   // Local query head h reads local KV head (q_begin + h) / group - kv_begin.
@@ -172,7 +175,10 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
     identity = identity && kv_of_q.back() == h;
   }
   at::Tensor kh = k, vh = v;
-  if (!identity) {
+  if (!identity && expand) {
+    kh = expand(k);
+    vh = expand(v);
+  } else if (!identity) {
     const auto index = at::tensor(kv_of_q, at::TensorOptions(at::kLong).device(q.device()));
     kh = k.index_select(1, index);
     vh = v.index_select(1, index);
@@ -223,6 +229,35 @@ at::Tensor activation(Activation act, const at::Tensor& x) {
 
 }  // namespace
 
+void DecoderLayerImpl::use_invariant_heads() {
+  TORCH_CHECK_VALUE(config.norm == NormKind::kRMS && !config.sandwich_norms && !config.attention_sinks &&
+                        config.attn_logit_softcapping <= 0,
+                    prefix(),
+                    ": invariant numerics covers RMSNorm decoders without attention sinks or soft caps "
+                    "(Llama, Qwen2, Qwen3, Mistral); use numerics=default for ",
+                    config.source);
+  const detail::HeadsByRank hidden{comm, {}, 1};
+  const auto scale_hidden = [hidden](const at::Tensor& w, const at::Tensor& x) {
+    return detail::scale_by_weight_invariant(w, x, hidden);
+  };
+  input_layernorm->scale = scale_hidden;
+  post_attention_layernorm->scale = scale_hidden;
+  const detail::HeadsByRank q_heads{comm, qkv->q_head_ranges(), config.num_attention_heads};
+  const detail::HeadsByRank kv_heads{comm, qkv->kv_head_ranges(), config.num_key_value_heads};
+  if (qk_norm()) {
+    q_norm->scale = [q_heads](const at::Tensor& w, const at::Tensor& x) {
+      return detail::scale_by_weight_invariant(w, x, q_heads);
+    };
+    k_norm->scale = [kv_heads](const at::Tensor& w, const at::Tensor& x) {
+      return detail::scale_by_weight_invariant(w, x, kv_heads);
+    };
+  }
+  const int64_t group = config.num_attention_heads / config.num_key_value_heads;
+  expand_kv = [q_heads, kv_heads, group](const at::Tensor& kv) {
+    return detail::expand_kv_invariant(kv, q_heads, kv_heads, group);
+  };
+}
+
 std::string DecoderLayerImpl::moe_prefix() const { return prefix() + "." + config.names.moe; }
 
 MoECheckpointLayout DecoderLayerImpl::moe_layout() const { return config.names.moe_layout; }
@@ -262,19 +297,11 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
   if (qk_norm()) {
     // Each rank applies the shared per-head weight to its own heads: the weight's
     // gradient is the sum of every rank's part.
-    at::Tensor qw = copy_to_parallel(q_norm->weight, comm), kw = copy_to_parallel(k_norm->weight, comm);
-    if (config.numerics == Numerics::kInvariant && comm.world_size() > 1) {
-      // Their gradient is a sum over heads that the ranks split: not in the canonical
-      // order yet. Refused when it is computed, rather than given with other bits.
-      for (at::Tensor* w : {&qw, &kw}) {
-        if (!w->requires_grad()) continue;
-        w->register_hook([](const at::Tensor&) -> at::Tensor {
-          TORCH_CHECK_VALUE(false,
-                            "DecoderLayer: the q_norm / k_norm weight gradient at TP > 1 is not covered by invariant "
-                            "numerics yet (freeze them, train at TP 1, or use numerics=default)");
-        });
-      }
-    }
+    // Invariant numerics: the weights' gradient is made whole by their canonical scale
+    // (use_invariant_heads), not by copy_to_parallel's all-reduce.
+    const bool invariant = config.numerics == Numerics::kInvariant;
+    const at::Tensor qw = invariant ? q_norm->weight : copy_to_parallel(q_norm->weight, comm);
+    const at::Tensor kw = invariant ? k_norm->weight : copy_to_parallel(k_norm->weight, comm);
     q = q_norm->forward(q.contiguous(), qw);
     k = k_norm->forward(k.contiguous(), kw);
   }
@@ -285,7 +312,7 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   const int64_t window = config.is_sliding(index) ? config.sliding_window : 0;
   // Each rank's heads see their own sinks; the shared sink tensor's gradient is theirs alone.
-  const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window, sinks);
+  const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window, sinks, expand_kv);
   return a.transpose(1, 2).reshape({b, s, -1});
 }
 

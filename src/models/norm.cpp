@@ -49,7 +49,8 @@ at::Tensor NormImpl::forward(const at::Tensor& x, const at::Tensor& w, const at:
   // The same operations, in the same order, as transformers' LlamaRMSNorm.forward.
   const at::Tensor h = x.to(options.compute_dtype());
   const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
-  return w * (h * at::rsqrt(variance + options.eps())).to(x.scalar_type());
+  const at::Tensor normed = (h * at::rsqrt(variance + options.eps())).to(x.scalar_type());
+  return scale ? scale(w, normed) : w * normed;
 }
 
 }  // namespace tp

@@ -8,7 +8,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cpu/invariant_gemm.h"
@@ -17,6 +19,7 @@
 #include "tp/tp.h"
 
 using namespace tp;
+using Catch::Contains;
 using tp::test::randn;
 
 namespace {
@@ -240,43 +243,80 @@ TEST_CASE("invariant: QKV and GateUp give TP 1's outputs and input gradients at 
   }
 }
 
-TEST_CASE("invariant: replicated KV heads compute TP 1's forward and refuse the backward by name",
-          "[invariant][layers]") {
-  const int64_t hidden = 32, head_dim = 8, heads = 4, kv = 2;
+TEST_CASE(
+    "invariant: replicated KV heads give TP 1's outputs and gradients when every replica gets the whole "
+    "gradient, and fail by name when they do not",
+    "[invariant][layers]") {
+  // 6 query heads in 2 groups of 3: at TP 4 each KV head has 2 replicas, whose ranks hold
+  // 2 and 1 of its group's query heads.
+  const int64_t hidden = 32, head_dim = 8, heads = 6, kv = 2, tokens = 3;
   Checkpoint ckpt;
   ckpt.add("attn.q_proj.weight", randn({heads * head_dim, hidden}, 3).to(at::kFloat));
   ckpt.add("attn.k_proj.weight", randn({kv * head_dim, hidden}, 4).to(at::kFloat));
   ckpt.add("attn.v_proj.weight", randn({kv * head_dim, hidden}, 5).to(at::kFloat));
-  const at::Tensor x = randn({3, hidden}, 4).to(at::kFloat);
-  at::Tensor one;
-  std::vector<at::Tensor> four(4);
-  std::vector<std::string> errors(4);
-  for (const int64_t world : {1, 4}) {
+  const at::Tensor x = randn({tokens, hidden}, 6).to(at::kFloat);
+  // The output gradient of the whole [q | k | v]: each rank takes its rows' part, so a
+  // replica's k and v rows get the whole gradient of their head.
+  const at::Tensor G = randn({tokens, (heads + 2 * kv) * head_dim}, 7).to(at::kFloat);
+  struct Out {
+    at::Tensor y, gx, gw;
+    std::vector<Range> rows;  // this rank's rows of [q | k | v], in local order
+    std::string error;
+  };
+  std::map<int64_t, std::vector<Out>> seen;
+  for (const int64_t world : {1, 2, 4}) {
+    seen[world].resize(world);
     run_ranks_in_threads(world, [&](Communicator& comm) {
-      QKVParallelLinear qkv(QKVParallelLinearOptions(hidden, head_dim, heads, kv)
-                                .bias(false)
-                                .gather_output(true)
-                                .numerics(Numerics::kInvariant),
-                            comm);
+      QKVParallelLinear qkv(
+          QKVParallelLinearOptions(hidden, head_dim, heads, kv).bias(false).numerics(Numerics::kInvariant), comm);
       qkv->load_weights(ckpt, "attn");
+      Out& o = seen[world][comm.rank()];
+      const auto& plan = qkv->head_plan();
+      const int64_t q_size = heads * head_dim, kv_size = kv * head_dim;
+      o.rows = {{plan.q_heads.begin * head_dim, plan.q_heads.end * head_dim},
+                {q_size + plan.kv_heads.begin * head_dim, q_size + plan.kv_heads.end * head_dim},
+                {q_size + kv_size + plan.kv_heads.begin * head_dim, q_size + kv_size + plan.kv_heads.end * head_dim}};
+      std::vector<at::Tensor> parts;
+      for (const auto& r : o.rows) parts.push_back(G.narrow(1, r.begin, r.size()));
       const at::Tensor xr = x.clone().requires_grad_(true);
       const at::Tensor y = qkv->forward(xr);
-      if (world == 1) {
-        one = y.detach();
-        return;
-      }
-      four[comm.rank()] = y.detach();
+      (y * at::cat(parts, 1)).sum().backward();
+      o.y = y.detach();
+      o.gx = xr.grad();
+      o.gw = qkv->weight.grad();
+      // The same layer with a gradient only the first replica gets: refused on every rank.
       try {
-        y.sum().backward();
+        QKVParallelLinear again(QKVParallelLinearOptions(hidden, head_dim, heads, kv)
+                                    .bias(false)
+                                    .gather_output(true)
+                                    .numerics(Numerics::kInvariant),
+                                comm);
+        again->load_weights(ckpt, "attn");
+        again->forward(x.clone().requires_grad_(true)).sum().backward();
       } catch (const std::exception& e) {
-        errors[comm.rank()] = e.what();
+        o.error = e.what();
       }
     });
   }
-  for (int64_t r = 0; r < 4; ++r) {
-    CHECK(at::equal(four[r], one));
-    CHECK_THAT(errors[r], Catch::Contains("replicated KV heads"));
+  const Out& one = seen[1][0];
+  for (const int64_t world : {2, 4}) {
+    for (int64_t r = 0; r < world; ++r) {
+      INFO("world " << world << " rank " << r);
+      const Out& o = seen[world][r];
+      CHECK(at::equal(o.gx, one.gx));
+      int64_t local = 0;
+      for (const auto& rows : o.rows) {
+        CHECK(at::equal(o.y.narrow(1, local, rows.size()), one.y.narrow(1, rows.begin, rows.size())));
+        CHECK(at::equal(o.gw.narrow(0, local, rows.size()), one.gw.narrow(0, rows.begin, rows.size())));
+        local += rows.size();
+      }
+      if (world == 4)
+        CHECK_THAT(o.error, Contains("replicated KV rows"));
+      else
+        CHECK(o.error.empty());
+    }
   }
+  CHECK(seen[1][0].error.empty());
 }
 
 TEST_CASE("invariant: quantized formats, sequence parallelism and unreduced outputs are refused by name",
@@ -284,12 +324,12 @@ TEST_CASE("invariant: quantized formats, sequence parallelism and unreduced outp
   run_ranks_in_threads(2, [&](Communicator& comm) {
     CHECK_THROWS_WITH(
         RowParallelLinear(RowParallelLinearOptions(64, 8).reduce_output(false).numerics(Numerics::kInvariant), comm),
-        Catch::Contains("reduce_output"));
+        Contains("reduce_output"));
   });
   CHECK_THROWS_WITH(ColumnParallelLinear(ColumnParallelLinearOptions(128, 64)
                                              .quant(parse_quant_config("int8_weight_only"))
                                              .numerics(Numerics::kInvariant)),
-                    Catch::Contains("invariant numerics covers unquantized layers"));
+                    Contains("invariant numerics covers unquantized layers"));
   CHECK(parse_numerics("Invariant") == Numerics::kInvariant);
-  CHECK_THROWS_WITH(parse_numerics("exact"), Catch::Contains("auto, default or invariant"));
+  CHECK_THROWS_WITH(parse_numerics("exact"), Contains("auto, default or invariant"));
 }

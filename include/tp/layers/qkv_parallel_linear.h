@@ -99,6 +99,10 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
                                                    const QKVCheckpointLayout& layout = {}) const;
   /// Which heads this rank owns.
   const HeadPlan& head_plan() const { return head_plan_; }
+  /// Every rank's query heads and KV heads (global indices, in rank order; replicated KV
+  /// heads appear under every rank that holds them).
+  std::vector<Range> q_head_ranges() const;
+  std::vector<Range> kv_head_ranges() const;
   int64_t local_q_heads() const { return head_plan_.q_heads.size(); }
   int64_t local_kv_heads() const { return head_plan_.kv_heads.size(); }
   /// The split policy that makes a RowParallelLinear over num_heads * head_dim input

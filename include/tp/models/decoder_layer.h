@@ -20,6 +20,8 @@
 #include <map>
 #include <string>
 
+#include <functional>
+
 #include <ATen/core/Tensor.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
@@ -94,6 +96,14 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// Where moe's tensors live: its prefix and names.
   std::string moe_prefix() const;
   MoECheckpointLayout moe_layout() const;
+  /// Invariant numerics: the GQA expansion of k and v to this rank's query heads, whose
+  /// gradient is the canonical sum over each group's heads across ranks; empty otherwise
+  /// (index_select, its gradient summed per rank).
+  std::function<at::Tensor(const at::Tensor& kv)> expand_kv;
+
+ private:
+  // Sets expand_kv and the norms' canonical scale (invariant numerics).
+  void use_invariant_heads();
 };
 
 /// A ModuleHolder for DecoderLayerImpl.

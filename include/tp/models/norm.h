@@ -4,6 +4,7 @@
 // LayerNorm with a bias (GPT-NeoX). The weights are mirrored on every rank.
 
 #include <cstdint>
+#include <functional>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -51,6 +52,10 @@ class NormImpl : public torch::nn::Cloneable<NormImpl> {
   NormOptions options;
   at::Tensor weight;  // [size]
   at::Tensor bias;    // [size], kLayerNorm only
+  /// RMSNorm's last step, weight times the normalised x; empty: `weight * x`. Invariant
+  /// numerics sets it (DecoderLayer, CausalLM) so the weight's gradient, a sum over tokens
+  /// (and heads), is canonical.
+  std::function<at::Tensor(const at::Tensor& weight, const at::Tensor& normed)> scale;
 };
 
 /// A ModuleHolder for NormImpl.
