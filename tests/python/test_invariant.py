@@ -77,3 +77,29 @@ def test_invariant_numerics_gives_tp1_bits(folder, world):
                 assert mine.keys() == ref.keys(), where
                 bad = [k for k in ref if not np.array_equal(mine[k], ref[k])]
                 assert not bad, f"{where}: after one SGD step these weights differ from TP 1's: {bad}"
+
+
+def _rank_strategies(rank, world, folder):
+    import os
+
+    out = {}
+    for strategy in ("process_group", "shm_one_shot", "shm_two_shot"):
+        os.environ["TP_ALLREDUCE"] = strategy  # read when the communicator is made
+        model = tp.CausalLM.from_pretrained(f"{folder}/llama", dtype=torch.float32, numerics="invariant")
+        ids = torch.randint(0, 128, (7, 12), generator=torch.Generator().manual_seed(5))
+        local = model(ids)
+        loss = model.cross_entropy(local[:, :-1], ids[:, 1:]).mean()
+        out[strategy] = (model.gather_logits(local).detach().numpy(), loss.item())
+    return out
+
+
+def test_invariant_numerics_is_the_same_through_a_process_group_and_shared_memory(folder):
+    """World 3: the canonical sums move whole subtrees (all-gathers), so forcing Gloo's
+    ring or either shared-memory all-reduce changes no bit, and all equal TP 1's."""
+    if not _one:
+        _one.update(_rank(0, 1, str(folder)))
+    want = _one[("llama", "float32")]
+    for rank, res in enumerate(launcher.run(3, _rank_strategies, str(folder), timeout=600)):
+        for strategy, (logits, loss) in res.items():
+            assert np.array_equal(logits, want["logits"]), (rank, strategy)
+            assert loss == want["loss"], (rank, strategy, loss, want["loss"])
