@@ -33,29 +33,38 @@ struct Layers {
   RowParallelLinear down{nullptr};
 
   Layers(const BlockShape& s, const QuantConfig& quant, c10::ScalarType dtype, c10::Device device,
-         const Communicator& comm, const Checkpoint& ckpt) {
-    qkv = QKVParallelLinear(
-        QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).quant(quant).dtype(dtype).device(device),
-        comm);
+         const Communicator& comm, const Checkpoint& ckpt, Numerics numerics = Numerics::kAuto) {
+    qkv = QKVParallelLinear(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads)
+                                .quant(quant)
+                                .dtype(dtype)
+                                .device(device)
+                                .numerics(numerics),
+                            comm);
     o = RowParallelLinear(RowParallelLinearOptions(s.heads * s.head_dim, s.hidden)
                               .bias(false)
                               .quant(quant)
                               .split(qkv->attention_output_split())
                               .dtype(dtype)
-                              .device(device),
+                              .device(device)
+                              .numerics(numerics),
                           comm);
     // gate_up splits the intermediate dim as a column layer and down as a row layer;
     // one granularity for both keeps their slices equal whatever the formats' alignments.
     const auto split = SplitPolicy{}.with_granularity(s.intermediate % 128 == 0 ? 128 : 1);
-    gate_up = GateUpParallelLinear(
-        GateUpParallelLinearOptions(s.hidden, s.intermediate).quant(quant).split(split).dtype(dtype).device(device),
-        comm);
+    gate_up = GateUpParallelLinear(GateUpParallelLinearOptions(s.hidden, s.intermediate)
+                                       .quant(quant)
+                                       .split(split)
+                                       .dtype(dtype)
+                                       .device(device)
+                                       .numerics(numerics),
+                                   comm);
     down = RowParallelLinear(RowParallelLinearOptions(s.intermediate, s.hidden)
                                  .bias(false)
                                  .quant(quant)
                                  .split(split)
                                  .dtype(dtype)
-                                 .device(device),
+                                 .device(device)
+                                 .numerics(numerics),
                              comm);
     TORCH_CHECK(gate_up->local_range() == down->local_range(), "tp-bench: gate_up's intermediate slice ",
                 gate_up->local_range(), " differs from down's ", down->local_range());

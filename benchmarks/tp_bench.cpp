@@ -38,6 +38,7 @@
 #include "machine_limits.h"
 #include "model_bench.h"
 #include "moe_bench.h"
+#include "numerics_bench.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/numerics.h"
 #include "tp/quant/quant_config.h"
@@ -64,6 +65,8 @@ const char* kUsage = R"(usage: tp-bench [options]
                      or moe alone: one mixture-of-experts layer, its experts split (tp) and distributed (ep)
                      at each TP size vs one device: prefill and decode time split into routing, expert
                      GEMMs, shared expert and all-reduce, expert bytes read per token, read bandwidth
+                     or numerics alone: every layer and the block with numerics default and invariant side
+                     by side (the mode's cost), and whether the invariant block has TP 1's bits
   --model-layers N   decoder layers of the model row                      (default 2)
   --model-vocab N    vocabulary of the model row                          (default 32000)
   --prefill N        prompt tokens of the model and moe rows              (default 256)
@@ -448,6 +451,11 @@ int main(int argc, char** argv) {
     if (args.backward) return backward_main(argc, argv, args);
     if (args.config.rows == std::vector<std::string>{"model"}) return model_main(args);
     if (args.config.rows == std::vector<std::string>{"moe"}) return moe_main(args);
+    if (args.config.rows == std::vector<std::string>{"numerics"}) {
+      TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty(),
+                        "tp-bench --rows numerics: ranks as threads, no --json / --csv");
+      return tp::bench::run_numerics_rows(args.config);
+    }
     const auto& config = args.config;
     const auto& s = config.shape;
     const std::string machine = machine_description();

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 
 #include "tp/layers/numerics.h"
@@ -58,12 +59,24 @@ std::vector<at::Tensor> canonical_sums(const Communicator& comm, const std::vect
     TORCH_INTERNAL_ASSERT(mine[i].size(0) == static_cast<int64_t>(sums[i].pieces_by_rank[rank].size()));
     parts.push_back(mine[i].reshape({-1}));
   }
-  at::Tensor local = parts.empty() ? at::empty({0}, at::kFloat) : at::cat(parts);
-  at::Tensor all = world == 1 ? local : comm.all_gather(local.contiguous(), 0, sizes);
+  const at::Tensor local = parts.empty() ? at::empty({0}, at::kFloat) : at::cat(parts).to(at::kFloat).contiguous();
+  at::Tensor all = local;
+  std::vector<int64_t> offset(world, 0);
+  if (world > 1) {
+    // The exchange: an all-reduce of the float32 bits as int32, every rank's pieces in its
+    // own slot and zeros elsewhere. An integer sum with one nonzero term is exact in any
+    // order, so every transport (shared memory, Gloo's ring, NCCL) delivers each piece
+    // bit for bit (-0.0 and NaN payloads included), at the all-reduce's latency (the
+    // shared-memory strategies on one host) rather than an all-gather's.
+    const int64_t width = *std::max_element(sizes.begin(), sizes.end());
+    at::Tensor bits = at::zeros({world * width}, at::kInt);
+    bits.narrow(0, rank * width, sizes[rank]).copy_(local.view(at::kInt));
+    comm.all_reduce(bits);
+    all = bits.view(at::kFloat);
+    for (int64_t r = 0; r < world; ++r) offset[r] = r * width;
+  }
 
   std::vector<at::Tensor> out;
-  std::vector<int64_t> offset(world, 0);
-  for (int64_t r = 1; r < world; ++r) offset[r] = offset[r - 1] + sizes[r - 1];
   for (const auto& s : sums) {
     std::vector<cpu::ChunkSpan> pieces;
     std::vector<at::Tensor> values;

@@ -4,11 +4,11 @@
 // A canonical sum over `leaves` chunk partials is the dyadic tree cpu/invariant_gemm.h
 // describes. Each rank holds the tree's whole subtrees over the chunks it computed
 // (cpu::dyadic_pieces of its chunk range). canonical_sums all-gathers every rank's
-// pieces (rank-major: one all_gather whatever the backend) and every rank evaluates the
-// same tree from them, so the result is bitwise what one device computes, on every
-// rank, whichever transport (shared memory, Gloo's ring, NCCL) moved the bytes: they
-// move pieces, never add them. The cost over an all-reduce: each rank receives every
-// piece (world x the bytes of one pieces' worth) instead of a reduced buffer.
+// pieces (rank-major slots of one all-reduce over their bits as integers: exact whatever
+// the backend adds in which order) and every rank evaluates the same tree from them, so
+// the result is bitwise what one device computes, on every rank, whichever transport
+// (shared memory, Gloo's ring, NCCL) moved the bytes: they move pieces, never add them.
+// The cost over a plain all-reduce: a buffer of world x the largest rank's pieces.
 
 #include <cstdint>
 #include <vector>

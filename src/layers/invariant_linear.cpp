@@ -163,10 +163,10 @@ struct InvariantLinear : torch::autograd::Function<InvariantLinear> {
 
 at::Tensor InvariantPlan::packed_weight(const at::Tensor& weight) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!packed_.defined() || !packed_of_.is_same(weight) || packed_version_ != weight._version()) {
+  const auto stamp = cpu::TensorStamp::of({weight});
+  if (!packed_.defined() || stamp != stamp_) {
     packed_ = cpu::invariant_pack(weight.detach());
-    packed_of_ = weight;
-    packed_version_ = weight._version();
+    stamp_ = stamp;
   }
   return packed_;
 }

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "cpu/tensor_stamp.h"
 #include "layers/canonical_sum.h"
 #include "tp/comm/communicator.h"
 #include "tp/quant/quant_method.h"
@@ -62,13 +63,15 @@ struct InvariantPlan {
   /// The layer's name for errors.
   std::string layer;
 
-  /// The weight packed for the forward's kernel, re-packed when the weight changes.
+  /// The weight packed for the forward's kernel, re-packed when the weight changes (its
+  /// storage, shape or version counter: cpu/tensor_stamp.h, whose caveat about inference
+  /// tensors written in place applies).
   at::Tensor packed_weight(const at::Tensor& weight) const;
 
  private:
   mutable std::mutex mutex_;
-  mutable at::Tensor packed_, packed_of_;
-  mutable int64_t packed_version_ = -1;
+  mutable at::Tensor packed_;
+  mutable cpu::TensorStamp stamp_;
 };
 
 /// The row layer's plan: in_features split as `ranges` (every rank's [begin, end)) at

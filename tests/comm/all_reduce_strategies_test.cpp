@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -318,6 +319,40 @@ TEST_CASE("recursive doubling handles tensors that are not contiguous, 0-d, and 
       CHECK(scalar[rank].dim() == 0);
       CHECK(at::allclose(scalar[rank], reference_sum(kSeed + 81, world, {}, at::kDouble), 1e-12, 1e-12));
       CHECK(at::equal(ints[rank], reference_sum(kSeed + 82, world, {9}, at::kLong).to(at::kLong)));
+    }
+  }
+}
+
+TEST_CASE("the shared-memory strategies sum int32 exactly, wrapping as Gloo does; one nonzero term passes bits",
+          "[comm]") {
+  for (int64_t world : {2, 3, 4}) {
+    for (const auto strategy : {AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot,
+                                AllReduceStrategy::kProcessGroup}) {
+      std::vector<at::Tensor> sums(world), slots(world);
+      tp::run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            const int64_t r = comm.rank();
+            // Large values, so the sum wraps past int32.
+            sums[r] = at::full({1000}, int32_t{2000000000} - static_cast<int32_t>(r), at::kInt);
+            comm.all_reduce(sums[r], strategy);
+            // Each rank's float bits (a -0.0 and a NaN among them) in its own slot.
+            at::Tensor f = at::randn({7}, at::kFloat);
+            f[0] = -0.0f;
+            f[1] = std::numeric_limits<float>::quiet_NaN();
+            at::Tensor bits = at::zeros({world, 7}, at::kInt);
+            bits[r].copy_(f.view(at::kInt));
+            comm.all_reduce(bits, strategy);
+            slots[r] = at::stack({bits[r], f.view(at::kInt)});
+          },
+          test_options());
+      for (int64_t rank = 0; rank < world; ++rank) {
+        INFO("world=" << world << " strategy=" << strategy << " rank=" << rank);
+        int64_t want = 0;
+        for (int64_t r = 0; r < world; ++r) want += 2000000000 - r;
+        CHECK(sums[rank][0].item<int32_t>() == static_cast<int32_t>(static_cast<uint32_t>(want)));
+        CHECK(at::equal(slots[rank][0], slots[rank][1]));
+      }
     }
   }
 }

@@ -130,8 +130,10 @@ TEST_CASE("the built-in table: auto takes each rule's strategy up to its thresho
         expected.push_back(next);
       }
     }
-    tensors.push_back(at::empty({1}, at::kInt));  // shared memory does not reduce integers
+    tensors.push_back(at::empty({1}, at::kLong));  // shared memory reduces no int64
     expected.push_back(kPg);
+    tensors.push_back(at::empty({1}, at::kInt));  // but int32 (invariant numerics' float bits)
+    expected.push_back(entry->rules.front().strategy);
     tensors.push_back(at::empty({0}, at::kFloat));
     expected.push_back(entry->rules.front().strategy);
     const auto got = resolve_on_every_rank(world, tensors, test_options());

@@ -164,10 +164,10 @@ TEST_CASE("auto takes shared memory on one host, one-shot below the threshold, t
         on_one_host[comm.rank()] = comm.ranks_on_one_host();
         at::Tensor small = at::ones({at_threshold});
         at::Tensor large = at::ones({at_threshold + 1});
-        at::Tensor ints = at::ones({8}, at::kInt);
+        at::Tensor ints = at::ones({8}, at::kLong);
         comm.all_reduce(small);
         comm.all_reduce(large);
-        comm.all_reduce(ints);  // shared memory reduces floating types only
+        comm.all_reduce(ints);  // shared memory reduces floating types and int32 only
         counts[comm.rank()] = comm.all_reduce_counts();
       },
       test_options());

@@ -19,7 +19,8 @@ namespace tp::detail {
 /// The dtypes the shared-memory strategies reduce (accumulating in fp32, or fp64
 /// for float64).
 inline bool shm_supports_dtype(c10::ScalarType dtype) {
-  return dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 || dtype == c10::kHalf;
+  return dtype == c10::kFloat || dtype == c10::kDouble || dtype == c10::kBFloat16 || dtype == c10::kHalf ||
+         dtype == c10::kInt;
 }
 
 inline bool is_shared_memory(AllReduceStrategy s) {

@@ -342,6 +342,10 @@ void ShmAllReduce::reduce_scatter(const at::Tensor& flat, int64_t lo, int64_t hi
       reduce_scatter_typed<c10::BFloat16, float>(flat.data_ptr<c10::BFloat16>(), n, lo, hi,
                                                  out.data_ptr<c10::BFloat16>(), op, fp, on_mismatch);
       break;
+    case at::kInt:
+      reduce_scatter_typed<int32_t, int64_t>(flat.data_ptr<int32_t>(), n, lo, hi, out.data_ptr<int32_t>(), op, fp,
+                                             on_mismatch);
+      break;
     case at::kHalf:
       reduce_scatter_typed<c10::Half, float>(flat.data_ptr<c10::Half>(), n, lo, hi, out.data_ptr<c10::Half>(), op, fp,
                                              on_mismatch);
@@ -379,6 +383,9 @@ void ShmAllReduce::run(at::Tensor& t, bool two_shot, bool bf16_wire, const char*
       }
       break;
     case at::kDouble: run_typed<double, double, double>(c.data_ptr<double>(), n, two_shot, op, fp, on_mismatch); break;
+    // int32 (invariant numerics moves float bits through it: one nonzero term per element),
+    // summed in int64 and wrapped back as Gloo's ring would.
+    case at::kInt: run_typed<int32_t, int32_t, int64_t>(c.data_ptr<int32_t>(), n, two_shot, op, fp, on_mismatch); break;
     case at::kBFloat16:
       run_typed<c10::BFloat16, c10::BFloat16, float>(c.data_ptr<c10::BFloat16>(), n, two_shot, op, fp, on_mismatch);
       break;
