@@ -84,18 +84,44 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   const void* panel_data = b_packed.data_ptr();
   float* out_data = out.data_ptr<float>();
 
-  parallel_over_panels(panels, m, r, panel_gemm_panels_per_step(isa), [&](int64_t p0, int64_t p1) {
+  const auto micro = isa == Isa::kAvx512 ? panel_microkernel_avx512
+                     : isa == Isa::kAvx2 ? panel_microkernel_avx2
+                                         : panel_microkernel_scalar;
+  const int64_t rows_per_tile = panel_rows_per_tile(isa);
+  // A thread's panels in blocks whose partial sums (m x width floats each, a few levels
+  // deep) stay in L2: ~64 KiB a buffer. A few rows take one panel at a time, so the weight
+  // is read as one sequential stream per panel (all of its chunks in a row).
+  const int64_t block = m <= 4 ? 1 : std::max<int64_t>(1, (int64_t{16} << 10) / (m * kPanelWidth));
+  const auto run_block = [&](int64_t p0, int64_t p1) {
     const int64_t width = kPanelWidth * (p1 - p0), cols = std::min(width, n - kPanelWidth * p0);
     // The binary counter: complete subtrees of decreasing size, merged as soon as a
-    // right sibling completes, so at the end they are exactly `spans`.
-    std::vector<std::vector<float>> stack;
+    // right sibling completes, so at the end they are exactly `spans`. Buffers are reused.
+    std::vector<std::vector<float>> stack, spare;
     std::vector<ChunkSpan> held;
+    alignas(64) float widened[64 * kPanelWidth];
     for (int64_t c = 0; c < chunks; ++c) {
-      std::vector<float> part(static_cast<size_t>(m * width));
+      std::vector<float> part;
+      if (spare.empty()) {
+        part.resize(static_cast<size_t>(m * width));
+      } else {
+        part = std::move(spare.back());
+        spare.pop_back();
+      }
+      const int64_t kc = std::min(chunk, r - c * chunk);
       ChunkOfPanels d{panel_data, bf16, r, c * chunk};
-      const PanelWeight w{n, std::min(chunk, r - c * chunk), decode_panels, &d};
-      // panel_gemm writes columns [16 p0, 16 p1) of its y: offset so they land at 0.
-      panel_gemm(xp[c].data(), m, w, part.data() - kPanelWidth * p0, width, p0, p1, isa);
+      for (int64_t p = p0; p < p1; ++p) {
+        // One panel's chunk: float32 panels are read where they lie (the k-major 16 columns
+        // the microkernel wants); bfloat16 ones are widened exactly into `widened` first.
+        const float* buf = static_cast<const float*>(panel_data) + (p * r + c * chunk) * kPanelWidth;
+        if (bf16 || kc > 64) {
+          TORCH_INTERNAL_ASSERT(kc <= 64, "invariant_gemm_pieces: chunk ", chunk, " above 64");
+          decode_panels(&d, p, 1, 0, kc, widened, kPanelWidth);
+          buf = widened;
+        }
+        const int64_t ncols = std::min(kPanelWidth, n - kPanelWidth * p);
+        micro(xp[c].data(), m, kc * rows_per_tile, buf, 1, kc, kPanelWidth, part.data() + kPanelWidth * (p - p0), width,
+              ncols, /*accumulate=*/false);
+      }
       stack.push_back(std::move(part));
       held.push_back({first_chunk + c, 1});
       while (held.size() >= 2) {
@@ -104,6 +130,7 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
         auto& l = stack[stack.size() - 2];
         const auto& rr = stack.back();
         for (size_t i = 0; i < l.size(); ++i) l[i] = l[i] + rr[i];
+        spare.push_back(std::move(stack.back()));
         stack.pop_back();
         held.pop_back();
         held.back() = {left.lo, 2 * left.size};
@@ -114,6 +141,9 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
       for (int64_t row = 0; row < m; ++row)
         std::memcpy(out_data + (static_cast<int64_t>(i) * m + row) * n + kPanelWidth * p0,
                     stack[i].data() + row * width, sizeof(float) * cols);
+  };
+  parallel_over_panels(panels, m, r, panel_gemm_panels_per_step(isa), [&](int64_t p0, int64_t p1) {
+    for (int64_t q = p0; q < p1; q += block) run_block(q, std::min(p1, q + block));
   });
   return out;
 }

@@ -43,7 +43,8 @@ at::Tensor invariant_pack(const at::Tensor& b);
 /// (invariant_pack of [n, R_local]), where a's column 0 is global reduction index
 /// first_chunk * chunk: returns [pieces, M, n] float32, piece i the value of
 /// dyadic_pieces(first_chunk, first_chunk + ceil(R_local / chunk))[i]. Only the last
-/// local chunk may be short (it must then end the global reduction). Threaded over n.
+/// local chunk may be short (it must then end the global reduction); chunk <= 64.
+/// Threaded over n.
 at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
                                  int64_t chunk);
 
