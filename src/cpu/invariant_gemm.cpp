@@ -31,6 +31,13 @@ void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_
       continue;
     }
     const uint16_t* src = static_cast<const uint16_t*>(d.panels) + offset;
+    if (ld_buf == kPanelWidth && np == 1 && kc <= 64) {
+      // Contiguous: widen into integers (a loop the compiler vectorizes), copy once.
+      uint32_t bits[64 * kPanelWidth];
+      for (int64_t i = 0; i < kc * kPanelWidth; ++i) bits[i] = static_cast<uint32_t>(src[i]) << 16;
+      std::memcpy(out, bits, sizeof(float) * kc * kPanelWidth);
+      continue;
+    }
     for (int64_t kk = 0; kk < kc; ++kk) {
       for (int64_t c = 0; c < kPanelWidth; ++c) {
         const uint32_t bits = static_cast<uint32_t>(src[kk * kPanelWidth + c]) << 16;
