@@ -13,7 +13,7 @@
 // index (src/cpu/invariant_gemm.h). Ranks exchange whole subtrees, never partial sums,
 // so TP 1, 2, 3, 4 and a row alone or inside any batch give the same bits, forward and
 // backward. What it covers and costs: README, "Invariant numerics"; the costs measured
-// in benchmarks/RESULTS.md (2026-12-06, "invariant numerics").
+// in benchmarks/RESULTS.md (2026-12-06, "invariant numerics' cost").
 
 #include <cstdint>
 #include <string>
