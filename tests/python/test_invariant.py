@@ -94,8 +94,9 @@ def _rank_strategies(rank, world, folder):
 
 
 def test_invariant_numerics_is_the_same_through_a_process_group_and_shared_memory(folder):
-    """World 3: the canonical sums move whole subtrees (all-gathers), so forcing Gloo's
-    ring or either shared-memory all-reduce changes no bit, and all equal TP 1's."""
+    """World 3: the canonical sums move whole subtrees (their bits as integers, one nonzero
+    term per element), so forcing Gloo's ring or either shared-memory all-reduce changes no
+    bit, and all equal TP 1's."""
     if not _one:
         _one.update(_rank(0, 1, str(folder)))
     want = _one[("llama", "float32")]
