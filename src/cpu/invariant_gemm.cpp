@@ -4,47 +4,24 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <string>
 
 #include "cpu/features.h"
+#include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 
 namespace tp::cpu {
 namespace {
 
-// What the decoder reads: panels [P, rows, 16] and the chunk's first reduction row.
-struct ChunkOfPanels {
-  const void* panels = nullptr;
-  bool bf16 = false;
-  int64_t rows = 0;
-  int64_t first = 0;
-};
+// The largest chunk: a bfloat16 panel chunk is widened into a buffer of this many rows.
+constexpr int64_t kMaxChunk = 64;
 
-// panel_gemm's decoder over packed panels: a copy (float32) or an exact widening (bf16).
-void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf, int64_t ld_buf) {
-  const auto& d = *static_cast<const ChunkOfPanels*>(weight);
-  for (int64_t j = 0; j < np; ++j) {
-    const int64_t offset = ((p + j) * d.rows + d.first + k0) * kPanelWidth;
-    float* out = buf + j * kPanelWidth;
-    if (!d.bf16) {
-      const float* src = static_cast<const float*>(d.panels) + offset;
-      for (int64_t kk = 0; kk < kc; ++kk) std::memcpy(out + kk * ld_buf, src + kk * kPanelWidth, sizeof(float) * 16);
-      continue;
-    }
-    const uint16_t* src = static_cast<const uint16_t*>(d.panels) + offset;
-    if (ld_buf == kPanelWidth && np == 1 && kc <= 64) {
-      // Contiguous: widen into integers (a loop the compiler vectorizes), copy once.
-      uint32_t bits[64 * kPanelWidth];
-      for (int64_t i = 0; i < kc * kPanelWidth; ++i) bits[i] = static_cast<uint32_t>(src[i]) << 16;
-      std::memcpy(out, bits, sizeof(float) * kc * kPanelWidth);
-      continue;
-    }
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      for (int64_t c = 0; c < kPanelWidth; ++c) {
-        const uint32_t bits = static_cast<uint32_t>(src[kk * kPanelWidth + c]) << 16;
-        std::memcpy(out + kk * ld_buf + c, &bits, sizeof(float));
-      }
-    }
-  }
+// kc rows of one bfloat16 panel (k-major, 16 columns) widened exactly to float32: an
+// integer loop the compiler vectorizes, then one copy.
+void widen_panel_chunk(const uint16_t* src, int64_t kc, float* out) {
+  uint32_t bits[kMaxChunk * kPanelWidth];
+  for (int64_t i = 0; i < kc * kPanelWidth; ++i) bits[i] = static_cast<uint32_t>(src[i]) << 16;
+  std::memcpy(out, bits, sizeof(float) * kc * kPanelWidth);
 }
 
 }  // namespace
@@ -71,8 +48,9 @@ at::Tensor invariant_pack(const at::Tensor& b) {
 
 at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
                                  int64_t chunk) {
-  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous() && chunk > 0,
+  TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(),
               "invariant_gemm_pieces: a must be contiguous float32 [M, R]");
+  TORCH_CHECK(chunk > 0 && chunk <= kMaxChunk, "invariant_gemm_pieces: chunk ", chunk, " outside [1, ", kMaxChunk, "]");
   const int64_t m = a.size(0), r = a.size(1), chunks = (r + chunk - 1) / chunk;
   const int64_t panels = (n + kPanelWidth - 1) / kPanelWidth;
   TORCH_CHECK(b_packed.dim() == 3 && b_packed.size(0) == panels && b_packed.size(1) == r &&
@@ -83,6 +61,7 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   if (m == 0 || n == 0 || spans.empty()) return out;
 
   const Isa isa = cpu::isa();
+  count_kernel(std::string("invariant/") + to_string(isa));  // the benchmarks' kernel column
   // Each chunk of a packed for the microkernels once, shared by every thread.
   std::vector<std::vector<float>> xp(chunks);
   for (int64_t c = 0; c < chunks; ++c)
@@ -105,7 +84,7 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
     // right sibling completes, so at the end they are exactly `spans`. Buffers are reused.
     std::vector<std::vector<float>> stack, spare;
     std::vector<ChunkSpan> held;
-    alignas(64) float widened[64 * kPanelWidth];
+    alignas(64) float widened[kMaxChunk * kPanelWidth];
     for (int64_t c = 0; c < chunks; ++c) {
       std::vector<float> part;
       if (spare.empty()) {
@@ -115,14 +94,13 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
         spare.pop_back();
       }
       const int64_t kc = std::min(chunk, r - c * chunk);
-      ChunkOfPanels d{panel_data, bf16, r, c * chunk};
       for (int64_t p = p0; p < p1; ++p) {
         // One panel's chunk: float32 panels are read where they lie (the k-major 16 columns
         // the microkernel wants); bfloat16 ones are widened exactly into `widened` first.
-        const float* buf = static_cast<const float*>(panel_data) + (p * r + c * chunk) * kPanelWidth;
-        if (bf16 || kc > 64) {
-          TORCH_INTERNAL_ASSERT(kc <= 64, "invariant_gemm_pieces: chunk ", chunk, " above 64");
-          decode_panels(&d, p, 1, 0, kc, widened, kPanelWidth);
+        const int64_t offset = (p * r + c * chunk) * kPanelWidth;
+        const float* buf = static_cast<const float*>(panel_data) + offset;
+        if (bf16) {
+          widen_panel_chunk(static_cast<const uint16_t*>(panel_data) + offset, kc, widened);
           buf = widened;
         }
         const int64_t ncols = std::min(kPanelWidth, n - kPanelWidth * p);
@@ -153,6 +131,12 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
     for (int64_t q = p0; q < p1; q += block) run_block(q, std::min(p1, q + block));
   });
   return out;
+}
+
+at::Tensor invariant_sum_pieces(const at::Tensor& a, int64_t first_chunk, int64_t chunk) {
+  // Against a row of ones: fma(a, 1, s) is a + s rounded once, so these are the row sums.
+  const at::Tensor ones = invariant_pack(at::ones({1, a.size(1)}, at::TensorOptions(at::kFloat)));
+  return invariant_gemm_pieces(a, ones, 1, first_chunk, chunk);
 }
 
 }  // namespace tp::cpu

@@ -48,4 +48,8 @@ at::Tensor invariant_pack(const at::Tensor& b);
 at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
                                  int64_t chunk);
 
+/// The canonical pieces of each row's sum of a [M, R_local] (the same chunk rules):
+/// [pieces, M, 1]. For sums over tokens and over the vocabulary.
+at::Tensor invariant_sum_pieces(const at::Tensor& a, int64_t first_chunk, int64_t chunk);
+
 }  // namespace tp::cpu

@@ -42,6 +42,11 @@ at::Tensor evaluate_tree(int64_t leaves, const std::vector<cpu::ChunkSpan>& piec
   return tree.at_node(0, tree_size(leaves));
 }
 
+at::Tensor evaluate_whole(int64_t leaves, const at::Tensor& pieces) {
+  if (leaves == 0) return {};
+  return evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0));
+}
+
 std::vector<at::Tensor> canonical_sums(const Communicator& comm, const std::vector<CanonicalSum>& sums,
                                        const std::vector<at::Tensor>& mine, at::IntArrayRef shape) {
   TORCH_INTERNAL_ASSERT(sums.size() == mine.size());

@@ -34,6 +34,10 @@ struct CanonicalSum {
 at::Tensor evaluate_tree(int64_t leaves, const std::vector<cpu::ChunkSpan>& pieces,
                          const std::vector<at::Tensor>& values);
 
+/// The tree over `leaves` chunks from the pieces of one rank that holds all of them,
+/// pieces [dyadic_pieces(0, leaves).size(), ...] (undefined when leaves is 0).
+at::Tensor evaluate_whole(int64_t leaves, const at::Tensor& pieces);
+
 /// Every sum of `sums`, from this rank's values: mine[i] is [pieces of sums[i] on this
 /// rank, shape...] float32 (shape the same for every sum and rank). Collective: every
 /// rank calls it with the same `sums`. Returns one tensor of `shape` per sum

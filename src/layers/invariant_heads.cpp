@@ -121,23 +121,14 @@ struct ScaleByWeight : torch::autograd::Function<ScaleByWeight> {
     if (ctx->needs_input_grad(0)) {
       const auto& h = heads->q;
       const int64_t d = w.size(-1), rank = h.ranges.size() > 1 ? h.comm.rank() : 0;
-      const int64_t local = h.total == 1 ? 1 : h.ranges[rank].size();
-      // The products, rounded once as the forward's dtype would; per head, summed over
-      // tokens by the canonical kernel: [local * d, tokens] times ones.
+      const int64_t local = h.ranges[rank].size();
+      // The products in float32; per head and column, summed over tokens by the canonical
+      // kernel ([local * d, tokens] rows).
       const at::Tensor p = (g.to(at::kFloat) * x.to(at::kFloat)).reshape({-1, local * d});
       const int64_t tokens = p.size(0), leaves = chunks_of(tokens, kInvariantChunk);
-      at::Tensor per_head;
-      if (leaves == 0) {
-        per_head = at::zeros({local, d}, p.options());
-      } else {
-        const at::Tensor pieces = cpu::invariant_gemm_pieces(
-            p.t().contiguous(), cpu::invariant_pack(at::ones({1, tokens}, p.options())), 1, 0, kInvariantChunk);
-        per_head = evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0)).view({local, d});
-      }
-      const int64_t begin = h.total == 1 ? 0 : h.ranges[rank].begin;
-      HeadsByRank one = h;
-      if (h.total == 1) one.ranges.assign(1, Range{0, 1});
-      const auto sums = sums_over_heads(one, per_head, begin, 1, h.total);
+      at::Tensor per_head = evaluate_whole(leaves, cpu::invariant_sum_pieces(p.t().contiguous(), 0, kInvariantChunk));
+      per_head = per_head.defined() ? per_head.view({local, d}) : at::zeros({local, d}, p.options());
+      const auto sums = sums_over_heads(h, per_head, h.ranges[rank].begin, 1, h.total);
       grad_w = (sums[0].defined() ? sums[0] : at::zeros({d}, p.options())).to(w.scalar_type());
     }
     return {grad_w, grad_x, at::Tensor()};

@@ -27,8 +27,10 @@ namespace tp::detail {
 /// The heads of one kind (query or KV) that every rank holds, in global head indices.
 struct HeadsByRank {
   Communicator comm;
-  std::vector<Range> ranges;  ///< rank r's heads; a head may be held by several ranks (KV replicas)
-  int64_t total = 0;          ///< heads in the model
+  /// Rank r's heads; a head may be held by several ranks (KV replicas). One entry: the
+  /// heads are local, summed on each rank alone (a hidden-size norm: {{0, 1}}, total 1).
+  std::vector<Range> ranges;
+  int64_t total = 0;  ///< heads in the model
 };
 
 /// k [b, nkv_local, L, d] -> [b, nq_local, L, d], local query head h reading local KV head

@@ -25,24 +25,18 @@ int64_t rows_of(at::IntArrayRef shape) {
   return t;
 }
 
-// The canonical sum over a whole local dimension (no other rank holds any of it):
-// a [M, R] times b [n, R] (b packed by invariant_pack) in chunks of `chunk`.
-at::Tensor local_sum(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t chunk) {
-  const int64_t m = a.size(0), leaves = chunks_of(a.size(1), chunk);
-  if (leaves == 0) return at::zeros({m, n}, a.options());
-  const at::Tensor pieces = cpu::invariant_gemm_pieces(a, b_packed, n, 0, chunk);
-  return evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0));
+// The canonical sum over a whole local dimension (no other rank holds any of it) from
+// its pieces [pieces, M, n]; zeros [M, n] for an empty dimension.
+at::Tensor local_sum(const at::Tensor& pieces, int64_t length, int64_t chunk) {
+  const at::Tensor s = evaluate_whole(chunks_of(length, chunk), pieces);
+  return s.defined() ? s : at::zeros(pieces.sizes().slice(1), pieces.options());
 }
 
 // The forward's reduced y [T, out_local] float32, before the bias.
 at::Tensor forward_sum(const InvariantPlan& p, const at::Tensor& x2, const at::Tensor& weight) {
   const int64_t t = x2.size(0), out = weight.size(0);
   const at::Tensor pieces = cpu::invariant_gemm_pieces(x2, p.packed_weight(weight), out, p.in_first_chunk, p.in_chunk);
-  if (!p.in_across_ranks) {
-    const int64_t leaves = p.in_sum.leaves;
-    if (leaves == 0) return at::zeros({t, out}, x2.options());
-    return evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0));
-  }
+  if (!p.in_across_ranks) return local_sum(pieces, x2.size(1), p.in_chunk);
   at::Tensor y = canonical_sums(p.comm, {p.in_sum}, {pieces}, {t, out}).at(0);
   return y.defined() ? y : at::zeros({t, out}, x2.options());
 }
@@ -60,11 +54,7 @@ at::Tensor input_grad(const InvariantPlan& p, const at::Tensor& g, const at::Ten
   if (p.out_across_ranks) {
     sums = canonical_sums(p.comm, p.out_sums, pieces, {t, in});
   } else {
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const int64_t leaves = p.out_sums[i].leaves;
-      sums.push_back(leaves == 0 ? at::Tensor()
-                                 : evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces[i].unbind(0)));
-    }
+    for (size_t i = 0; i < pieces.size(); ++i) sums.push_back(evaluate_whole(p.out_sums[i].leaves, pieces[i]));
   }
   at::Tensor out;
   for (const auto& s : sums)
@@ -149,11 +139,12 @@ struct InvariantLinear : torch::autograd::Function<InvariantLinear> {
         ctx->needs_input_grad(1) || (s->has_bias && ctx->needs_input_grad(2)) ? g.t().contiguous() : at::Tensor();
     if (ctx->needs_input_grad(1)) {
       const at::Tensor xt = x.reshape({t, in}).t().contiguous();
-      grad_w = local_sum(gt, cpu::invariant_pack(xt), in, kInvariantChunk).to(weight.scalar_type());
+      const at::Tensor pieces = cpu::invariant_gemm_pieces(gt, cpu::invariant_pack(xt), in, 0, kInvariantChunk);
+      grad_w = local_sum(pieces, t, kInvariantChunk).to(weight.scalar_type());
     }
     if (s->has_bias && ctx->needs_input_grad(2)) {
-      const at::Tensor ones = at::ones({1, t}, at::TensorOptions(at::kFloat));
-      grad_b = local_sum(gt, cpu::invariant_pack(ones), 1, kInvariantChunk).view({out}).to(s->x_dtype);
+      const at::Tensor pieces = cpu::invariant_sum_pieces(gt, 0, kInvariantChunk);
+      grad_b = local_sum(pieces, t, kInvariantChunk).view({out}).to(s->x_dtype);
     }
     return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor()};
   }

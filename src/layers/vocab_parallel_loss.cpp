@@ -47,8 +47,7 @@ at::Tensor canonical_sum_exp(const at::Tensor& exp, const Communicator& comm, in
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < exp.dim(); ++d) rows *= exp.size(d);
   const at::Tensor e = exp.reshape({rows, real}).contiguous();
-  const at::Tensor ones = cpu::invariant_pack(at::ones({1, real}, e.options()));
-  const at::Tensor pieces = cpu::invariant_gemm_pieces(e, ones, 1, begin / chunk, chunk);
+  const at::Tensor pieces = cpu::invariant_sum_pieces(e, begin / chunk, chunk);
   const at::Tensor s = detail::canonical_sums(comm, {sum}, {pieces}, {e.size(0), 1}).at(0);
   return s.defined() ? s : at::zeros({e.size(0), 1}, e.options());
 }

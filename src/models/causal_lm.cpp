@@ -64,7 +64,7 @@ void CausalLMImpl::reset() {
                                                         comm));
   }
   if (invariant) {
-    const detail::HeadsByRank hidden{comm, {}, 1};
+    const detail::HeadsByRank hidden{comm, {Range{0, 1}}, 1};
     norm->scale = [hidden](const at::Tensor& w, const at::Tensor& x) {
       return detail::scale_by_weight_invariant(w, x, hidden);
     };

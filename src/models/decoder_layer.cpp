@@ -236,7 +236,7 @@ void DecoderLayerImpl::use_invariant_heads() {
                     ": invariant numerics covers RMSNorm decoders without attention sinks or soft caps "
                     "(Llama, Qwen2, Qwen3, Mistral); use numerics=default for ",
                     config.source);
-  const detail::HeadsByRank hidden{comm, {}, 1};
+  const detail::HeadsByRank hidden{comm, {Range{0, 1}}, 1};
   const auto scale_hidden = [hidden](const at::Tensor& w, const at::Tensor& x) {
     return detail::scale_by_weight_invariant(w, x, hidden);
   };

@@ -27,8 +27,7 @@ namespace {
 at::Tensor gemm(const at::Tensor& a, const at::Tensor& b, int64_t chunk) {
   // The whole reduction on one rank: its pieces make the whole tree.
   const at::Tensor pieces = cpu::invariant_gemm_pieces(a.contiguous(), cpu::invariant_pack(b), b.size(0), 0, chunk);
-  const int64_t leaves = (a.size(1) + chunk - 1) / chunk;
-  return tp::detail::evaluate_tree(leaves, cpu::dyadic_pieces(0, leaves), pieces.unbind(0));
+  return tp::detail::evaluate_whole((a.size(1) + chunk - 1) / chunk, pieces);
 }
 
 // What one rank saw, gathered after the ranks joined (Catch's assertions are not thread-safe).
