@@ -267,14 +267,13 @@ def build_layers(torch, s: Shape, fmt: str, dtype, seed: int, rank: int):
         qc = getattr(importlib.import_module(_CONFIG_MODULES[cls_name]), cls_name).from_config(cfg)
     kw = dict(bias=False, params_dtype=dtype, quant_config=qc, return_bias=False)
     try:
+        pre = "model.layers.0."
         layers = {
-            "qkv": QKVParallelLinear(s.hidden, s.head_dim, s.heads, s.kv_heads, prefix="model.layers.0.self_attn.qkv_proj",
-                                     **kw),
-            "o": RowParallelLinear(s.q, s.hidden, input_is_parallel=True, prefix="model.layers.0.self_attn.o_proj", **kw),
-            "gate_up": MergedColumnParallelLinear(s.hidden, [s.intermediate] * 2, prefix="model.layers.0.mlp.gate_up_proj",
-                                                  **kw),
-            "down": RowParallelLinear(s.intermediate, s.hidden, input_is_parallel=True,
-                                      prefix="model.layers.0.mlp.down_proj", **kw),
+            "qkv": QKVParallelLinear(s.hidden, s.head_dim, s.heads, s.kv_heads, prefix=pre + "self_attn.qkv_proj", **kw),
+            "o": RowParallelLinear(s.q, s.hidden, input_is_parallel=True, prefix=pre + "self_attn.o_proj", **kw),
+            "gate_up": MergedColumnParallelLinear(s.hidden, [s.intermediate] * 2, prefix=pre + "mlp.gate_up_proj", **kw),
+            "down": RowParallelLinear(s.intermediate, s.hidden, input_is_parallel=True, prefix=pre + "mlp.down_proj",
+                                      **kw),
         }
     except Exception as e:  # noqa: BLE001  (vLLM refuses a format it has no CPU kernel for: say so, go on)
         return None, {"unsupported": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
@@ -429,7 +428,8 @@ def time_rows(torch, dist, spec: dict, s: Shape, fmt: str, layers: dict, rank: i
                     # layer's output against the float64 model of that layer applied to them.
                     parts = block_intermediates(torch, dist, world_group, x["hidden"])
                     if rank == 0:
-                        path = os.path.join(os.path.dirname(spec["out"]), f"block-{len(results)}-tp{world}.pt")
+                        path = os.path.join(os.path.dirname(spec["out"]),
+                                            f"block-f{spec['formats'].index(fmt)}-m{m}-tp{world}.pt")
                         torch.save(dict(parts, tp=world, m=m), path)
                         results[-1]["block_intermediates"] = path
     return results
@@ -677,13 +677,15 @@ def main() -> int:
     bad = [r for r in results if not r["rel_err"] <= rel_err_bound(r["format"], args.dtype)]
     print()
     print(table(["format", "row", "TP", "M", "ms", "min ms", "iters", "max_abs_err", "rel_err", "allreduce"],
-                [[r["format"], r["row"], str(r["tp"]), str(r["m"]), f"{r['ms']:.3f}", f"{r['ms_min']:.3f}", str(r["iters"]),
+                [[r["format"], r["row"], str(r["tp"]), str(r["m"]), f"{r['ms']:.3f}", f"{r['ms_min']:.3f}",
+                  str(r["iters"]),
                   f"{r['max_abs_err']:.2e}", f"{r['rel_err']:.2e}{' !' if r in bad else ''}",
                   short_allreduce(infos[r["tp"]]["allreduce"]) if r["row"] in ("o", "down", "block") and r["tp"] > 1
                   else "-"] for r in results]))
     print("  ms: median (the slowest rank per iteration); min ms: the fastest iteration; errors: the worst rank's "
           "part of the output vs the float64 reference (a quantized format's: the weights its checkpoint tensors "
-          "stand for, each layer's input quantized where vLLM's kernel quantizes it); ! marks one above tp-bench's bound")
+          "stand for, each layer's input quantized where vLLM's kernel quantizes it); ! marks one above "
+          "tp-bench's bound")
     print(f"\n  total {time.time() - t_start:.0f} s; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         with open(args.json, "w") as f:
