@@ -308,14 +308,26 @@ TEST_CASE("a peer process that exits makes the shared-memory all_reduce fail at 
 
 TEST_CASE("a rank killed while creating the shared-memory segment leaves no segment behind", "[comm][process]") {
   // TP_COMM_VERIFY=0: no fingerprint exchange first, so rank 0 is killed inside the
-  // segment's setup, with rank 1 half-way through joining it.
-  const auto results =
-      tp::test::run_ranks_as_processes(TP_PROCESS_WORKER, {"shm_creator_killed"}, 2, std::chrono::seconds(90),
-                                       {{"TP_COMM_TIMEOUT_MS", "5000"}, {"TP_COMM_VERIFY", "0"}});
-  REQUIRE(results.size() == 2);
-  INFO("rank 0 output:\n" << results[0].output << "\nrank 1 output:\n" << results[1].output);
-  CHECK(results[0].exit_code == -SIGKILL);
-  CHECK_FALSE(results[1].timed_out);
-  CHECK(results[1].exit_code == 0);
-  CHECK_THAT(results[1].output, Contains("rank 1 ok"));
+  // segment's setup, with rank 1 half-way through joining it. Rank 1's killer thread must
+  // run while the segment exists; on a loaded machine it can miss that window (rank 1 then
+  // exits with 3, kShmKillMissedWindow in process_worker.cpp), and the scenario runs again.
+  constexpr int kMissedWindow = 3, kAttempts = 5;
+  int attempts = 0;
+  for (; attempts < kAttempts; ++attempts) {
+    const auto results =
+        tp::test::run_ranks_as_processes(TP_PROCESS_WORKER, {"shm_creator_killed"}, 2, std::chrono::seconds(90),
+                                         {{"TP_COMM_TIMEOUT_MS", "5000"}, {"TP_COMM_VERIFY", "0"}});
+    REQUIRE(results.size() == 2);
+    INFO("attempt " << attempts + 1 << "; rank 0 output:\n"
+                    << results[0].output << "\nrank 1 output:\n"
+                    << results[1].output);
+    CHECK_FALSE(results[1].timed_out);
+    if (results[1].exit_code == kMissedWindow) continue;
+    CHECK(results[0].exit_code == -SIGKILL);
+    CHECK(results[1].exit_code == 0);
+    CHECK_THAT(results[1].output, Contains("rank 1 ok"));
+    break;
+  }
+  INFO("the kill missed the segment's setup in all " << kAttempts << " attempts");
+  CHECK(attempts < kAttempts);
 }
