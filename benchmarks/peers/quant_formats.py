@@ -163,11 +163,18 @@ ACTIVATION_QUANT = {"int8_w8a8": ("int8", "token"), "fp8_tensor": ("fp8", "stati
                     "fp8_block": ("fp8", "group")}
 
 
+# Where vLLM's kernel quantizes activations that the format itself does not: its W4A8 INT4 kernel
+# (int4_scaled_mm_cpu, on AMX with VLLM_CPU_INT4_W4A8=1, its default) quantizes them to int8 inside
+# its C++ code. Modelled as per-token int8 (an approximation, not yet held against that kernel:
+# no AMX machine has run it here); it lets the block be checked layer by layer (vllm_cpu_bench.py).
+KERNEL_ACTIVATION_QUANT = {f: ("int8", "token") for f in FORMATS if f.startswith("int4_")}
+
+
 def quantize_activation(torch, fmt: str, x, parts: int = 1):
     """The float64 values of x ([M, K]) after the format's dynamic activation quantization, each of
     `parts` equal slices of K with scales of its own (a row-parallel layer's ranks quantize their own
     input slice)."""
-    kind, span = ACTIVATION_QUANT[fmt]
+    kind, span = ACTIVATION_QUANT[fmt] if fmt in ACTIVATION_QUANT else KERNEL_ACTIVATION_QUANT[fmt]
     top = 127.0 if kind == "int8" else 448.0
     out = []
     for xs in x.double().chunk(parts, dim=-1):

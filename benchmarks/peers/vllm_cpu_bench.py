@@ -53,7 +53,8 @@ from typing import Any
 
 from block_problem import (BLOCK_DESCRIPTION, PRESETS, ROWS, Shape, compute_reference, layerwise_errors, make_weight,
                            rel_err_bound)
-from quant_formats import ACTIVATION_QUANT, FORMATS, checkpoint_tensors, is_quantized, quant_config
+from quant_formats import (ACTIVATION_QUANT, FORMATS, KERNEL_ACTIVATION_QUANT, checkpoint_tensors, is_quantized,
+                           quant_config)
 
 # ---- the machine --------------------------------------------------------------------------------
 
@@ -216,7 +217,10 @@ def reference_key(fmt: str, act_quant: bool, tp: int) -> str:
 
 def quantizes_activations(fmt: str, layers: dict) -> bool:
     """Whether vLLM's kernel for a format quantizes the activations: int8 always; FP8 on its torch
-    kernels (W8A8) but not on its AMX W8A16 ones (CPUFp8BlockScaledMMKernel, CPUFp8PerTensor...)."""
+    kernels (W8A8) but not on its AMX W8A16 ones (CPUFp8BlockScaledMMKernel, CPUFp8PerTensor...);
+    INT4 on its W4A8 kernel, not on W4A16."""
+    if fmt in KERNEL_ACTIVATION_QUANT:
+        return any("W4A8" in describe_kernel(l) for l in layers.values())
     if fmt not in ACTIVATION_QUANT:
         return False
     if fmt == "int8_w8a8":
@@ -269,9 +273,11 @@ def build_layers(torch, s: Shape, fmt: str, dtype, seed: int, rank: int):
     try:
         pre = "model.layers.0."
         layers = {
-            "qkv": QKVParallelLinear(s.hidden, s.head_dim, s.heads, s.kv_heads, prefix=pre + "self_attn.qkv_proj", **kw),
+            "qkv": QKVParallelLinear(s.hidden, s.head_dim, s.heads, s.kv_heads, prefix=pre + "self_attn.qkv_proj",
+                                     **kw),
             "o": RowParallelLinear(s.q, s.hidden, input_is_parallel=True, prefix=pre + "self_attn.o_proj", **kw),
-            "gate_up": MergedColumnParallelLinear(s.hidden, [s.intermediate] * 2, prefix=pre + "mlp.gate_up_proj", **kw),
+            "gate_up": MergedColumnParallelLinear(s.hidden, [s.intermediate] * 2, prefix=pre + "mlp.gate_up_proj",
+                                                  **kw),
             "down": RowParallelLinear(s.intermediate, s.hidden, input_is_parallel=True, prefix=pre + "mlp.down_proj",
                                       **kw),
         }
@@ -632,12 +638,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-cpu-bench-") as workdir:
         t0 = time.time()
         # One float64 chain per format; for an activation-quantized one per TP size (the row layers
-        # quantize per rank slice), and for FP8 both (its AMX kernels leave the activations alone).
+        # quantize per rank slice), and both where it depends on vLLM's kernel (FP8: its AMX kernels
+        # leave the activations alone; INT4: its W4A8 kernel quantizes them).
         ref_paths = {}
         for fmt in args.quant:
-            variants = [(False, 1)] if fmt not in ACTIVATION_QUANT else [(True, tp) for tp in args.tp]
-            if fmt.startswith("fp8"):
-                variants.append((False, 1))
+            quantized = [(True, tp) for tp in args.tp]
+            variants = (quantized if fmt == "int8_w8a8" else
+                        [(False, 1)] + quantized if fmt in ACTIVATION_QUANT or fmt in KERNEL_ACTIVATION_QUANT else
+                        [(False, 1)])
             for act_quant, tp in variants:
                 ref = compute_reference(shape, args.m, args.seed, fmt, args.dtype, act_quant, tp)
                 path = os.path.join(workdir, f"reference{len(set(ref_paths.values()))}.pt")
