@@ -16,7 +16,7 @@
 #include "cpu/kernel_counts.h"
 #include "machine_limits.h"
 #include "tp/comm/launch.h"
-#include "tp/layers/moe_parallel_mlp.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quantize.h"
 

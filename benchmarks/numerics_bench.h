@@ -1,5 +1,5 @@
 #pragma once
-// tp-bench --rows numerics: invariant numerics' cost (tp/layers/numerics.h), side by side.
+// tp-bench --rows numerics: invariant numerics' cost (tp/layers/numerics/numerics.h), side by side.
 //
 // For each dtype, TP size and M, every rank builds the block's four layers twice from the
 // same checkpoint, once with numerics=default and once with numerics=invariant, and times

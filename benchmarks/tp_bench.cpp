@@ -40,7 +40,7 @@
 #include "moe_bench.h"
 #include "numerics_bench.h"
 #include "tp/comm/launch.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/quant/quant_config.h"
 
 extern char** environ;
@@ -76,7 +76,7 @@ const char* kUsage = R"(usage: tp-bench [options]
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
   --dtype LIST       float32 | float64 | bfloat16 | float16               (default float32)
   --device NAME      cpu | cuda                                           (default cpu)
-  --numerics NAME    default | invariant: the order of the TP layers' sums (tp/layers/numerics.h); the
+  --numerics NAME    default | invariant: the order of the TP layers' sums (tp/layers/numerics/numerics.h); the
                      reference stays at::linear, so TP/linear is invariant numerics' cost (format none, CPU)
   --seconds S        measuring time per side of a case, before the iteration cap (default 0.5)
   --json FILE        write every result as JSON (benchmarks/plot_bench.py plots it)

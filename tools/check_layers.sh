@@ -96,6 +96,53 @@ for rel, area, public in sorted(sources):
         elif target not in allowed:
             errors.append(f"{where}: {area} may include only {', '.join(allowed)} (docs/DESIGN.md §2)")
 
+# 4. The rooms inside an area (docs/DESIGN.md's rooms block): a file in room R (its folder
+#    below src/ or include/tp/, e.g. layers/moe) includes from another room of the same area
+#    only those R lists; a line naming one file gives that file its own list.
+m = re.search(r"<!-- rooms:begin -->(.*?)<!-- rooms:end -->", design, re.S)
+rooms = {}
+if m:
+    for line in m.group(1).splitlines():
+        mm = re.match(r"^\s*`?([a-z_/.]+)\s*->\s*([^`(]*)", line)
+        if mm:
+            rooms[mm.group(1)] = mm.group(2).split()
+room_names = {r for r in rooms if not r.endswith((".cpp", ".h"))}
+def room_of(path):  # "layers/moe/router.h" -> "layers/moe"; "layers/row_parallel_linear.h" -> "layers"
+    parts = path.split("/")[:-1]
+    while parts and "/".join(parts) not in room_names:
+        parts.pop()
+    return "/".join(parts)
+for rel, area, public in sorted(sources):
+    inner = os.path.relpath(rel, "include/tp" if public else "src")
+    mine = room_of(inner)
+    if not mine:
+        continue
+    allowed = rooms.get(inner, rooms[mine])
+    for lineno, line in enumerate(read(rel).splitlines(), 1):
+        mm = include_re.match(line)
+        if not mm or mm.group(1) == "<":
+            continue
+        path = mm.group(2)[3:] if mm.group(2).startswith("tp/") else mm.group(2)
+        theirs = room_of(path)
+        if theirs and theirs != mine and theirs.split("/")[0] == mine.split("/")[0] and theirs not in allowed:
+            errors.append(f"{rel}:{lineno}: #include \"{mm.group(2)}\": room {mine} may include only "
+                          f"{', '.join(allowed) or '(no other room)'} of {mine.split('/')[0]} (docs/DESIGN.md §2, rooms)")
+
+# 5. Areas that may include only another area's PUBLIC headers (docs/DESIGN.md's public-only block).
+m = re.search(r"<!-- public-only:begin -->(.*?)<!-- public-only:end -->", design, re.S)
+for line in (m.group(1).splitlines() if m else []):
+    mm = re.match(r"^\s*`?([a-z_]+)\s*->\s*([^`]*)", line)
+    if not mm:
+        continue
+    for rel, area, public in sorted(sources):
+        if area != mm.group(1):
+            continue
+        for lineno, line2 in enumerate(read(rel).splitlines(), 1):
+            inc = include_re.match(line2)
+            if inc and inc.group(1) == '"' and inc.group(2).split("/")[0] in mm.group(2).split():
+                errors.append(f"{rel}:{lineno}: #include \"{inc.group(2)}\": {area} includes only the public headers "
+                              f"(tp/...) of {inc.group(2).split('/')[0]} (docs/DESIGN.md §2, public-only)")
+
 if errors:
     print(f"check_layers: {len(errors)} violation(s) of docs/DESIGN.md §2:")
     for e in errors:

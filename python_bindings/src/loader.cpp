@@ -10,7 +10,7 @@
 
 #include "bindings.h"
 #include "tp/comm/communicator.h"
-#include "tp/layers/load_session.h"
+#include "tp/layers/loading/load_session.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors_writer.h"
 

@@ -1,6 +1,6 @@
 // Bindings: the vocabulary-parallel layers (VocabParallelEmbedding, ParallelLMHead),
 // their partition, and the losses / decoding on local logits
-// (tp/layers/vocab_parallel_loss.h). Bound over the Impls, held by std::shared_ptr, as
+// (tp/layers/vocab/loss.h). Bound over the Impls, held by std::shared_ptr, as
 // the linear layers are (layers.cpp); the tp package wraps them in torch.nn.Modules.
 
 #include <memory>
@@ -13,9 +13,9 @@
 
 #include "bindings.h"
 #include "tp/comm/communicator.h"
-#include "tp/layers/parallel_lm_head.h"
-#include "tp/layers/vocab_parallel_embedding.h"
-#include "tp/layers/vocab_parallel_loss.h"
+#include "tp/layers/vocab/loss.h"
+#include "tp/layers/vocab/parallel_lm_head.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/vocab.h"
 

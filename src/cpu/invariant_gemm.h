@@ -1,5 +1,5 @@
 #pragma once
-// Private: the canonical-order GEMM of invariant numerics (tp/layers/numerics.h).
+// Private: the canonical-order GEMM of invariant numerics (tp/layers/numerics/numerics.h).
 //
 //   y[m, n] = sum_r a[m, r] * b[n, r]
 //
@@ -15,7 +15,7 @@
 // So a row's result depends on neither M, nor the other rows, nor the threads. A rank
 // that holds reduction indices [c0 C, c1 C) computes the tree's largest whole subtrees
 // inside [c0, c1) (dyadic_pieces); every rank's pieces then combine into exactly the
-// tree one device computes (layers/canonical_sum.h).
+// tree one device computes (layers/numerics/canonical_sum.h).
 
 #include <cstdint>
 #include <vector>

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "layers/layer_common.h"
-#include "layers/strict_load.h"
+#include "layers/loading/strict_load.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/loader/load_shard.h"

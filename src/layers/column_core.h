@@ -15,10 +15,10 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "layers/invariant_linear.h"
 #include "layers/linear_function.h"
+#include "layers/numerics/invariant_linear.h"
 #include "tp/comm/communicator.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
@@ -106,7 +106,7 @@ struct ColumnSpec {
   SplitPolicy split;
   at::ScalarType dtype = at::kFloat;
   at::Device device = at::kCPU;
-  /// Invariant numerics (tp/layers/numerics.h; kAuto resolved at construction).
+  /// Invariant numerics (tp/layers/numerics/numerics.h; kAuto resolved at construction).
   Numerics numerics = Numerics::kAuto;
   /// Under invariant numerics: the size each segment's even split divides (0: none), so
   /// the split granularity can rise to a whole chunk (invariant_granularity), and the

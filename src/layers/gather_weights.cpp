@@ -6,11 +6,11 @@
 #include "layers/layer_common.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
-#include "tp/layers/moe_parallel_mlp.h"
-#include "tp/layers/parallel_lm_head.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
-#include "tp/layers/vocab_parallel_embedding.h"
+#include "tp/layers/vocab/parallel_lm_head.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 
 namespace tp {
 namespace {

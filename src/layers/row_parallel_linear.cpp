@@ -3,10 +3,10 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include "layers/invariant_linear.h"
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
-#include "layers/strict_load.h"
+#include "layers/loading/strict_load.h"
+#include "layers/numerics/invariant_linear.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/layers/sequence_parallel.h"

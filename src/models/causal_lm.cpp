@@ -6,9 +6,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "layers/invariant_heads.h"
 #include "models/model_common.h"
-#include "tp/layers/load_session.h"
+#include "tp/layers/loading/load_session.h"
+#include "tp/layers/numerics/heads.h"
 #include "tp/loader/checkpoint.h"
 
 namespace tp {
@@ -64,9 +64,9 @@ void CausalLMImpl::reset() {
                                                         comm));
   }
   if (invariant) {
-    const detail::HeadsByRank hidden{comm, {Range{0, 1}}, 1};
+    const HeadsByRank hidden{comm, {Range{0, 1}}, 1};
     norm->scale = [hidden](const at::Tensor& w, const at::Tensor& x) {
-      return detail::scale_by_weight_invariant(w, x, hidden);
+      return scale_by_weight_invariant(w, x, hidden);
     };
   }
   rotary = RotaryEmbedding(c.rotary_dim, c.rope);

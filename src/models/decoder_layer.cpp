@@ -6,9 +6,9 @@
 #include <cmath>
 #include <limits>
 
-#include "layers/invariant_heads.h"
 #include "models/model_common.h"
 #include "tp/comm/differentiable.h"
+#include "tp/layers/numerics/heads.h"
 #include "tp/models/layer_options.h"
 #include "tp/models/rotary_embedding.h"
 #include "tp/quant/quant_method.h"
@@ -236,25 +236,25 @@ void DecoderLayerImpl::use_invariant_heads() {
                     ": invariant numerics covers RMSNorm decoders without attention sinks or soft caps "
                     "(Llama, Qwen2, Qwen3, Mistral); use numerics=default for ",
                     config.source);
-  const detail::HeadsByRank hidden{comm, {Range{0, 1}}, 1};
+  const HeadsByRank hidden{comm, {Range{0, 1}}, 1};
   const auto scale_hidden = [hidden](const at::Tensor& w, const at::Tensor& x) {
-    return detail::scale_by_weight_invariant(w, x, hidden);
+    return scale_by_weight_invariant(w, x, hidden);
   };
   input_layernorm->scale = scale_hidden;
   post_attention_layernorm->scale = scale_hidden;
-  const detail::HeadsByRank q_heads{comm, qkv->q_head_ranges(), config.num_attention_heads};
-  const detail::HeadsByRank kv_heads{comm, qkv->kv_head_ranges(), config.num_key_value_heads};
+  const HeadsByRank q_heads{comm, qkv->q_head_ranges(), config.num_attention_heads};
+  const HeadsByRank kv_heads{comm, qkv->kv_head_ranges(), config.num_key_value_heads};
   if (qk_norm()) {
     q_norm->scale = [q_heads](const at::Tensor& w, const at::Tensor& x) {
-      return detail::scale_by_weight_invariant(w, x, q_heads);
+      return scale_by_weight_invariant(w, x, q_heads);
     };
     k_norm->scale = [kv_heads](const at::Tensor& w, const at::Tensor& x) {
-      return detail::scale_by_weight_invariant(w, x, kv_heads);
+      return scale_by_weight_invariant(w, x, kv_heads);
     };
   }
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   expand_kv = [q_heads, kv_heads, group](const at::Tensor& kv) {
-    return detail::expand_kv_invariant(kv, q_heads, kv_heads, group);
+    return expand_kv_invariant(kv, q_heads, kv_heads, group);
   };
 }
 

@@ -15,7 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
@@ -50,7 +50,7 @@ struct GateUpParallelLinearOptions {
   TORCH_ARG(SplitPolicy, split) = {};
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
-  /// The order of its sums (tp/layers/numerics.h): kAuto reads TP_NUMERICS.
+  /// The order of its sums (tp/layers/numerics/numerics.h): kAuto reads TP_NUMERICS.
   TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
 };
 

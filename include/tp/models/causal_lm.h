@@ -21,8 +21,8 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/layers/parallel_lm_head.h"
-#include "tp/layers/vocab_parallel_embedding.h"
+#include "tp/layers/vocab/parallel_lm_head.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
@@ -47,7 +47,7 @@ struct CausalLMOptions {
   /// parallelism). 1: every rank a slice of every expert; 0: each expert whole on one
   /// rank; 2 at TP 4: two groups of two (MoEParallelMLPOptions::expert_parallel_size).
   TORCH_ARG(int64_t, expert_parallel_size) = 1;
-  /// The order of every sum (tp/layers/numerics.h; kAuto reads TP_NUMERICS). kInvariant:
+  /// The order of every sum (tp/layers/numerics/numerics.h; kAuto reads TP_NUMERICS). kInvariant:
   /// logits, losses and gradients with the bits of TP 1 at every TP size and of a
   /// prompt alone in any batch; the vocabulary is then padded to a multiple of
   /// kInvariantChunk as well (padding rows are never seen).

@@ -29,7 +29,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
-#include "tp/layers/moe_parallel_mlp.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"

@@ -9,9 +9,9 @@
 
 #include <c10/core/ScalarType.h>
 
-#include "tp/layers/moe_checkpoint_layout.h"
-#include "tp/layers/moe_router.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/moe/checkpoint_layout.h"
+#include "tp/layers/moe/router.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
 
@@ -119,7 +119,7 @@ struct CheckpointNames {
   GateUpCheckpointLayout gate_up;                                    ///< under mlp
   /// A mixture-of-experts layer's block under the layer ("block_sparse_moe" for
   /// Mixtral, "mlp" for the Qwen-MoE families), and how its router, experts and shared
-  /// expert are named in it (tp/layers/moe_parallel_mlp.h).
+  /// expert are named in it (tp/layers/moe/moe_parallel_mlp.h).
   std::string moe = "mlp";
   MoECheckpointLayout moe_layout;
 };
@@ -315,7 +315,7 @@ struct ModelConfig {
   /// follow; both at once is an error naming them. CausalLM::from_pretrained calls it.
   void use_expert_layout_of(const Checkpoint& checkpoint);
   /// The order of the layers' sums (not in config.json: CausalLMOptions::numerics sets
-  /// it; tp/layers/numerics.h says what kInvariant guarantees).
+  /// it; tp/layers/numerics/numerics.h says what kInvariant guarantees).
   Numerics numerics = Numerics::kAuto;
 };
 

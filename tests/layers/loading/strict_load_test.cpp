@@ -15,7 +15,7 @@
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
-#include "tp/layers/load_session.h"
+#include "tp/layers/loading/load_session.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/quant/quantize.h"

@@ -1,4 +1,4 @@
-#include "layers/strict_load.h"
+#include "layers/loading/strict_load.h"
 
 #include <c10/util/Exception.h>
 

@@ -17,7 +17,7 @@
 // over the whole group, as a dense MLP does; on CPU that all-reduce is the transport, where
 // a GPU all-to-all would send each token only to its experts' owners and back.
 //
-//   (weights, experts) = route(x W_router^T)        mirrored: every rank routes alike (moe_router.h)
+//   (weights, experts) = route(x W_router^T)        mirrored: every rank routes alike (router.h)
 //   y = sum over a token's chosen experts e of  weight_e * down_e(act(gate_e(x)) * up_e(x))
 //     + [sigmoid(x W_gate^T)] * shared(x)            the shared expert, split over every rank
 //
@@ -40,8 +40,8 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/layers/moe_checkpoint_layout.h"
-#include "tp/layers/moe_router.h"
+#include "tp/layers/moe/checkpoint_layout.h"
+#include "tp/layers/moe/router.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/shard/range.h"

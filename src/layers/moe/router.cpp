@@ -1,4 +1,4 @@
-#include "tp/layers/moe_router.h"
+#include "tp/layers/moe/router.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

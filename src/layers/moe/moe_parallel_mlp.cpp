@@ -1,4 +1,4 @@
-#include "tp/layers/moe_parallel_mlp.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -7,9 +7,9 @@
 #include <cmath>
 
 #include "layers/layer_common.h"
-#include "layers/moe_checkpoint.h"
-#include "layers/moe_expert.h"
-#include "layers/strict_load.h"
+#include "layers/loading/strict_load.h"
+#include "layers/moe/checkpoint.h"
+#include "layers/moe/expert.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/quant/quant_method.h"

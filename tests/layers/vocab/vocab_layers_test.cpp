@@ -16,10 +16,10 @@
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/gather_weights.h"
-#include "tp/layers/parallel_lm_head.h"
 #include "tp/layers/sequence_parallel.h"
-#include "tp/layers/vocab_parallel_embedding.h"
-#include "tp/layers/vocab_parallel_loss.h"
+#include "tp/layers/vocab/loss.h"
+#include "tp/layers/vocab/parallel_lm_head.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 
 using namespace tp;
 using tp::test::randn;

@@ -1,11 +1,11 @@
-#include "layers/moe_expert.h"
+#include "layers/moe/expert.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
-#include "layers/strict_load.h"
+#include "layers/loading/strict_load.h"
 #include "tp/loader/load_shard.h"
 
 namespace tp::detail {

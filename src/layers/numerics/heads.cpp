@@ -1,4 +1,4 @@
-#include "layers/invariant_heads.h"
+#include "tp/layers/numerics/heads.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -6,11 +6,17 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "cpu/invariant_gemm.h"
-#include "layers/canonical_sum.h"
-#include "tp/layers/numerics.h"
+#include "layers/numerics/canonical_sum.h"
+#include "tp/layers/numerics/numerics.h"
 
-namespace tp::detail {
+namespace tp {
 namespace {
+
+using detail::canonical_sums;
+using detail::CanonicalSum;
+using detail::chunks_of;
+using detail::evaluate_tree;
+using detail::evaluate_whole;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -152,4 +158,4 @@ at::Tensor scale_by_weight_invariant(const at::Tensor& w, const at::Tensor& x, c
   return ScaleByWeight::apply(w, x, holder);
 }
 
-}  // namespace tp::detail
+}  // namespace tp

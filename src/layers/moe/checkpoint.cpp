@@ -1,4 +1,4 @@
-#include "layers/moe_checkpoint.h"
+#include "layers/moe/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,4 +1,4 @@
-// Invariant numerics (tp/layers/numerics.h): the canonical GEMM and the layers at TP 1-4,
+// Invariant numerics (tp/layers/numerics/numerics.h): the canonical GEMM and the layers at TP 1-4,
 // ranks as threads. "Bitwise" below is at::equal: every output and gradient of TP 2, 3
 // and 4 equals TP 1's to the last bit, in float32 and bfloat16, with uneven shards
 // (world 3), chunk tails and zero-size shards; a row alone equals the same row inside a
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cpu/invariant_gemm.h"
-#include "layers/canonical_sum.h"
+#include "layers/numerics/canonical_sum.h"
 #include "support/test_util.h"
 #include "tp/tp.h"
 

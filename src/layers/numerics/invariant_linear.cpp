@@ -1,4 +1,4 @@
-#include "layers/invariant_linear.h"
+#include "layers/numerics/invariant_linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "cpu/invariant_gemm.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 
 namespace tp::detail {
 namespace {

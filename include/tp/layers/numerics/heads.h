@@ -1,6 +1,7 @@
 #pragma once
-// Private: the attention's sums over heads under invariant numerics (tp/layers/numerics.h),
-// for the decoder's attention (src/models/decoder_layer.cpp).
+// The attention's sums over heads under invariant numerics (tp/layers/numerics/numerics.h):
+// what an attention composed from tp's layers calls so that its backward keeps TP 1's bits
+// (tp::DecoderLayer's does, src/models/decoder_layer.cpp).
 //
 // Two gradients are sums over query heads that the ranks split:
 //   - a KV head's (GQA): the sum over its group's query heads. By default each replica of a
@@ -22,7 +23,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/shard/range.h"
 
-namespace tp::detail {
+namespace tp {
 
 /// The heads of one kind (query or KV) that every rank holds, in global head indices.
 struct HeadsByRank {
@@ -46,4 +47,4 @@ at::Tensor expand_kv_invariant(const at::Tensor& k, const HeadsByRank& q_heads, 
 /// first holder). Collective in the backward when heads.ranges has several ranks.
 at::Tensor scale_by_weight_invariant(const at::Tensor& w, const at::Tensor& x, const HeadsByRank& heads);
 
-}  // namespace tp::detail
+}  // namespace tp

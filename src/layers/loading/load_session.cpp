@@ -1,4 +1,4 @@
-#include "tp/layers/load_session.h"
+#include "tp/layers/loading/load_session.h"
 
 #include <c10/util/Exception.h>
 

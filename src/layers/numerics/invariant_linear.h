@@ -1,10 +1,10 @@
 #pragma once
-// Private: a layer's GEMM under invariant numerics (tp/layers/numerics.h), as one
+// Private: a layer's GEMM under invariant numerics (tp/layers/numerics/numerics.h), as one
 // autograd function that also does the layer's collective:
 //
 //   forward   y = x W^T (+ b): the sum over in_features canonical; a row layer's ranks
 //             each hold a chunk-aligned piece of in_features and exchange whole
-//             subtrees (layers/canonical_sum.h), so every rank gets the reduced y
+//             subtrees (layers/numerics/canonical_sum.h), so every rank gets the reduced y
 //             with the bits of TP 1; the bias is added after, on every rank.
 //   backward  grad_x = grad_y W: the sum over out_features canonical, one tree per
 //             output segment (q, k, v; gate, up), segments added in order; a column
@@ -22,7 +22,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "cpu/tensor_stamp.h"
-#include "layers/canonical_sum.h"
+#include "layers/numerics/canonical_sum.h"
 #include "tp/comm/communicator.h"
 #include "tp/quant/quant_method.h"
 #include "tp/shard/segments.h"
@@ -50,7 +50,7 @@ struct InvariantPlan {
   bool out_across_ranks = false;
   std::vector<CanonicalSum> out_sums;
   /// Rows that several ranks hold (replicated KV heads): their output gradient must be
-  /// whole and the same on every holder (tp's attention makes it so: layers/invariant_heads.h),
+  /// whole and the same on every holder (tp's attention makes it so: tp/layers/numerics/heads.h),
   /// since each holder computes its weight gradient alone and only the first holder adds
   /// the rows to the input gradient. The backward checks it (one all-gather of those rows'
   /// gradients) and fails on every rank, naming the layer, where it is not.

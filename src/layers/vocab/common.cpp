@@ -1,4 +1,4 @@
-#include "layers/vocab_common.h"
+#include "layers/vocab/common.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>

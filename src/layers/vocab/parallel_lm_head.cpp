@@ -1,4 +1,4 @@
-#include "tp/layers/parallel_lm_head.h"
+#include "tp/layers/vocab/parallel_lm_head.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -6,11 +6,11 @@
 #include <cmath>
 #include <limits>
 
-#include "layers/invariant_linear.h"
 #include "layers/layer_common.h"
-#include "layers/vocab_common.h"
+#include "layers/numerics/invariant_linear.h"
+#include "layers/vocab/common.h"
 #include "tp/comm/differentiable.h"
-#include "tp/layers/vocab_parallel_loss.h"
+#include "tp/layers/vocab/loss.h"
 
 namespace tp {
 

@@ -1,4 +1,4 @@
-#include "tp/layers/vocab_parallel_loss.h"
+#include "tp/layers/vocab/loss.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "cpu/invariant_gemm.h"
-#include "layers/canonical_sum.h"
-#include "layers/vocab_common.h"
+#include "layers/numerics/canonical_sum.h"
+#include "layers/vocab/common.h"
 
 namespace tp {
 namespace {

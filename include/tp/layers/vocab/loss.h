@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/shard/vocab.h"
 
 namespace tp {
@@ -23,7 +23,7 @@ namespace tp {
 /// backward needs no communication: the gradient of the local logits is
 /// (softmax - one_hot(target)) * grad, zero on padding columns.
 /// Under invariant numerics (float32 / bfloat16 logits) the sum of exponentials is the
-/// canonical sum over the vocabulary (tp/layers/numerics.h), so the loss has TP 1's bits.
+/// canonical sum over the vocabulary (tp/layers/numerics/numerics.h), so the loss has TP 1's bits.
 /// Example: auto loss = tp::vocab_parallel_cross_entropy(head->forward(h), labels, head->partition(), comm).mean();
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,
                                         const VocabPartition& partition, const Communicator& comm,

@@ -1,4 +1,4 @@
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 
 #include <c10/util/Exception.h>
 

@@ -7,7 +7,7 @@
 // logits are split on their last dim, or mirrored with gather_output. Padding columns
 // of a local slice are -inf, so they never win an argmax and get zero softmax weight;
 // a gathered result leaves them out ([..., vocab_size]). Training never needs the full
-// logits: cross_entropy() and argmax() work on the local slices (tp/layers/vocab_parallel_loss.h).
+// logits: cross_entropy() and argmax() work on the local slices (tp/layers/vocab/loss.h).
 
 #include <cstdint>
 #include <map>
@@ -20,8 +20,8 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
-#include "tp/layers/numerics.h"
-#include "tp/layers/vocab_parallel_embedding.h"
+#include "tp/layers/numerics/numerics.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/range.h"
 #include "tp/shard/vocab.h"
@@ -44,7 +44,7 @@ struct ParallelLMHeadOptions {
   TORCH_ARG(bool, gather_output) = false;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
-  /// The order of its sums (tp/layers/numerics.h): kAuto reads TP_NUMERICS.
+  /// The order of its sums (tp/layers/numerics/numerics.h): kAuto reads TP_NUMERICS.
   TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
 };
 

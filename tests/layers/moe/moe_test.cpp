@@ -30,7 +30,7 @@
 #include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
-#include "tp/layers/moe_parallel_mlp.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"

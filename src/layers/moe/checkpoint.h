@@ -18,8 +18,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "layers/moe_expert.h"
-#include "tp/layers/moe_parallel_mlp.h"
+#include "layers/moe/expert.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
 
 namespace tp::detail {

@@ -1,5 +1,5 @@
 #pragma once
-// Private: the canonical sums of invariant numerics (tp/layers/numerics.h) across ranks.
+// Private: the canonical sums of invariant numerics (tp/layers/numerics/numerics.h) across ranks.
 //
 // A canonical sum over `leaves` chunk partials is the dyadic tree cpu/invariant_gemm.h
 // describes. Each rank holds the tree's whole subtrees over the chunks it computed

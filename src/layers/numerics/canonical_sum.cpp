@@ -1,4 +1,4 @@
-#include "layers/canonical_sum.h"
+#include "layers/numerics/canonical_sum.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <map>
 
-#include "tp/layers/numerics.h"
+#include "tp/layers/numerics/numerics.h"
 
 namespace tp::detail {
 namespace {

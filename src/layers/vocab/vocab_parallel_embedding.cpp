@@ -1,10 +1,10 @@
-#include "tp/layers/vocab_parallel_embedding.h"
+#include "tp/layers/vocab/vocab_parallel_embedding.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
-#include "layers/vocab_common.h"
+#include "layers/vocab/common.h"
 #include "tp/comm/differentiable.h"
 #include "tp/layers/sequence_parallel.h"
 
