@@ -276,7 +276,7 @@ class CausalLM(nn.Module):
         n dividing the world size: n groups of ranks, each splitting its share of experts.
         ``numerics``: "invariant" sums every reduction in one canonical order, so logits,
         losses and gradients have the bits of TP 1 at every TP size and a prompt's logits
-        the same bits alone or in any batch (README, "Invariant numerics"); "default" the
+        the same bits alone or in any batch (docs/numerics.md); "default" the
         fastest order; "auto" reads TP_NUMERICS. Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")

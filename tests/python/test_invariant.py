@@ -1,4 +1,4 @@
-"""Invariant numerics (README, "Invariant numerics"): tp.CausalLM built from the
+"""Invariant numerics (docs/numerics.md): tp.CausalLM built from the
 Llama, Qwen2 and Qwen3 folders transformers wrote (hf_fixtures.py), in float32 and
 bfloat16, at TP 1-4 (one process per rank, gloo): with numerics="invariant" the logits
 of a batch of 7 prompts, the greedy tokens, the cross-entropy loss and every gathered

@@ -12,7 +12,7 @@
 // added in index order from zero, and the chunks are added in a dyadic tree over chunk
 // index (src/cpu/invariant_gemm.h). Ranks exchange whole subtrees, never partial sums,
 // so TP 1, 2, 3, 4 and a row alone or inside any batch give the same bits, forward and
-// backward. What it covers and costs: README, "Invariant numerics"; the costs measured
+// backward. What it covers and costs: docs/numerics.md; the costs measured
 // in benchmarks/RESULTS.md (2026-12-06, "invariant numerics' cost").
 
 #include <cstdint>
