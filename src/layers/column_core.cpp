@@ -28,10 +28,17 @@ std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const Col
   });
   auto core = std::make_shared<ColumnCore>(layer, comm, plans, spec.in_features, method, spec.bias,
                                            at::TensorOptions().dtype(spec.dtype).device(spec.device), owner);
+  std::shared_ptr<const InvariantPlan> plan;
   if (invariant) {
     const int64_t boundaries = spec.boundary_granularity > 0 ? spec.boundary_granularity : policy.granularity;
-    core->set_invariant(column_invariant_plan(layer, comm, plans, spec.in_features, boundaries));
+    plan = column_invariant_plan(layer, comm, plans, spec.in_features, boundaries);
   }
+  std::vector<int64_t> out_sizes;
+  for (const auto& p : plans) out_sizes.push_back(p.local_size);
+  core->set_step(spec.sequence_parallel ? Reduction::all_gather(comm, spec.sequence_dim, {}, /*partial_grad=*/true)
+                                        : Reduction::none(comm),
+                 spec.gather_output ? Reduction::all_gather(comm, -1, out_sizes) : Reduction::none(comm),
+                 std::move(plan));
   return core;
 }
 
@@ -83,24 +90,18 @@ void ColumnCore::reset_parameters() {
   reset_bias(bias_, in_features_);
 }
 
-at::Tensor ColumnCore::forward(const at::Tensor& x, bool gather_output, std::optional<int64_t> sequence_dim) const {
+void ColumnCore::set_step(Reduction entry, Reduction exit, std::shared_ptr<const InvariantPlan> invariant) {
+  entry_ = entry;
+  exit_ = std::move(exit);
+  step_ = make_column_step(
+      {layer_, method_, std::move(entry), plan().local_size, in_features_, replicas_, std::move(invariant)});
+}
+
+at::Tensor ColumnCore::forward(const at::Tensor& x) const {
   check_input(layer_, x, in_features_, "in_features", method_->activation_dtype(), method_->weight_device());
-  if (invariant_) {
-    // The input gradient comes out of the canonical sums already reduced over ranks:
-    // no copy_to_parallel (its all-reduce would add it up again, in another order).
-    TORCH_CHECK_VALUE(!sequence_dim, layer_, ": sequence parallelism is not covered by invariant numerics");
-    const at::Tensor y = invariant_linear(x, weight_, bias_, /*add_bias=*/true, invariant_);
-    return gather_output ? gather(y, -1) : y;
-  }
-  // Megatron's f: identity forward, the input gradient summed over ranks in the backward.
-  // Sequence parallel: the token pieces gathered, the gradient reduce-scattered back.
-  const at::Tensor xin =
-      sequence_dim ? gather_from_sequence_parallel(x, comm_, *sequence_dim) : copy_to_parallel(x, comm_);
-  // A rank that owns no output columns skips its GEMM (weighted splits, more ranks than
-  // units) but stays in the graph: its backward still takes part in the collectives.
-  const at::Tensor y =
-      parallel_linear(method_, xin, bias_, /*add_bias=*/true, plan().local_size, in_features_, replicas_);
-  return gather_output ? gather(y, -1) : y;
+  const at::Tensor y = step_->forward(x, weight_, bias_);
+  // gather_output: the output's all-gather, with every segment rebuilt whole (gather()).
+  return exit_.op == ReduceOp::kAllGather ? gather(y, exit_.dim) : y;
 }
 
 at::Tensor ColumnCore::gather(const at::Tensor& y_local, int64_t dim) const {

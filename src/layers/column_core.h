@@ -17,7 +17,9 @@
 
 #include "layers/linear_function.h"
 #include "layers/numerics/invariant_linear.h"
+#include "layers/step.h"
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -51,17 +53,24 @@ class ColumnCore {
 
   /// Fresh random weights and bias (global fan-in).
   void reset_parameters();
-  /// x: [..., in] -> [..., local_out], or [..., global_out] with `gather` (segments
-  /// in global order, each whole). Differentiable at every TP size: x enters through
-  /// copy_to_parallel (its gradient is summed over ranks), or, with `sequence_dim`
-  /// set, x is this rank's tokens along that dim and enters through
-  /// gather_from_sequence_parallel (the gradient is reduce-scattered back).
-  at::Tensor forward(const at::Tensor& x, bool gather, std::optional<int64_t> sequence_dim = std::nullopt) const;
+  /// x: [..., in] -> [..., local_out], or [..., global_out] when the output reduction is an
+  /// all-gather (gather_output: segments in global order, each whole). Differentiable at
+  /// every TP size: x enters through copy_to_parallel (its gradient is summed over ranks),
+  /// or, when the input reduction is the sequence-parallel all-gather, x is this rank's
+  /// tokens and enters through it (the gradient is reduce-scattered back). The GEMM and
+  /// the entry are the layer's step (layers/step.h).
+  at::Tensor forward(const at::Tensor& x) const;
+  /// How the input enters (none: mirrored; all_gather: sequence parallelism) and what
+  /// the output gets (none: this rank's columns; all_gather: gather_output).
+  const Reduction& input_reduction() const { return entry_; }
+  const Reduction& output_reduction() const { return exit_; }
+  /// The step's name ("default/column", "invariant/column").
+  std::string step_name() const { return step_->name(); }
   /// Whether some local rows are copies of rows other ranks hold (replicated KV heads).
   bool has_replicas() const { return replicas_ != nullptr; }
-  /// Under invariant numerics, the plan of the layer's sums (set once by make_column_core).
-  void set_invariant(std::shared_ptr<const InvariantPlan> plan) { invariant_ = std::move(plan); }
-  bool invariant() const { return invariant_ != nullptr; }
+  /// The layer's reductions and, under invariant numerics, the plan of its sums (null
+  /// otherwise): its step, chosen once (make_column_core calls it).
+  void set_step(Reduction entry, Reduction exit, std::shared_ptr<const InvariantPlan> invariant);
   /// The whole weight [global_out, in] and bias [global_out] (undefined without one)
   /// from every rank's shard, segments in global order, replicated rows once. Every
   /// rank calls it and gets the same tensors.
@@ -92,10 +101,11 @@ class ColumnCore {
   std::vector<SegmentPlan> plans_;
   int64_t in_features_;
   std::shared_ptr<QuantMethod> method_;
-  at::Tensor weight_;                               // as registered by the method
-  at::Tensor bias_;                                 // [local_out] or undefined
-  std::shared_ptr<const ReplicaSum> replicas_;      // null when no row is replicated
-  std::shared_ptr<const InvariantPlan> invariant_;  // null under default numerics
+  at::Tensor weight_;                           // as registered by the method
+  at::Tensor bias_;                             // [local_out] or undefined
+  std::shared_ptr<const ReplicaSum> replicas_;  // null when no row is replicated
+  Reduction entry_, exit_;
+  std::shared_ptr<const LinearStep> step_;  // the GEMM and the input's collective
 };
 
 /// What the column layers' options share (their sizes differ; these do not).
@@ -113,6 +123,11 @@ struct ColumnSpec {
   /// granularity of the segments' boundaries (0: the split policy's; QKV: head_dim).
   int64_t invariant_size = 0;
   int64_t boundary_granularity = 0;
+  /// The reductions the options spell: gather_output (an all-gather of the output's
+  /// columns), sequence_parallel (an all-gather of the input's tokens along sequence_dim).
+  bool gather_output = false;
+  bool sequence_parallel = false;
+  int64_t sequence_dim = 0;
 };
 
 /// Rank `rank`'s plan of the output dimension under `policy` (the layer's split policy

@@ -27,9 +27,12 @@ void ColumnParallelLinearImpl::reset() {
   run_collectively(comm, std::string(kLayer) + " construction", [&] {
     detail::check_options(kLayer, {{"in_features", options.in_features()}, {"out_features", options.out_features()}},
                           options.dtype());
-    const detail::ColumnSpec spec{options.in_features(), options.bias(),         options.quant(),
-                                  options.split(),       options.dtype(),        options.device(),
-                                  options.numerics(),    options.out_features(), 0};
+    detail::ColumnSpec spec{options.in_features(), options.bias(),         options.quant(),
+                            options.split(),       options.dtype(),        options.device(),
+                            options.numerics(),    options.out_features(), 0};
+    spec.gather_output = options.gather_output();
+    spec.sequence_parallel = options.sequence_parallel();
+    spec.sequence_dim = options.sequence_dim();
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) {
@@ -51,10 +54,7 @@ void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
                      options.sequence_parallel());
 }
 
-at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
-  return core_->forward(x, options.gather_output(),
-                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
-}
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
 void ColumnParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
   core_->load(checkpoint, {prefix});
@@ -74,5 +74,8 @@ std::vector<Range> ColumnParallelLinearImpl::ranges() const {
   for (const auto& p : core_->plans()) out.push_back(p.pieces.at(0).source);
   return out;
 }
+
+const Reduction& ColumnParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
+const Reduction& ColumnParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
 }  // namespace tp

@@ -29,15 +29,18 @@ void GateUpParallelLinearImpl::reset() {
                           {{"hidden_size", options.hidden_size()}, {"intermediate_size", options.intermediate_size()}},
                           options.dtype());
     const std::vector<Segment> segments{{"gate", options.intermediate_size()}, {"up", options.intermediate_size()}};
-    const detail::ColumnSpec spec{options.hidden_size(),
-                                  options.bias(),
-                                  options.quant(),
-                                  options.split(),
-                                  options.dtype(),
-                                  options.device(),
-                                  options.numerics(),
-                                  options.intermediate_size(),
-                                  0};
+    detail::ColumnSpec spec{options.hidden_size(),
+                            options.bias(),
+                            options.quant(),
+                            options.split(),
+                            options.dtype(),
+                            options.device(),
+                            options.numerics(),
+                            options.intermediate_size(),
+                            0};
+    spec.gather_output = options.gather_output();
+    spec.sequence_parallel = options.sequence_parallel();
+    spec.sequence_dim = options.sequence_dim();
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) { return plan_segments(segments, comm.world_size(), r, policy); },
@@ -57,10 +60,7 @@ void GateUpParallelLinearImpl::pretty_print(std::ostream& stream) const {
                      options.sequence_parallel());
 }
 
-at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) {
-  return core_->forward(x, options.gather_output(),
-                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
-}
+at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
 std::tuple<at::Tensor, at::Tensor> GateUpParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
@@ -104,5 +104,8 @@ std::map<std::string, at::Tensor> GateUpParallelLinearImpl::gather_weights(const
 }
 
 Range GateUpParallelLinearImpl::local_range() const { return core_->plan().pieces.at(0).source; }
+
+const Reduction& GateUpParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
+const Reduction& GateUpParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
 }  // namespace tp

@@ -35,9 +35,12 @@ void QKVParallelLinearImpl::reset() {
                            {"num_heads", options.num_heads()},
                            {"num_kv_heads", options.num_kv_heads()}},
                           options.dtype());
-    const detail::ColumnSpec spec{options.hidden_size(), options.bias(),   options.quant(),    options.split(),
-                                  options.dtype(),       options.device(), options.numerics(), 0,
-                                  options.head_dim()};
+    detail::ColumnSpec spec{options.hidden_size(), options.bias(),   options.quant(),    options.split(),
+                            options.dtype(),       options.device(), options.numerics(), 0,
+                            options.head_dim()};
+    spec.gather_output = options.gather_output();
+    spec.sequence_parallel = options.sequence_parallel();
+    spec.sequence_dim = options.sequence_dim();
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) {
@@ -64,10 +67,7 @@ void QKVParallelLinearImpl::pretty_print(std::ostream& stream) const {
                      options.sequence_parallel());
 }
 
-at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) {
-  return core_->forward(x, options.gather_output(),
-                        detail::sequence_dim_of(kLayer, x, options.sequence_parallel(), options.sequence_dim()));
-}
+at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> QKVParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
@@ -185,5 +185,8 @@ SplitPolicy QKVParallelLinearImpl::attention_output_split() const {
   policy.weights = std::move(weights);
   return policy;
 }
+
+const Reduction& QKVParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
+const Reduction& QKVParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
 }  // namespace tp

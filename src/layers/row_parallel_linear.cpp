@@ -4,12 +4,11 @@
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
-#include "layers/linear_function.h"
 #include "layers/loading/strict_load.h"
 #include "layers/numerics/invariant_linear.h"
+#include "layers/step.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
-#include "tp/layers/sequence_parallel.h"
 #include "tp/loader/load_shard.h"
 #include "tp/quant/quant_method.h"
 
@@ -35,12 +34,7 @@ void RowParallelLinearImpl::reset() {
                           options.dtype());
     method_ = make_quant_method(options.quant());
     const bool invariant = resolve_numerics(options.numerics()) == Numerics::kInvariant;
-    if (invariant) {
-      detail::check_invariant_supported(kLayer, *method_, options.device());
-      TORCH_CHECK_VALUE(options.reduce_output() && !options.sequence_parallel(), kLayer,
-                        ": invariant numerics needs reduce_output and no sequence_parallel (the canonical sum is "
-                        "taken whole, on every rank)");
-    }
+    if (invariant) detail::check_invariant_supported(kLayer, *method_, options.device());
     auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
     if (invariant)
       policy.granularity =
@@ -48,20 +42,25 @@ void RowParallelLinearImpl::reset() {
     ranges_ = detail::with_layer_context(
         kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
     range_ = ranges_.at(comm.rank());
-    invariant_.reset();
+    std::shared_ptr<const detail::InvariantPlan> plan;
     if (invariant) {
       std::vector<std::pair<int64_t, int64_t>> ranges;
       for (const auto& r : ranges_) ranges.emplace_back(r.begin, r.end);
-      invariant_ = detail::with_layer_context(kLayer, [&] {
+      plan = detail::with_layer_context(kLayer, [&] {
         return detail::row_invariant_plan(kLayer, comm, options.in_features(), options.out_features(), ranges,
                                           policy.granularity);
       });
     }
+    // The options spell the output's reduction (tp/comm/reduction.h).
+    exit_ = !options.reduce_output()      ? Reduction::none(comm)
+            : options.sequence_parallel() ? Reduction::reduce_scatter(comm, options.sequence_dim())
+                                          : Reduction::all_reduce(comm, options.all_reduce(), options.wire());
     const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
     method_->create_weights(*this, options.out_features(), range_.size(), tensor_options);
     weight = method_->weight();
     bias =
         options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
+    step_ = detail::make_row_step({kLayer, method_, exit_, options.out_features(), range_.size(), std::move(plan)});
     reset_parameters();
   });
 }
@@ -83,7 +82,6 @@ void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   at::Tensor x = input;
-  const int64_t world = comm.world_size();
   if (options.input_is_parallel()) {
     detail::check_input(kLayer, x, range_.size(), "the local in_features", method_->activation_dtype(),
                         method_->weight_device());
@@ -95,27 +93,7 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     for (const auto& r : ranges_) sizes.push_back(r.size());
     x = scatter_to_parallel(x, comm, -1, sizes);
   }
-  // Invariant numerics: the canonical sum over every rank's columns, already reduced.
-  if (invariant_) return detail::invariant_linear(x, weight, bias, /*add_bias=*/true, invariant_);
-  const auto sequence_dim = detail::sequence_dim_of(kLayer, x, options.sequence_parallel() && options.reduce_output(),
-                                                    options.sequence_dim());
-  // Bias contract: only rank 0 adds the bias, so the reduction counts it once; every
-  // rank's copy still gets the full gradient. A rank with no input columns skips its
-  // GEMM and contributes zeros (plus the bias on rank 0).
-  at::Tensor y =
-      detail::parallel_linear(method_, x, bias, /*add_bias=*/comm.rank() == 0, options.out_features(), range_.size());
-  if (sequence_dim) {
-    const auto tokens = sequence_ranges(y.size(*sequence_dim), world);
-    std::vector<int64_t> sizes;
-    for (const auto& r : tokens) sizes.push_back(r.size());
-    return reduce_scatter_to_sequence_parallel(y, comm, *sequence_dim, sizes);
-  }
-  if (!options.reduce_output()) return y;
-  if (!detail::records_grad(y, at::Tensor(), at::Tensor())) {
-    comm.all_reduce(y, options.all_reduce(), options.wire());  // in place: nobody else holds y
-    return y;
-  }
-  return reduce_from_parallel(y, comm, options.all_reduce(), options.wire());
+  return step_->forward(x, weight, bias);
 }
 
 std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const std::string& prefix) const {

@@ -8,6 +8,7 @@
 
 #include "models/model_common.h"
 #include "tp/comm/differentiable.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/heads.h"
 #include "tp/models/layer_options.h"
 #include "tp/models/rotary_embedding.h"
@@ -275,9 +276,9 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   auto [q, k, v] = qkv->split(qkv->forward(input_layernorm->forward(x)));
   at::Tensor attn = o_proj->forward(attention(q, k, v, cos, sin, cache));
   if (config.parallel_residual) {
-    // O and down hand on partial sums: one all-reduce serves both (each row layer adds its
-    // bias on one rank only, so each bias is counted once).
-    return x + reduce_from_parallel(attn + mlp(post_attention_layernorm->forward(x)), comm);
+    // O and down hand on partial sums (their output reductions are none): one all-reduce
+    // serves both (each row layer adds its bias on one rank only, so each is counted once).
+    return x + Reduction::all_reduce(comm).apply(attn + mlp(post_attention_layernorm->forward(x)));
   }
   if (config.sandwich_norms) {
     const at::Tensor h = x + post_attention_layernorm->forward(attn);

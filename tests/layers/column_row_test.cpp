@@ -11,6 +11,7 @@
 
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 
@@ -232,6 +233,32 @@ TEST_CASE("pretty_print shows global and local sizes and the rank", "[layers]") 
   CHECK(printed[1] ==
         "tp::ColumnParallelLinear(in_features=4096, out_features=11008, local_out=[2752,5504), bias=false, rank=1/4)\n"
         "tp::RowParallelLinear(in_features=11008, out_features=4096, local_in=[2752,5504), bias=false, rank=1/4)");
+}
+
+TEST_CASE("the layers' reductions are what their options spell", "[layers]") {
+  std::vector<std::string> printed(3);
+  run_ranks_in_threads(
+      3,
+      [&](Communicator& comm) {
+        std::ostringstream os;
+        auto show = [&](const Reduction& r) { os << r << "; "; };
+        RowParallelLinear row(RowParallelLinearOptions(12, 5), comm);
+        RowParallelLinear partial(RowParallelLinearOptions(12, 5).reduce_output(false), comm);
+        RowParallelLinear scattered(RowParallelLinearOptions(12, 5).sequence_parallel(true), comm);
+        ColumnParallelLinear col(ColumnParallelLinearOptions(5, 7), comm);
+        ColumnParallelLinear gathered(ColumnParallelLinearOptions(5, 7).gather_output(true), comm);
+        ColumnParallelLinear sp(ColumnParallelLinearOptions(5, 7).sequence_parallel(true).sequence_dim(1), comm);
+        for (const auto* r :
+             {&row->output_reduction(), &partial->output_reduction(), &scattered->output_reduction(),
+              &col->input_reduction(), &col->output_reduction(), &gathered->output_reduction(), &sp->input_reduction()})
+          show(*r);
+        printed[comm.rank()] = os.str();
+      },
+      test::test_comm_options());
+  for (const auto& p : printed)
+    CHECK(p ==
+          "all_reduce(auto, world=3); none; reduce_scatter(dim=0, world=3); none; none; "
+          "all_gather(dim=-1, sizes=[3,2,2], world=3); all_gather(dim=1, partial_grad, world=3); ");
 }
 
 TEST_CASE("TP=1 is the same code path with a no-op communicator", "[layers]") {

@@ -16,6 +16,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -80,6 +81,11 @@ class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinea
   /// the checkpoint's). Example: tp::save_safetensors(path, fc->gather_weights("model.mlp.up_proj"));
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
   /// This rank's rows of the global output, [begin, end).
+  /// How the input enters (none: mirrored; all_gather over tokens: sequence_parallel) and
+  /// what the output gets (none: this rank's columns; all_gather: gather_output), as the
+  /// options spell them (tp/comm/reduction.h).
+  const Reduction& input_reduction() const;
+  const Reduction& output_reduction() const;
   Range local_range() const;
   /// Every rank's output range, in rank order.
   std::vector<Range> ranges() const;

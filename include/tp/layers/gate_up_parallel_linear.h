@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
@@ -87,6 +88,11 @@ class GateUpParallelLinearImpl : public torch::nn::Cloneable<GateUpParallelLinea
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
                                                    const GateUpCheckpointLayout& layout = {}) const;
   /// This rank's slice of the intermediate dimension (the down projection's input).
+  /// How the input enters (none: mirrored; all_gather over tokens: sequence_parallel) and
+  /// what the output gets (none: this rank's columns; all_gather: gather_output), as the
+  /// options spell them (tp/comm/reduction.h).
+  const Reduction& input_reduction() const;
+  const Reduction& output_reduction() const;
   Range local_range() const;
 
   GateUpParallelLinearOptions options;

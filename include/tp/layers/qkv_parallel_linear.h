@@ -17,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
@@ -101,6 +102,11 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   const HeadPlan& head_plan() const { return head_plan_; }
   /// Every rank's query heads and KV heads (global indices, in rank order; replicated KV
   /// heads appear under every rank that holds them).
+  /// How the input enters (none: mirrored; all_gather over tokens: sequence_parallel) and
+  /// what the output gets (none: this rank's columns; all_gather: gather_output), as the
+  /// options spell them (tp/comm/reduction.h).
+  const Reduction& input_reduction() const;
+  const Reduction& output_reduction() const;
   std::vector<Range> q_head_ranges() const;
   std::vector<Range> kv_head_ranges() const;
   int64_t local_q_heads() const { return head_plan_.q_heads.size(); }

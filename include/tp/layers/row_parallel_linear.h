@@ -20,6 +20,7 @@
 
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -28,7 +29,7 @@
 namespace tp {
 class QuantMethod;
 namespace detail {
-struct InvariantPlan;
+class LinearStep;
 }
 
 /// Options for RowParallelLinear. Sizes are GLOBAL (unsharded).
@@ -95,6 +96,9 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   Range local_range() const { return range_; }
   /// Every rank's input range, in rank order.
   const std::vector<Range>& ranges() const { return ranges_; }
+  /// What the forward does with the partial sums, as the options spell it: all-reduce,
+  /// reduce-scatter over tokens (sequence_parallel), or none (reduce_output(false)).
+  const Reduction& output_reduction() const { return exit_; }
 
   RowParallelLinearOptions options;
   Communicator comm;
@@ -105,7 +109,8 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   Range range_;
   std::vector<Range> ranges_;
   std::shared_ptr<QuantMethod> method_;  // the format's weights and GEMM (hidden, as in the column layers)
-  std::shared_ptr<const detail::InvariantPlan> invariant_;  // null under default numerics
+  Reduction exit_;
+  std::shared_ptr<const detail::LinearStep> step_;  // the GEMM and the collective (layers/step.h)
 };
 
 /// A ModuleHolder for RowParallelLinearImpl.

@@ -93,6 +93,7 @@ void MoEParallelMLPImpl::reset() {
                            {"num_experts", o.num_experts()}},
                           o.dtype());
     check_router_options(o.router(), o.num_experts(), o.top_k(), kLayer);
+    combine_ = o.reduce_output() ? Reduction::all_reduce(comm) : Reduction::none(comm);
     TORCH_CHECK_VALUE(detail::is_expert_activation(o.activation()), kLayer, ": activation \"", o.activation(),
                       "\"; expected silu, gelu, gelu_tanh or swiglu_oai");
     TORCH_CHECK_VALUE(o.shared_expert_intermediate_size() >= 0, kLayer,
@@ -185,6 +186,7 @@ void MoEParallelMLPImpl::pretty_print(std::ostream& stream) const {
   stream << ", expert_parallel=" << ep_ << ", local_experts=" << experts_ << ", local_intermediate=" << range_;
   if (shared_) stream << ", shared_expert=" << o.shared_expert_intermediate_size();
   if (o.expert_bias()) stream << ", expert_bias=true";
+  if (!o.reduce_output()) stream << ", reduce_output=false";
   if (o.quant().format != QuantFormat::kNone) stream << ", quant=" << quant_name();
   stream << ", rank=" << comm.rank() << "/" << comm.world_size() << ")";
 }
@@ -257,7 +259,7 @@ at::Tensor MoEParallelMLPImpl::forward(const at::Tensor& x_in) {
     if (record_timings) t.weight_bytes += shared_->stored_bytes();
     lap(t.shared_s);
   }
-  at::Tensor y = reduce_from_parallel(out, comm).reshape(x_in.sizes());
+  at::Tensor y = combine_.apply(out).reshape(x_in.sizes());
   lap(t.reduce_s);
   if (record_timings) timings = t;
   return y;

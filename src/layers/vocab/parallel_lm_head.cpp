@@ -8,6 +8,7 @@
 
 #include "layers/layer_common.h"
 #include "layers/numerics/invariant_linear.h"
+#include "layers/step.h"
 #include "layers/vocab/common.h"
 #include "tp/comm/differentiable.h"
 #include "tp/layers/vocab/loss.h"
@@ -55,17 +56,23 @@ void ParallelLMHeadImpl::reset() {
   } else {
     weight = register_parameter("weight", at::empty({rows.size(), options.hidden_size()}, tensor_options));
   }
-  invariant_.reset();
-  if (resolve_numerics(options.numerics()) == Numerics::kInvariant) {
+  numerics_ = resolve_numerics(options.numerics());
+  std::shared_ptr<const detail::InvariantPlan> plan;
+  if (numerics_ == Numerics::kInvariant) {
     // The vocabulary is one output segment, split at multiples of pad_to_multiple_of.
     std::vector<SegmentPlan> plans;
     for (int64_t r = 0; r < comm.world_size(); ++r)
       plans.push_back(make_segment_plan({Segment{"vocab", partition_.padded_size}}, {partition_.range(r)}));
-    invariant_ = detail::with_layer_context(kLayer, [&] {
+    plan = detail::with_layer_context(kLayer, [&] {
       detail::check_invariant_supported(kLayer, *make_quant_method({}), options.device());
       return detail::column_invariant_plan(kLayer, comm, plans, options.hidden_size(), partition_.pad_to_multiple_of);
     });
   }
+  // Every rank's logits depend on all of x: its gradient is the sum of the ranks' parts
+  // (the default step's copy_to_parallel; the invariant step's canonical sums). No
+  // QuantMethod: the head's weight may be the embedding's own (tied).
+  step_ = detail::make_column_step(
+      {kLayer, nullptr, Reduction::none(comm), rows.size(), options.hidden_size(), nullptr, std::move(plan)});
   padding_mask_ = at::Tensor();
   if (real.size() < rows.size())
     padding_mask_ =
@@ -92,10 +99,7 @@ void ParallelLMHeadImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor ParallelLMHeadImpl::forward(const at::Tensor& x) {
   detail::check_input(kLayer, x, options.hidden_size(), "hidden_size", weight.scalar_type(), weight.device());
-  // Every rank's logits depend on all of x: its gradient is the sum of the ranks' parts.
-  // Invariant numerics: the canonical GEMM, whose backward reduces the input gradient itself.
-  at::Tensor logits = invariant_ ? detail::invariant_linear(x, weight, {}, /*add_bias=*/false, invariant_)
-                                 : at::linear(copy_to_parallel(x, comm), weight);  // [..., local rows]
+  at::Tensor logits = step_->forward(x, weight, /*bias=*/{});  // [..., local rows]
   if (options.gather_output()) {
     std::vector<int64_t> sizes;
     for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(partition_.real(r).size());
@@ -110,8 +114,7 @@ at::Tensor ParallelLMHeadImpl::cross_entropy(const at::Tensor& local_logits, con
   TORCH_CHECK_VALUE(!options.gather_output(), kLayer,
                     ": cross_entropy takes the local logits; this head gathers them (gather_output=true): use "
                     "at::cross_entropy on the gathered logits, or a head without gather_output");
-  return vocab_parallel_cross_entropy(local_logits, target, partition_, comm, ignore_index,
-                                      invariant_ ? Numerics::kInvariant : Numerics::kDefault);
+  return vocab_parallel_cross_entropy(local_logits, target, partition_, comm, ignore_index, numerics_);
 }
 
 at::Tensor ParallelLMHeadImpl::argmax(const at::Tensor& local_logits) const {

@@ -30,6 +30,7 @@
 #include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_method.h"
@@ -346,6 +347,45 @@ TEST_CASE("MoEParallelMLP equals the token-by-token reference at TP 1-4, EP 2-4 
       CHECK(y_err <= 1e-12);
       CHECK(x_err <= 1e-12);
       CHECK(w_err <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE(
+    "MoEParallelMLP with reduce_output(false) hands on partial sums whose all-reduce is the block's output, "
+    "forward and backward",
+    "[layers][moe]") {
+  // gpt_oss: expert biases (each down bias added by one rank of its group); qwen2: a shared
+  // expert with its gate.
+  for (const auto& spec : specs()) {
+    if (spec.name != "gpt_oss" && spec.name != "qwen2") continue;
+    INFO("variant " << spec.name);
+    const Weights w = make_weights(spec, 2000);
+    const Checkpoint ckpt = per_expert_checkpoint(w);
+    const at::Tensor x0 = randn({kTokens, kHidden}, 97);
+    const at::Tensor g = randn({kTokens, kHidden}, 96);
+    const at::Tensor xr = x0.clone().requires_grad_(true);
+    const at::Tensor yr = reference(spec, w, xr);
+    (yr * g).sum().backward();
+    for (const auto& [world, ep] : kSplits) {
+      INFO("world " << world << ", expert_parallel_size " << ep);
+      std::mutex mu;
+      double y_err = 0, x_err = 0;
+      bool spelled = true;
+      run_ranks_in_threads(world, [&](Communicator& comm) {
+        MoEParallelMLP moe(options_of(spec).expert_parallel_size(ep).reduce_output(false), comm);
+        moe->load_weights(ckpt, "moe");
+        const at::Tensor x = x0.clone().requires_grad_(true);
+        const at::Tensor y = Reduction::all_reduce(comm).apply(moe->forward(x));
+        (y * g).sum().backward();
+        std::lock_guard<std::mutex> lock(mu);
+        spelled = spelled && moe->output_reduction().op == ReduceOp::kNone;
+        y_err = std::max(y_err, (y - yr).abs().max().item<double>());
+        x_err = std::max(x_err, (x.grad() - xr.grad()).abs().max().item<double>());
+      });
+      CHECK(spelled);
+      CHECK(y_err <= 1e-12);
+      CHECK(x_err <= 1e-12);
     }
   }
 }

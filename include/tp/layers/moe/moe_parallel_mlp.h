@@ -40,6 +40,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/comm/reduction.h"
 #include "tp/layers/moe/checkpoint_layout.h"
 #include "tp/layers/moe/router.h"
 #include "tp/loader/checkpoint.h"
@@ -80,6 +81,10 @@ struct MoEParallelMLPOptions {
   /// The shared expert's output scaled by sigmoid(x W_gate^T), W_gate [1, hidden] (Qwen-MoE).
   TORCH_ARG(bool, shared_expert_gate) = false;
   TORCH_ARG(QuantConfig, shared_expert_quant) = {};
+  /// All-reduce the ranks' partial sums (the combine); false hands the partial sum on, to
+  /// be reduced later (e.g. by a fused all-reduce + residual + norm), as with
+  /// RowParallelLinear's reduce_output: each expert's down bias is added by one rank only.
+  TORCH_ARG(bool, reduce_output) = true;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
 };
@@ -143,6 +148,8 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   int64_t rank_in_expert_group() const { return comm.rank() % (comm.world_size() / ep_); }
   /// The experts' format ("none", "int4_gptq:g128:sym", ...).
   std::string quant_name() const;
+  /// The combine: an all-reduce over the whole group, or none (reduce_output(false)).
+  const Reduction& output_reduction() const { return combine_; }
 
   /// While true, each forward records where its time went in `timings` (steady clock;
   /// the all-reduce waits for the slowest rank).
@@ -162,6 +169,7 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   // One per expert this rank holds (experts_), then the shared expert's, if any.
   std::vector<std::shared_ptr<detail::ExpertShard>> experts_shards_;
   std::shared_ptr<detail::ExpertShard> shared_;
+  Reduction combine_;
 };
 
 /// A ModuleHolder for MoEParallelMLPImpl.

@@ -28,7 +28,7 @@
 
 namespace tp {
 namespace detail {
-struct InvariantPlan;
+class LinearStep;
 }
 
 /// Options for ParallelLMHead. Sizes are GLOBAL.
@@ -99,7 +99,8 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
  private:
   bool tied_ = false;
   VocabPartition partition_;
-  std::shared_ptr<const detail::InvariantPlan> invariant_;  // null under default numerics
+  Numerics numerics_ = Numerics::kDefault;          // resolved at construction
+  std::shared_ptr<const detail::LinearStep> step_;  // the GEMM and its collectives (layers/step.h)
   at::Tensor padding_mask_;  // [local rows] bool, true on padding rows; undefined without padding
 };
 
