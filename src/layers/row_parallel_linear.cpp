@@ -42,9 +42,7 @@ void RowParallelLinearImpl::reset() {
                         "taken whole, on every rank)");
     }
     auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
-    if (invariant)
-      policy.granularity =
-          detail::invariant_granularity(policy.granularity, options.in_features(), !policy.weights.empty());
+    if (invariant) policy = detail::invariant_split_policy(policy, options.in_features());
     ranges_ = detail::with_layer_context(
         kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
     range_ = ranges_.at(comm.rank());

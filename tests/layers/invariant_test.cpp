@@ -494,3 +494,25 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("invariant: the canonical GEMM gives the same bits on every ISA this CPU runs", "[invariant]") {
+  // Each chunk's steps are fused multiply-adds in k order from zero on the scalar, AVX2 and
+  // AVX-512 kernels alike (the scalar one with std::fma), so TP_CPU_ISA changes no bit.
+  std::vector<cpu::Isa> isas{cpu::Isa::kScalar};
+  if (cpu::max_isa() >= cpu::Isa::kAvx2) isas.push_back(cpu::Isa::kAvx2);
+  if (cpu::max_isa() >= cpu::Isa::kAvx512) isas.push_back(cpu::Isa::kAvx512);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t chunk : {16, 64}) {
+      for (const int64_t m : {1, 7, 37}) {
+        const int64_t k = 1000, n = 45;
+        const at::Tensor a = randn({m, k}, 30 + m).to(at::kFloat).contiguous();
+        const at::Tensor b = cpu::invariant_pack(randn({n, k}, 31).to(dtype));
+        const at::Tensor want = cpu::invariant_gemm_pieces(a, b, n, 0, chunk, cpu::Isa::kScalar);
+        for (const auto isa : isas) {
+          INFO("dtype=" << dtype << " chunk=" << chunk << " M=" << m << " isa=" << cpu::to_string(isa));
+          CHECK(at::equal(cpu::invariant_gemm_pieces(a, b, n, 0, chunk, isa), want));
+        }
+      }
+    }
+  }
+}

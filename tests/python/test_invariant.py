@@ -146,9 +146,9 @@ def _rank_off_grid(rank, world, folder):
             for p in model.parameters():
                 p -= LR * p.grad
             after = model.gather_logits(model(ids[:3]))
-        weights = {k: v.detach().numpy() for k, v in model.gather_weights().items()} if rank == 0 else None
+        weights = {k: v.detach().numpy() for k, v in model.gather_weights().items()}  # collective
         out[name] = dict(logits=logits.numpy(), alone_equal=torch.equal(alone, logits[2:3]), tokens=tokens.numpy(),
-                         loss=loss.item(), after=after.numpy(), weights=weights)
+                         loss=loss.item(), after=after.numpy(), weights=weights if rank == 0 else None)
     return out
 
 
