@@ -180,3 +180,24 @@ def test_invariant_numerics_gives_tp1_bits_off_the_64_grid(off_grid_folder, worl
                 bad = [k for k in ref if not np.array_equal(mine[k], ref[k])]
                 assert not bad, f"{where}: after one SGD step these weights differ from TP 1's: {bad}"
             assert np.array_equal(got["after"], want["after"]), f"{where}: the logits after the SGD step differ"
+
+
+def _rank_too_few_heads(rank, world, folder):
+    try:
+        tp.CausalLM.from_pretrained(folder, dtype=torch.float32, numerics="invariant")
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_invariant_numerics_refuses_a_rank_without_query_heads(tmp_path):
+    """2 query heads sharing one KV head at TP 4 leave ranks 2 and 3 without query heads,
+    whose attention could not take part in the KV expansion's backward (a collective): every
+    rank refuses at construction, naming the layer and the numbers."""
+    folder = tmp_path / "two_heads"
+    checkpoints.save_float_checkpoint(folder, "llama", dtype=torch.float32, hidden_size=64, intermediate_size=100,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=200,
+                                      num_hidden_layers=1)
+    for rank, error in enumerate(launcher.run(4, _rank_too_few_heads, str(folder), timeout=300)):
+        assert error is not None, f"rank {rank}: TP 4 with 2 query heads was accepted"
+        assert "query heads on every rank" in error and "holds none of the 2" in error, (rank, error)
