@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -22,6 +23,23 @@ void widen_panel_chunk(const uint16_t* src, int64_t kc, float* out) {
   uint32_t bits[kMaxChunk * kPanelWidth];
   for (int64_t i = 0; i < kc * kPanelWidth; ++i) bits[i] = static_cast<uint32_t>(src[i]) << 16;
   std::memcpy(out, bits, sizeof(float) * kc * kPanelWidth);
+}
+
+// The scalar path's microkernel (panel_microkernel_scalar's layout: block r is row r,
+// contiguous in k), with each step one fused multiply-add as the AVX2 and AVX-512 tiles
+// take it: panel_microkernel_scalar rounds the product and the sum apart, which would give
+// TP_CPU_ISA=scalar other bits than the vector ISAs.
+void fma_microkernel_scalar(const float* xp, int64_t m, int64_t ld_block, const float* buf, int64_t kc, float* y,
+                            int64_t ld_y, int64_t ncols) {
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = xp + r * ld_block;
+    float* yr = y + r * ld_y;
+    for (int64_t c = 0; c < ncols; ++c) {
+      float acc = 0.0f;
+      for (int64_t kk = 0; kk < kc; ++kk) acc = std::fma(xr[kk], buf[kk * kPanelWidth + c], acc);
+      yr[c] = acc;
+    }
+  }
 }
 
 }  // namespace
@@ -48,6 +66,12 @@ at::Tensor invariant_pack(const at::Tensor& b) {
 
 at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
                                  int64_t chunk) {
+  return invariant_gemm_pieces(a, b_packed, n, first_chunk, chunk, cpu::isa());
+}
+
+at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
+                                 int64_t chunk, Isa isa) {
+  check_isa(isa, "invariant_gemm_pieces");
   TORCH_CHECK(a.dim() == 2 && a.scalar_type() == at::kFloat && a.is_contiguous(),
               "invariant_gemm_pieces: a must be contiguous float32 [M, R]");
   TORCH_CHECK(chunk > 0 && chunk <= kMaxChunk, "invariant_gemm_pieces: chunk ", chunk, " outside [1, ", kMaxChunk, "]");
@@ -60,7 +84,6 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   at::Tensor out = at::empty({static_cast<int64_t>(spans.size()), m, n}, a.options());
   if (m == 0 || n == 0 || spans.empty()) return out;
 
-  const Isa isa = cpu::isa();
   count_kernel(std::string("invariant/") + to_string(isa));  // the benchmarks' kernel column
   // Each chunk of a packed for the microkernels once, shared by every thread.
   std::vector<std::vector<float>> xp(chunks);
@@ -70,9 +93,7 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   const void* panel_data = b_packed.data_ptr();
   float* out_data = out.data_ptr<float>();
 
-  const auto micro = isa == Isa::kAvx512 ? panel_microkernel_avx512
-                     : isa == Isa::kAvx2 ? panel_microkernel_avx2
-                                         : panel_microkernel_scalar;
+  const auto micro = isa == Isa::kAvx512 ? panel_microkernel_avx512 : panel_microkernel_avx2;
   const int64_t rows_per_tile = panel_rows_per_tile(isa);
   // A thread's panels in blocks whose partial sums (m x width floats each, a few levels
   // deep) stay in L2: ~64 KiB a buffer. A few rows take one panel at a time, so the weight
@@ -104,8 +125,12 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
           buf = widened;
         }
         const int64_t ncols = std::min(kPanelWidth, n - kPanelWidth * p);
-        micro(xp[c].data(), m, kc * rows_per_tile, buf, 1, kc, kPanelWidth, part.data() + kPanelWidth * (p - p0), width,
-              ncols, /*accumulate=*/false);
+        float* y = part.data() + kPanelWidth * (p - p0);
+        if (isa == Isa::kScalar) {
+          fma_microkernel_scalar(xp[c].data(), m, kc * rows_per_tile, buf, kc, y, width, ncols);
+        } else {
+          micro(xp[c].data(), m, kc * rows_per_tile, buf, 1, kc, kPanelWidth, y, width, ncols, /*accumulate=*/false);
+        }
       }
       stack.push_back(std::move(part));
       held.push_back({first_chunk + c, 1});

@@ -22,6 +22,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "cpu/features.h"
+
 namespace tp::cpu {
 
 /// Chunks [lo, lo + size) of a canonical sum: size a power of two, lo a multiple of it.
@@ -47,6 +49,10 @@ at::Tensor invariant_pack(const at::Tensor& b);
 /// Threaded over n.
 at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
                                  int64_t chunk);
+/// The same on the kernels of `isa` (which this CPU must run): every ISA gives the same
+/// bits, each step of a chunk one fused multiply-add (for the tests that check it).
+at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed, int64_t n, int64_t first_chunk,
+                                 int64_t chunk, Isa isa);
 
 /// The canonical pieces of each row's sum of a [M, R_local] (the same chunk rules):
 /// [pieces, M, 1]. For sums over tokens and over the vocabulary.

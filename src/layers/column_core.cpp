@@ -19,8 +19,7 @@ std::shared_ptr<ColumnCore> make_column_core(const std::string& layer, const Col
   const bool invariant = resolve_numerics(spec.numerics) == Numerics::kInvariant;
   if (invariant) check_invariant_supported(layer, *method, spec.device);
   auto policy = aligned_policy(layer, spec.split, *method, ShardMode::kColumn);
-  if (invariant && spec.invariant_size > 0)
-    policy.granularity = invariant_granularity(policy.granularity, spec.invariant_size, !policy.weights.empty());
+  if (invariant && spec.invariant_size > 0) policy = invariant_split_policy(policy, spec.invariant_size);
   auto plans = with_layer_context(layer, [&] {
     std::vector<SegmentPlan> all;
     for (int64_t r = 0; r < comm.world_size(); ++r) all.push_back(plan_of(r, policy));

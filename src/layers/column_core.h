@@ -118,9 +118,10 @@ struct ColumnSpec {
   at::Device device = at::kCPU;
   /// Invariant numerics (tp/layers/numerics/numerics.h; kAuto resolved at construction).
   Numerics numerics = Numerics::kAuto;
-  /// Under invariant numerics: the size each segment's even split divides (0: none), so
-  /// the split granularity can rise to a whole chunk (invariant_granularity), and the
-  /// granularity of the segments' boundaries (0: the split policy's; QKV: head_dim).
+  /// Under invariant numerics: the size of each segment that an even split cuts on the
+  /// kInvariantChunk grid (0: none, the split as the layer asks: QKV's heads;
+  /// invariant_split_policy), and the granularity of the segments' boundaries (0: the
+  /// split policy's; QKV: head_dim).
   int64_t invariant_size = 0;
   int64_t boundary_granularity = 0;
   /// The reductions the options spell: gather_output (an all-gather of the output's

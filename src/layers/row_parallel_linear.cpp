@@ -36,9 +36,7 @@ void RowParallelLinearImpl::reset() {
     const bool invariant = resolve_numerics(options.numerics()) == Numerics::kInvariant;
     if (invariant) detail::check_invariant_supported(kLayer, *method_, options.device());
     auto policy = detail::aligned_policy(kLayer, options.split(), *method_, ShardMode::kRow);
-    if (invariant)
-      policy.granularity =
-          detail::invariant_granularity(policy.granularity, options.in_features(), !policy.weights.empty());
+    if (invariant) policy = detail::invariant_split_policy(policy, options.in_features());
     ranges_ = detail::with_layer_context(
         kLayer, [&] { return split(options.in_features(), comm.world_size(), policy, "in_features"); });
     range_ = ranges_.at(comm.rank());

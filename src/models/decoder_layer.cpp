@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "models/invariant_activation.h"
 #include "models/model_common.h"
 #include "tp/comm/differentiable.h"
 #include "tp/comm/reduction.h"
@@ -176,7 +177,11 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
     identity = identity && kv_of_q.back() == h;
   }
   at::Tensor kh = k, vh = v;
-  if (!identity && expand) {
+  // Invariant numerics expands on every rank, even where its own mapping is the identity
+  // (a rank with one query head of a replicated KV head): the expansion's backward is a
+  // collective (every replica gets the KV head's whole gradient), so a rank that skipped it
+  // would leave the others waiting (5 heads and one KV head at TP 3: 2, 2, 1).
+  if (expand) {
     kh = expand(k);
     vh = expand(v);
   } else if (!identity) {
@@ -244,6 +249,15 @@ void DecoderLayerImpl::use_invariant_heads() {
   input_layernorm->scale = scale_hidden;
   post_attention_layernorm->scale = scale_hidden;
   const HeadsByRank q_heads{comm, qkv->q_head_ranges(), config.num_attention_heads};
+  // Every rank takes part in the KV expansion's backward (a collective); a rank without
+  // query heads has no attention to run it from.
+  for (size_t r = 0; r < q_heads.ranges.size(); ++r) {
+    TORCH_CHECK_VALUE(q_heads.ranges[r].size() > 0, prefix(),
+                      ": invariant numerics needs query heads on every rank, but rank ", r, " of ",
+                      q_heads.ranges.size(), " holds none of the ", config.num_attention_heads,
+                      " (num_key_value_heads=", config.num_key_value_heads,
+                      "); use a TP size of at most num_attention_heads, or numerics=default");
+  }
   const HeadsByRank kv_heads{comm, qkv->kv_head_ranges(), config.num_key_value_heads};
   if (qk_norm()) {
     q_norm->scale = [q_heads](const at::Tensor& w, const at::Tensor& x) {
@@ -266,9 +280,15 @@ MoECheckpointLayout DecoderLayerImpl::moe_layout() const { return config.names.m
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
   if (!moe.is_empty()) return moe->forward(x);
   // The column layers route their mirrored input through copy_to_parallel themselves.
-  if (!config.gated_mlp) return down_proj->forward(activation(config.hidden_act, up_proj->forward(x)));
+  // Invariant numerics: an activation whose bits do not depend on where the rank's slice
+  // of the intermediate dimension ends (models/invariant_activation.h).
+  const auto act = [&](const at::Tensor& h) {
+    return config.numerics == Numerics::kInvariant ? detail::invariant_activation(config.hidden_act, h)
+                                                   : activation(config.hidden_act, h);
+  };
+  if (!config.gated_mlp) return down_proj->forward(act(up_proj->forward(x)));
   auto [gate, up] = gate_up->split(gate_up->forward(x));
-  return down_proj->forward(activation(config.hidden_act, gate) * up);
+  return down_proj->forward(act(gate) * up);
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -227,10 +227,10 @@ void check_invariant_supported(const std::string& layer, const QuantMethod& meth
                     " (use numerics=default)");
 }
 
-int64_t invariant_granularity(int64_t granularity, int64_t size, bool weighted) {
-  if (weighted || invariant_chunk(granularity) == kInvariantChunk) return granularity;
-  const int64_t raised = std::lcm(granularity, kInvariantChunk);
-  return size % raised == 0 ? raised : granularity;
+SplitPolicy invariant_split_policy(const SplitPolicy& policy, int64_t size) {
+  if (!policy.weights.empty() || policy.granularity <= 0) return policy;
+  if (size % policy.granularity != 0 && !policy.partial_tail) return policy;
+  return policy.with_granularity(std::lcm(policy.granularity, kInvariantChunk)).with_partial_tail(true);
 }
 
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, bool add_bias,

@@ -26,6 +26,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/quant/quant_method.h"
 #include "tp/shard/segments.h"
+#include "tp/shard/split.h"
 
 namespace tp::detail {
 
@@ -88,10 +89,15 @@ std::shared_ptr<InvariantPlan> column_invariant_plan(const std::string& layer, c
                                                      const std::vector<SegmentPlan>& plans, int64_t in_features,
                                                      int64_t granularity);
 
-/// The split granularity a layer uses under invariant numerics: `granularity` raised to
-/// a multiple of kInvariantChunk where an even split of `size` allows it (so the chunk
-/// is kInvariantChunk, not the few elements a bare granularity would give), else as is.
-int64_t invariant_granularity(int64_t granularity, int64_t size, bool weighted);
+/// The split a layer uses under invariant numerics for a dimension of `size` elements. An
+/// even split cuts it on the grid of lcm(granularity, kInvariantChunk), the last unit short
+/// where `size` is not a multiple of it (SplitPolicy::partial_tail), so every rank boundary
+/// is a multiple of kInvariantChunk at every world size and the sum over the dimension is
+/// chunked by kInvariantChunk, a function of the global shape alone (intermediate 1000 at
+/// TP 3: [0, 384) [384, 704) [704, 1000), 16 chunks of 64, the last of 40). A weighted split
+/// (O's heads) keeps its granularity: its chunk is invariant_chunk(granularity). A `size`
+/// that is not a multiple of the granularity without partial_tail is left to split()'s error.
+SplitPolicy invariant_split_policy(const SplitPolicy& policy, int64_t size);
 
 /// Throws (naming `layer`) unless invariant numerics covers it: an unquantized method
 /// (a quantized format's dequantized GEMM is not ordered this way yet) on the CPU.

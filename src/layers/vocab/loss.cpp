@@ -4,6 +4,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <limits>
 
 #include "cpu/invariant_gemm.h"
@@ -40,6 +41,20 @@ at::Tensor gather_stacked(const at::Tensor& t, const Communicator& comm) {
   return comm.all_gather(t.unsqueeze(0).contiguous(), 0, std::vector<int64_t>(comm.world_size(), 1));
 }
 
+// exp of every element of t (float32) through one scalar path, std::exp in float64 rounded
+// once: ATen's exp runs a row's elements through a vector loop and its last few through a
+// scalar one, which may round differently, and where a rank's vocabulary slice ends
+// depends on the TP size (models/invariant_activation.h says the same of the MLP's
+// activation). Invariant numerics only.
+at::Tensor exp_elementwise(const at::Tensor& t) {
+  const at::Tensor x = t.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) o[i] = static_cast<float>(std::exp(static_cast<double>(in[i])));
+  return out;
+}
+
 // The canonical sum over the vocabulary of exp [..., real] (float32): each rank's
 // subtrees over its chunks, exchanged and evaluated as one device would.
 at::Tensor canonical_sum_exp(const at::Tensor& exp, const Communicator& comm, int64_t begin, int64_t real,
@@ -62,7 +77,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     const at::Tensor local_max = real > 0 ? lf.amax(-1) : at::full(row_shape, -kInf, lf.options());
     const at::Tensor max = gather_stacked(local_max, comm).amax(0);
     const at::Tensor shifted = lf - max.unsqueeze(-1);
-    const at::Tensor exp = shifted.exp();
+    const at::Tensor exp = canonical ? exp_elementwise(shifted) : shifted.exp();
     // The target's logit from the rank that owns it, zeros elsewhere; one all-reduce for it and the sum of exps.
     const at::Tensor ignored = target.eq(ignore_index);
     const at::Tensor mine = target.ge(begin).logical_and(target.lt(begin + real));

@@ -332,3 +332,187 @@ TEST_CASE("invariant: quantized formats, sequence parallelism and unreduced outp
   CHECK(parse_numerics("Invariant") == Numerics::kInvariant);
   CHECK_THROWS_WITH(parse_numerics("exact"), Contains("auto, default or invariant"));
 }
+
+namespace {
+
+// One rank's outputs and gradients from a layer at sizes off the 64 x world grid, with
+// where they sit in TP 1's tensors: `rows` are the global ranges of a column layer's
+// output features (in local order) or a row layer's input features.
+struct ShapeOut {
+  at::Tensor y, gx, gw, gb;
+  std::vector<Range> rows;
+};
+
+// A column layer's local output gradient from the whole one: its rows' columns, in order.
+at::Tensor local_columns(const at::Tensor& whole, const std::vector<Range>& rows) {
+  std::vector<at::Tensor> parts;
+  for (const auto& r : rows) parts.push_back(whole.narrow(1, r.begin, r.size()));
+  return at::cat(parts, 1).contiguous();
+}
+
+// Runs `body(comm)` at TP 1-4 and checks every rank's forward and backward against TP 1,
+// bit for bit: a column layer's output and weight/bias gradients by its rows, a row
+// layer's weight gradient by its input columns (its output and bias gradient whole).
+void check_shapes_invariant(const std::string& what, bool row_layer,
+                            const std::function<ShapeOut(Communicator&)>& body) {
+  ShapeOut one;
+  run_ranks_in_threads(1, [&](Communicator& comm) { one = body(comm); });
+  for (int64_t world = 2; world <= 4; ++world) {
+    std::vector<ShapeOut> seen(world);
+    run_ranks_in_threads(world, [&](Communicator& comm) { seen[comm.rank()] = body(comm); });
+    for (int64_t r = 0; r < world; ++r) {
+      INFO(what << " world " << world << " rank " << r);
+      const ShapeOut& o = seen[r];
+      CHECK(at::equal(o.gx, one.gx));
+      if (row_layer) {
+        CHECK(at::equal(o.y, one.y));
+        CHECK(at::equal(o.gb, one.gb));
+      }
+      int64_t local = 0;
+      for (const auto& rows : o.rows) {
+        INFO("features [" << rows.begin << ", " << rows.end << ")");
+        if (row_layer) {
+          CHECK(at::equal(o.gw.narrow(1, local, rows.size()), one.gw.narrow(1, rows.begin, rows.size())));
+        } else {
+          CHECK(at::equal(o.y.narrow(1, local, rows.size()), one.y.narrow(1, rows.begin, rows.size())));
+          CHECK(at::equal(o.gw.narrow(0, local, rows.size()), one.gw.narrow(0, rows.begin, rows.size())));
+          CHECK(at::equal(o.gb.narrow(0, local, rows.size()), one.gb.narrow(0, rows.begin, rows.size())));
+        }
+        local += rows.size();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "invariant: Row, Column, QKV and GateUp at sizes off the 64 x world grid give TP 1's bits at TP 2-4, "
+    "forward and backward, at M = 1, 7 and 300",
+    "[invariant][layers]") {
+  // The sizes of small Llama / Qwen2 / Qwen3 folders: intermediate 1000, 700, 520; hidden
+  // 320, 256, 192; head_dim 64 and 48 with one KV head (replicated at TP 2-4).
+  struct Dense {
+    int64_t in, out;
+  };
+  struct Heads {
+    int64_t hidden, head_dim, heads;
+  };
+  const std::vector<Dense> dense{{320, 1000}, {1000, 320}, {256, 520}, {520, 256}, {192, 700}, {700, 192}};
+  const std::vector<Heads> attention{{192, 48, 4}, {320, 64, 5}, {256, 48, 4}};
+  for (const int64_t m : {1, 7, 300}) {
+    for (const auto& [in, out] : dense) {
+      Checkpoint ckpt;
+      ckpt.add("l.weight", randn({out, in}, in + out).to(at::kFloat));
+      ckpt.add("l.bias", randn({out}, in + out + 1).to(at::kFloat));
+      const at::Tensor x = randn({m, in}, 2 * in + m).to(at::kFloat), G = randn({m, out}, 3 * out + m).to(at::kFloat);
+      const std::string what = "M=" + std::to_string(m) + " in=" + std::to_string(in) + " out=" + std::to_string(out);
+      check_shapes_invariant("Column " + what, false, [&](Communicator& comm) {
+        ColumnParallelLinear l(ColumnParallelLinearOptions(in, out).numerics(Numerics::kInvariant), comm);
+        l->load_weights(ckpt, "l");
+        const at::Tensor xr = x.clone().requires_grad_(true);
+        const at::Tensor y = l->forward(xr);
+        (y * local_columns(G, {l->local_range()})).sum().backward();
+        return ShapeOut{y.detach(), xr.grad(), l->weight.grad(), l->bias.grad(), {l->local_range()}};
+      });
+      check_shapes_invariant("Row " + what, true, [&](Communicator& comm) {
+        RowParallelLinear l(RowParallelLinearOptions(in, out).input_is_parallel(false).numerics(Numerics::kInvariant),
+                            comm);
+        l->load_weights(ckpt, "l");
+        const at::Tensor xr = x.clone().requires_grad_(true);
+        const at::Tensor y = l->forward(xr);
+        (y * G).sum().backward();
+        return ShapeOut{y.detach(), xr.grad(), l->weight.grad(), l->bias.grad(), {l->local_range()}};
+      });
+      if (in >= out) continue;
+      // The MLP's fused gate/up at (hidden, intermediate) = (in, out).
+      Checkpoint mlp;
+      for (const char* n : {"gate_proj", "up_proj"}) {
+        mlp.add(std::string("mlp.") + n + ".weight", randn({out, in}, in + out + n[0]).to(at::kFloat));
+        mlp.add(std::string("mlp.") + n + ".bias", randn({out}, in + out + n[0] + 1).to(at::kFloat));
+      }
+      const at::Tensor G2 = randn({m, 2 * out}, 4 * out + m).to(at::kFloat);
+      check_shapes_invariant("GateUp " + what, false, [&](Communicator& comm) {
+        GateUpParallelLinear l(GateUpParallelLinearOptions(in, out).bias(true).numerics(Numerics::kInvariant), comm);
+        l->load_weights(mlp, "mlp");
+        const Range r = l->local_range();
+        const std::vector<Range> rows{r, {out + r.begin, out + r.end}};
+        const at::Tensor xr = x.clone().requires_grad_(true);
+        const at::Tensor y = l->forward(xr);
+        (y * local_columns(G2, rows)).sum().backward();
+        return ShapeOut{y.detach(), xr.grad(), l->weight.grad(), l->bias.grad(), rows};
+      });
+    }
+    for (const auto& [hidden, head_dim, heads] : attention) {
+      const int64_t q_size = heads * head_dim, kv_size = head_dim;  // one KV head
+      Checkpoint ckpt;
+      for (const char* n : {"q", "k", "v"}) {
+        const int64_t rows = n[0] == 'q' ? q_size : kv_size;
+        ckpt.add(std::string("attn.") + n + "_proj.weight", randn({rows, hidden}, hidden + n[0]).to(at::kFloat));
+        ckpt.add(std::string("attn.") + n + "_proj.bias", randn({rows}, hidden + n[0] + 1).to(at::kFloat));
+      }
+      ckpt.add("attn.o_proj.weight", randn({hidden, q_size}, hidden + 5).to(at::kFloat));
+      ckpt.add("attn.o_proj.bias", randn({hidden}, hidden + 6).to(at::kFloat));
+      const at::Tensor x = randn({m, hidden}, hidden + m).to(at::kFloat);
+      const at::Tensor G = randn({m, q_size + 2 * kv_size}, hidden + 2 * m).to(at::kFloat);
+      const at::Tensor xo = randn({m, q_size}, hidden + 3 * m).to(at::kFloat);
+      const at::Tensor Go = randn({m, hidden}, hidden + 4 * m).to(at::kFloat);
+      const std::string what = "M=" + std::to_string(m) + " hidden=" + std::to_string(hidden) +
+                               " head_dim=" + std::to_string(head_dim) + " heads=" + std::to_string(heads) + " kv=1";
+      const auto qkv_of = [&](Communicator& comm) {
+        QKVParallelLinear qkv(
+            QKVParallelLinearOptions(hidden, head_dim, heads, 1).bias(true).numerics(Numerics::kInvariant), comm);
+        qkv->load_weights(ckpt, "attn");
+        return qkv;
+      };
+      check_shapes_invariant("QKV " + what, false, [&](Communicator& comm) {
+        QKVParallelLinear qkv = qkv_of(comm);
+        const auto& plan = qkv->head_plan();
+        // Each rank's rows of [q | k | v]: a replicated KV head's rows get its whole gradient.
+        const std::vector<Range> rows{
+            {plan.q_heads.begin * head_dim, plan.q_heads.end * head_dim},
+            {q_size + plan.kv_heads.begin * head_dim, q_size + plan.kv_heads.end * head_dim},
+            {q_size + kv_size + plan.kv_heads.begin * head_dim, q_size + kv_size + plan.kv_heads.end * head_dim}};
+        const at::Tensor xr = x.clone().requires_grad_(true);
+        const at::Tensor y = qkv->forward(xr);
+        (y * local_columns(G, rows)).sum().backward();
+        return ShapeOut{y.detach(), xr.grad(), qkv->weight.grad(), qkv->bias.grad(), rows};
+      });
+      check_shapes_invariant("O " + what, true, [&](Communicator& comm) {
+        QKVParallelLinear qkv = qkv_of(comm);
+        RowParallelLinear o(RowParallelLinearOptions(q_size, hidden)
+                                .split(qkv->attention_output_split())
+                                .input_is_parallel(false)
+                                .numerics(Numerics::kInvariant),
+                            comm);
+        o->load_weights(ckpt, "attn.o_proj");
+        const at::Tensor xr = xo.clone().requires_grad_(true);
+        const at::Tensor y = o->forward(xr);
+        (y * Go).sum().backward();
+        return ShapeOut{y.detach(), xr.grad(), o->weight.grad(), o->bias.grad(), {o->local_range()}};
+      });
+    }
+  }
+}
+
+TEST_CASE("invariant: the canonical GEMM gives the same bits on every ISA this CPU runs", "[invariant]") {
+  // Each chunk's steps are fused multiply-adds in k order from zero on the scalar, AVX2 and
+  // AVX-512 kernels alike (the scalar one with std::fma), so TP_CPU_ISA changes no bit.
+  std::vector<cpu::Isa> isas{cpu::Isa::kScalar};
+  if (cpu::max_isa() >= cpu::Isa::kAvx2) isas.push_back(cpu::Isa::kAvx2);
+  if (cpu::max_isa() >= cpu::Isa::kAvx512) isas.push_back(cpu::Isa::kAvx512);
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t chunk : {16, 64}) {
+      for (const int64_t m : {1, 7, 37}) {
+        const int64_t k = 1000, n = 45;
+        const at::Tensor a = randn({m, k}, 30 + m).to(at::kFloat).contiguous();
+        const at::Tensor b = cpu::invariant_pack(randn({n, k}, 31).to(dtype));
+        const at::Tensor want = cpu::invariant_gemm_pieces(a, b, n, 0, chunk, cpu::Isa::kScalar);
+        for (const auto isa : isas) {
+          INFO("dtype=" << dtype << " chunk=" << chunk << " M=" << m << " isa=" << cpu::to_string(isa));
+          CHECK(at::equal(cpu::invariant_gemm_pieces(a, b, n, 0, chunk, isa), want));
+        }
+      }
+    }
+  }
+}
