@@ -1,5 +1,5 @@
 #pragma once
-// Private: the MLP's activation under invariant numerics (tp/layers/numerics.h), for the
+// Private: the MLP's activation under invariant numerics (tp/layers/numerics/numerics.h), for the
 // decoder (src/models/decoder_layer.cpp).
 //
 // Why ATen's activation is not enough: its elementwise kernels run a row through a vector
