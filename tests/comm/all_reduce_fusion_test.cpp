@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/comm_test_util.h"
+#include "support/worker_ranks_check.h"
 #include "tp/comm/all_reduce_fusion.h"
 
 using Catch::Contains;
@@ -227,6 +228,17 @@ TEST_CASE("all_reduce_fusion at TP 1 is the epilogue alone, and takes strided in
   const auto r = comm.all_reduce_fusion(x, p);
   CHECK(same_bits(r.residual_out, x + res));
   CHECK(at::allclose(r.norm_out, reference_norm(x + res, p.norm, w, {}, p.eps), 2e-5, 2e-5));
+  // Outputs given by the caller are written in place; a wrong one is refused by name.
+  AllReduceFusionResult given;
+  given.residual_out = at::empty({6, kHidden});
+  given.norm_out = at::empty({6, kHidden});
+  const auto g = comm.all_reduce_fusion(x, p, given);
+  CHECK(g.residual_out.data_ptr() == given.residual_out.data_ptr());
+  CHECK(g.norm_out.data_ptr() == given.norm_out.data_ptr());
+  CHECK(same_bits(g.residual_out, r.residual_out));
+  CHECK(same_bits(g.norm_out, r.norm_out));
+  given.norm_out = at::empty({6, kHidden + 1});
+  REQUIRE_THROWS_WITH(comm.all_reduce_fusion(x, p, given), Contains("the given norm_out is Float[6, 201]"));
   // Empty: no rows, the outputs' shapes still right.
   p.residual_in = at::empty({0, kHidden});
   const auto e = comm.all_reduce_fusion(at::empty({0, kHidden}), p);
@@ -313,4 +325,9 @@ TEST_CASE("an all_reduce_fusion refused or mismatched on one rank fails on every
       }
     }
   }
+}
+
+TEST_CASE("all_reduce_fusion across processes: the fused shared-memory pass and a composed strategy",
+          "[comm][fusion][process]") {
+  for (int world : {2, 3}) tp::test::check_worker_ranks("fusion", world);
 }

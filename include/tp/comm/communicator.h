@@ -114,6 +114,11 @@ class Communicator {
   /// rank gets bitwise-identical results. Not differentiable: under autograd use
   /// reduce_from_parallel and the separate steps (DecoderLayer does). A rank that refuses
   /// its arguments tells its peers (with verify_calls), so all of them fail at once.
+  /// The outputs defined in `out` (contiguous, of the shapes and dtypes the result would
+  /// have) are written in place and returned, as FlashInfer's preallocated outputs; the
+  /// others are allocated.
+  AllReduceFusionResult all_reduce_fusion(const at::Tensor& allreduce_in, const AllReduceFusionParams& params,
+                                          AllReduceFusionResult out) const;
   AllReduceFusionResult all_reduce_fusion(const at::Tensor& allreduce_in, const AllReduceFusionParams& params) const;
 
   /// The strategy all_reduce(t, strategy) would take here (never kAuto), without

@@ -125,7 +125,18 @@ void refuse_collectively(const CommunicatorState& s, const at::Tensor& in) {
   }
 }
 
-// The outputs, and the raw view of the call the epilogue reads.
+// `given` if the caller passed it (checked to be what would be allocated), else a new tensor.
+at::Tensor output(const at::Tensor& given, const char* name, at::IntArrayRef shape, const at::TensorOptions& options) {
+  if (!given.defined()) return at::empty(shape, options);
+  TORCH_CHECK_VALUE(given.sizes() == shape && given.scalar_type() == options.dtype().toScalarType() &&
+                        given.device() == options.device() && given.is_contiguous(),
+                    op_name(kOp), ": the given ", name, " is ", given.scalar_type(), given.sizes(), " on ",
+                    given.device(), (given.is_contiguous() ? "" : ", not contiguous"), "; expected a contiguous ",
+                    options.dtype(), shape, " on ", options.device());
+  return given;
+}
+
+// The outputs (those in `out` reused), and the raw view of the call the epilogue reads.
 FusionRows plan_rows(const at::Tensor& x, const AllReduceFusionParams& p, const at::Tensor& residual,
                      AllReduceFusionResult& out) {
   FusionRows rows;
@@ -135,21 +146,21 @@ FusionRows plan_rows(const at::Tensor& x, const AllReduceFusionParams& p, const 
   rows.norm = p.norm;
   rows.quant = p.quant_out;
   rows.eps = static_cast<float>(p.eps);
-  out.residual_out = at::empty(x.sizes(), x.options());
+  out.residual_out = output(out.residual_out, "residual_out", x.sizes(), x.options());
   rows.residual_out = out.residual_out.data_ptr();
   if (p.bias.defined()) rows.bias = p.bias.data_ptr();
   if (residual.defined()) rows.residual_in = residual.data_ptr();
   if (p.norm == AllReduceFusionNorm::kNone) return rows;
   rows.norm_weight = p.norm_weight.data_ptr();
   if (p.norm_bias.defined()) rows.norm_bias = p.norm_bias.data_ptr();
-  out.norm_out = at::empty(x.sizes(), x.options());
+  out.norm_out = output(out.norm_out, "norm_out", x.sizes(), x.options());
   rows.norm_out = out.norm_out.data_ptr();
   if (p.quant_out == AllReduceFusionQuant::kNone) return rows;
   const auto code = p.quant_out == AllReduceFusionQuant::kFp8PerToken ? at::kFloat8_e4m3fn : at::kChar;
-  out.quant_out = at::empty(x.sizes(), x.options().dtype(code));
+  out.quant_out = output(out.quant_out, "quant_out", x.sizes(), x.options().dtype(code));
   std::vector<int64_t> scale_shape = x.sizes().vec();
   scale_shape.back() = 1;
-  out.scale_out = at::empty(scale_shape, x.options().dtype(at::kFloat));
+  out.scale_out = output(out.scale_out, "scale_out", scale_shape, x.options().dtype(at::kFloat));
   rows.quant_out = out.quant_out.data_ptr();
   rows.scale_out = out.scale_out.data_ptr<float>();
   return rows;
@@ -164,9 +175,9 @@ void finish_all(const FusionRows& rows, const at::Tensor& sum) {
   }
 #endif
   TORCH_INTERNAL_ASSERT(sum.is_cpu(), "all_reduce_fusion: a ", sum.device(), " tensor in a build without CUDA");
-  const at::Tensor acc = sum.to(at::kFloat).contiguous();
-  const float* a = acc.data_ptr<float>();
-  for (int64_t r = 0; r < rows.rows; ++r) rows.finish(r, a + r * rows.hidden);
+  // Row by row on this thread: no ATen op, so no OpenMP team spinning beside the ranks.
+  const at::Tensor c = sum.contiguous();
+  for (int64_t r = 0; r < rows.rows; ++r) rows.finish_reduced(r, c.data_ptr());
 }
 
 // Contiguous, and with the bias kept out of the way of a parameter that records grad.
@@ -175,25 +186,27 @@ at::Tensor plain(const at::Tensor& t) { return t.defined() ? t.detach().contiguo
 }  // namespace
 
 AllReduceFusionResult all_reduce_fusion_impl(const CommunicatorState& s, const at::Tensor& in_arg,
-                                             const AllReduceFusionParams& p_arg) {
+                                             const AllReduceFusionParams& p_arg, AllReduceFusionResult out) {
+  FusionRows rows;
+  at::Tensor x, residual;
+  AllReduceFusionParams p = p_arg;
   try {
     check_params(in_arg, p_arg);
+    p.bias = plain(p.bias);
+    p.norm_weight = plain(p.norm_weight);
+    p.norm_bias = plain(p.norm_bias);
+    x = plain(in_arg);
+    residual = plain(p.residual_in);
+    rows = plan_rows(x, p, residual, out);
   } catch (...) {
     refuse_collectively(s, in_arg);
     throw;
   }
-  AllReduceFusionParams p = p_arg;
-  p.bias = plain(p.bias);
-  p.norm_weight = plain(p.norm_weight);
-  p.norm_bias = plain(p.norm_bias);
-  const at::Tensor x = plain(in_arg), residual = plain(p.residual_in);
   ensure_host_ids(s, kOp);
   const AllReduceStrategy taken = resolve_strategy(s, p.strategy, x);
   check_possible(s, taken, x, kOp);
   const WirePrecision wire = resolve_wire(s, p.wire, taken, x);
   count_call(s, x, p.strategy, taken, wire, kOp);
-  AllReduceFusionResult out;
-  const FusionRows rows = plan_rows(x, p, residual, out);
   if (s.world == 1) {
     finish_all(rows, x);
     return out;
@@ -223,8 +236,14 @@ AllReduceFusionResult all_reduce_fusion_impl(const CommunicatorState& s, const a
 }  // namespace detail
 
 AllReduceFusionResult Communicator::all_reduce_fusion(const at::Tensor& allreduce_in,
+                                                      const AllReduceFusionParams& params,
+                                                      AllReduceFusionResult out) const {
+  return detail::all_reduce_fusion_impl(*state_, allreduce_in, params, std::move(out));
+}
+
+AllReduceFusionResult Communicator::all_reduce_fusion(const at::Tensor& allreduce_in,
                                                       const AllReduceFusionParams& params) const {
-  return detail::all_reduce_fusion_impl(*state_, allreduce_in, params);
+  return detail::all_reduce_fusion_impl(*state_, allreduce_in, params, {});
 }
 
 }  // namespace tp

@@ -35,6 +35,9 @@ struct FusionRows {
   /// output is written, so it may alias nothing but scratch): rounds it to T, adds the
   /// bias, then residual_in (each sum rounded to T), normalizes and quantizes.
   void finish(int64_t row, const float* acc) const;
+  /// The same from an already reduced [rows, hidden] tensor of `dtype` (the composed
+  /// path): row `row` of `sum` widened to fp32, then finish.
+  void finish_reduced(int64_t row, const void* sum) const;
 
   /// Bytes a finished row's outputs take packed (residual_out, norm_out, codes, scale),
   /// a multiple of 64 so rows finished by different ranks never share a cache line.
