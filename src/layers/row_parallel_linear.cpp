@@ -81,9 +81,8 @@ void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
   detail::print_tail(stream, options.bias(), /*gather_output=*/false, *method_, comm, options.sequence_parallel());
 }
 
-at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+at::Tensor RowParallelLinearImpl::local_input(const at::Tensor& input) {
   at::Tensor x = input;
-  const int64_t world = comm.world_size();
   if (options.input_is_parallel()) {
     detail::check_input(kLayer, x, range_.size(), "the local in_features", method_->activation_dtype(),
                         method_->weight_device());
@@ -95,6 +94,20 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     for (const auto& r : ranges_) sizes.push_back(r.size());
     x = scatter_to_parallel(x, comm, -1, sizes);
   }
+  return x;
+}
+
+at::Tensor RowParallelLinearImpl::forward_partial(const at::Tensor& input) {
+  TORCH_CHECK_VALUE(!invariant_, kLayer,
+                    ": forward_partial is not available under invariant numerics (its sum is canonical, taken "
+                    "whole); use forward");
+  return detail::parallel_linear(method_, local_input(input), bias, /*add_bias=*/false, options.out_features(),
+                                 range_.size());
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  const at::Tensor x = local_input(input);
+  const int64_t world = comm.world_size();
   // Invariant numerics: the canonical sum over every rank's columns, already reduced.
   if (invariant_) return detail::invariant_linear(x, weight, bias, /*add_bias=*/true, invariant_);
   const auto sequence_dim = detail::sequence_dim_of(kLayer, x, options.sequence_parallel() && options.reduce_output(),

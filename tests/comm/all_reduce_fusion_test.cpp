@@ -124,10 +124,10 @@ std::string check_case(const Communicator& comm, const Case& c, AllReduceStrateg
   p.strategy = strategy;
   const at::Tensor before = partial.clone();
   const AllReduceFusionResult r = comm.all_reduce_fusion(partial, p);
-  // The unfused path: the same strategy's all-reduce, then tensor operations.
-  at::Tensor h = partial.clone();
+  // The unfused path: rank 0 adds the bias to its partial sum (the row layers' contract),
+  // the same strategy's all-reduce, then tensor operations.
+  at::Tensor h = c.bias && rank == 0 ? partial + bias : partial.clone();
   comm.all_reduce(h, strategy);
-  if (c.bias) h = h + bias;
   if (c.residual) h = h + residual;
   const std::string what = c.describe(world, rank, strategy);
   if (!same_bits(partial, before)) return what + ": the input was modified";

@@ -61,8 +61,10 @@ std::ostream& operator<<(std::ostream& out, AllReduceFusionQuant q);
 ///   p.eps = 1e-5;
 ///   auto r = comm.all_reduce_fusion(o_proj->forward_partial(a), p);   // r.residual_out, r.norm_out
 struct AllReduceFusionParams {
-  /// [hidden] or undefined: the row layer's bias, added once to the sum (the layer then
-  /// leaves it out of its partial sum on every rank).
+  /// [hidden] or undefined: the row layer's bias, counted once: rank 0's copy joins rank
+  /// 0's partial sum, as the row layers' bias contract has it (the layer then leaves it
+  /// out of its partial sum on every rank: RowParallelLinear::forward_partial), so ranks
+  /// whose copies differ still agree bit for bit.
   at::Tensor bias;
   /// The input's shape, or undefined: added after the bias; residual_out is the new residual.
   at::Tensor residual_in;
@@ -81,9 +83,9 @@ struct AllReduceFusionParams {
 
 /// The outputs of a fused all-reduce (undefined where not asked for).
 struct AllReduceFusionResult {
-  /// The input's shape and dtype: sum over ranks + bias + residual_in, each addition
-  /// rounded to the dtype as separate tensor additions would be. Without residual_in it
-  /// is the all-reduce's result plus the bias (FlashInfer's allreduce_out).
+  /// The input's shape and dtype: the sum over ranks (with the bias), + residual_in, the
+  /// addition rounded to the dtype as a separate tensor addition would be. Without
+  /// residual_in it is the all-reduce's result (FlashInfer's allreduce_out).
   at::Tensor residual_out;
   /// The input's shape and dtype: the norm of residual_out.
   at::Tensor norm_out;

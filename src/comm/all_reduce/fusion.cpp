@@ -148,7 +148,6 @@ FusionRows plan_rows(const at::Tensor& x, const AllReduceFusionParams& p, const 
   rows.eps = static_cast<float>(p.eps);
   out.residual_out = output(out.residual_out, "residual_out", x.sizes(), x.options());
   rows.residual_out = out.residual_out.data_ptr();
-  if (p.bias.defined()) rows.bias = p.bias.data_ptr();
   if (residual.defined()) rows.residual_in = residual.data_ptr();
   if (p.norm == AllReduceFusionNorm::kNone) return rows;
   rows.norm_weight = p.norm_weight.data_ptr();
@@ -198,6 +197,10 @@ AllReduceFusionResult all_reduce_fusion_impl(const CommunicatorState& s, const a
     x = plain(in_arg);
     residual = plain(p.residual_in);
     rows = plan_rows(x, p, residual, out);
+    // The row layers' bias contract: rank 0's copy joins rank 0's partial sum, so it is
+    // counted once, and ranks whose copies differ (a randomly initialized layer) still
+    // end with the same bits, those of the unfused path.
+    if (p.bias.defined() && s.rank == 0) x = x + p.bias;
   } catch (...) {
     refuse_collectively(s, in_arg);
     throw;

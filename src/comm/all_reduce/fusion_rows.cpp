@@ -155,14 +155,10 @@ void finish_typed(const FusionRows& f, int64_t row, const float* acc) {
   }
   float* __restrict h = h_buf.data();
   float* __restrict yf = y_buf.data();
-  const T* __restrict bias = static_cast<const T*>(f.bias);
   const T* __restrict res = f.residual_in ? static_cast<const T*>(f.residual_in) + row * n : nullptr;
   T* __restrict out = static_cast<T*>(f.residual_out) + row * n;
-  // The all-reduce's result in T, then each addition rounded to T as a tensor add would.
+  // The all-reduce's result in T, then the residual added and rounded to T as a tensor add would.
   for (int64_t i = 0; i < n; ++i) h[i] = rounded<T>(acc[i]);
-  if (bias) {
-    for (int64_t i = 0; i < n; ++i) h[i] = rounded<T>(h[i] + static_cast<float>(bias[i]));
-  }
   if (res) {
     for (int64_t i = 0; i < n; ++i) h[i] = rounded<T>(h[i] + static_cast<float>(res[i]));
   }

@@ -22,7 +22,6 @@ struct FusionRows {
   AllReduceFusionNorm norm = AllReduceFusionNorm::kNone;
   AllReduceFusionQuant quant = AllReduceFusionQuant::kNone;
   float eps = 0;
-  const void* bias = nullptr;         // [hidden] T, or null
   const void* residual_in = nullptr;  // [rows, hidden] T, or null
   const void* norm_weight = nullptr;  // [hidden] T (a norm only)
   const void* norm_bias = nullptr;    // [hidden] T, or null (kLayerNorm only)
@@ -32,8 +31,9 @@ struct FusionRows {
   float* scale_out = nullptr;         // [rows] (a quant only)
 
   /// Finishes row `row` from `acc`, its fp32 sum over ranks ([hidden]; read before any
-  /// output is written, so it may alias nothing but scratch): rounds it to T, adds the
-  /// bias, then residual_in (each sum rounded to T), normalizes and quantizes.
+  /// output is written, so it may alias nothing but scratch): rounds it to T, adds
+  /// residual_in (the sum rounded to T), normalizes and quantizes. (The bias has joined
+  /// rank 0's partial sum before the reduction: fusion.cpp.)
   void finish(int64_t row, const float* acc) const;
   /// The same from an already reduced [rows, hidden] tensor of `dtype` (the composed
   /// path): row `row` of `sum` widened to fp32, then finish.

@@ -63,7 +63,6 @@ struct Args {
   int quant;  // AllReduceFusionQuant
   float eps;
   const void* sum;
-  const void* bias;
   const void* residual_in;
   const void* norm_weight;
   const void* norm_bias;
@@ -77,13 +76,11 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) fusion_epilogue_kernel(Args a) {
   const int64_t n = a.hidden, row = blockIdx.x;
   const T* sum = static_cast<const T*>(a.sum) + row * n;
-  const T* bias = static_cast<const T*>(a.bias);
   const T* res = a.residual_in ? static_cast<const T*>(a.residual_in) + row * n : nullptr;
   T* out = static_cast<T*>(a.residual_out) + row * n;
   float total = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     float v = to_f(sum[i]);
-    if (bias) v = rounded<T>(v + to_f(bias[i]));
     if (res) v = rounded<T>(v + to_f(res[i]));
     out[i] = from_f<T>(v);
     total += v;
@@ -149,7 +146,6 @@ void launch_fusion_epilogue_cuda(const FusionRows& rows, const void* sum) {
                static_cast<int>(rows.quant),
                rows.eps,
                sum,
-               rows.bias,
                rows.residual_in,
                rows.norm_weight,
                rows.norm_bias,
