@@ -8,6 +8,8 @@
 //   # calibration: time every strategy on this group and write (or update) a table
 //   for r in 0 1; do RANK=$r ... tp-allreduce-bench --from-env 1 --tune allreduce.json & done
 //   TP_ALLREDUCE_TABLE=allreduce.json my_program     # kAuto now reads it
+//   # the layer boundary: bare all-reduce vs all-reduce + residual + RMSNorm (+ quant) vs all_reduce_fusion
+//   tp-allreduce-bench --boundary 1 --world 2,3,4 --hidden 4096 --tokens 1,16,256 --repeat 5
 //
 // Latency: each rank's median time per call after warm-up, then the maximum over
 // ranks (a collective is as slow as its slowest rank; every rank gets the same
@@ -19,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "tp/comm/all_reduce_fusion.h"
 #include "tp/comm/all_reduce_table.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
@@ -54,6 +58,17 @@ const char* kUsage = R"(usage: tp-allreduce-bench [options]
                    tensor, both taking the communicator's strategy (--strategy)
   --strategy S     the communicator's default strategy (CommunicatorOptions::
                    all_reduce), for --reduce-scatter    (default auto)
+  --boundary 0|1   instead: the layer boundary per strategy - the bare all_reduce,
+                   the unfused boundary (all_reduce, then residual add, RMSNorm and
+                   the quantization as separate tensor operations) and
+                   all_reduce_fusion (into preallocated outputs) - at --hidden,
+                   --tokens, --dtype, --quant, each
+                   timed --repeat times (the spread across repeats is shown)
+  --hidden N       the boundary's hidden size                  (default 4096)
+  --tokens LIST    the boundary's token counts                 (default 1,16,256)
+  --dtype D        the boundary's dtype: bf16 or f32           (default bf16)
+  --quant Q        the boundary's quantization: none, fp8, int8 (default none)
+  --repeat N       the boundary's repeated runs                (default 5)
   --tune FILE      calibrate: write the fastest strategy per size for this group
                    into FILE (a tuning table; an existing FILE keeps its entries for
                    other world sizes / topologies). Load it with TP_ALLREDUCE_TABLE=FILE
@@ -72,6 +87,12 @@ struct Config {
   std::string tune;
   bool reduce_scatter = false;
   AllReduceStrategy strategy = AllReduceStrategy::kAuto;
+  bool boundary = false;
+  int64_t hidden = 4096;
+  std::vector<int64_t> tokens = {1, 16, 256};
+  at::ScalarType dtype = at::kBFloat16;
+  tp::AllReduceFusionQuant quant = tp::AllReduceFusionQuant::kNone;
+  int64_t repeat = 5;
 };
 
 const std::vector<AllReduceStrategy> kStrategies = {
@@ -130,6 +151,20 @@ Config parse_args(int argc, char** argv) {
       c.strategy = tp::parse_all_reduce_strategy(value);
     else if (flag == "--tune")
       c.tune = value;
+    else if (flag == "--boundary")
+      c.boundary = value == "1";
+    else if (flag == "--hidden")
+      c.hidden = std::stoll(value);
+    else if (flag == "--tokens")
+      c.tokens = parse_list(value);
+    else if (flag == "--dtype")
+      c.dtype = value == "f32" ? at::kFloat : at::kBFloat16;
+    else if (flag == "--quant")
+      c.quant = value == "fp8"    ? tp::AllReduceFusionQuant::kFp8PerToken
+                : value == "int8" ? tp::AllReduceFusionQuant::kInt8PerToken
+                                  : tp::AllReduceFusionQuant::kNone;
+    else if (flag == "--repeat")
+      c.repeat = std::stoll(value);
     else
       TORCH_CHECK_VALUE(false, "tp-allreduce-bench: unknown option ", flag, "\n", kUsage);
   }
@@ -235,6 +270,111 @@ std::string reduce_scatter_table(tp::Communicator& comm, const std::vector<int64
   return table.str();
 }
 
+/// The unfused boundary as the layers run it without the fusion: the all-reduce, then
+/// the residual add, tp::Norm's RMSNorm and quant's per-token quantization, each a
+/// tensor operation (the same operations as models/norm.cpp and quant's per-token
+/// models).
+void unfused_boundary(const tp::Communicator& comm, at::Tensor& sum, const at::Tensor& residual,
+                      const at::Tensor& weight, tp::AllReduceStrategy strategy, tp::AllReduceFusionQuant quant) {
+  comm.all_reduce(sum, strategy);
+  const at::Tensor h = sum + residual;
+  const at::Tensor f = h.to(at::kFloat);
+  const at::Tensor y = weight * (f * at::rsqrt(f.pow(2).mean(-1, true) + 1e-5)).to(h.scalar_type());
+  if (quant == tp::AllReduceFusionQuant::kNone) return;
+  const at::Tensor x = y.to(at::kFloat);
+  const at::Tensor amax = x.abs().amax(-1, true);
+  if (quant == tp::AllReduceFusionQuant::kFp8PerToken) {
+    const at::Tensor s = at::where(amax > 0, amax / 448.0, at::ones_like(amax));
+    (void)(x / s).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn);
+  } else {
+    const at::Tensor s = at::where(amax > 0, amax / 127, at::ones_like(amax));
+    (void)at::round(x / s).clamp(-127, 127).to(at::kChar);
+  }
+}
+
+/// The boundary table of one group: per token count and strategy, the slowest rank's
+/// median of the bare all_reduce, the unfused boundary and the fused one (interleaved
+/// call by call, so all three see the same machine), repeated `repeat` times: the
+/// median of the repeats and their range.
+std::string boundary_table(tp::Communicator& comm, const Config& c) {
+  const int64_t world = comm.world_size();
+  const std::vector<AllReduceStrategy> strategies = {
+      AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot,
+      AllReduceStrategy::kProcessGroup, AllReduceStrategy::kRecursiveDoubling};
+  std::vector<double> mine;  // [repeat][tokens][strategy][bare, unfused, fused]
+  const auto opts = at::TensorOptions().dtype(c.dtype);
+  for (int64_t rep = 0; rep < c.repeat; ++rep) {
+    for (int64_t m : c.tokens) {
+      const at::Tensor partial = at::randn({m, c.hidden}, opts).div(world);
+      const at::Tensor residual = at::randn({m, c.hidden}, opts);
+      const at::Tensor weight = at::rand({c.hidden}, opts).add(0.5);
+      const int64_t bytes = partial.numel() * partial.element_size();
+      const int64_t iters = std::max<int64_t>(20, std::min<int64_t>(300, (int64_t{64} << 20) / bytes));
+      for (auto strategy : strategies) {
+        tp::AllReduceFusionParams p;
+        p.residual_in = residual;
+        p.norm = tp::AllReduceFusionNorm::kRMS;
+        p.norm_weight = weight;
+        p.eps = 1e-5;
+        p.quant_out = c.quant;
+        p.strategy = strategy;
+        // Preallocated outputs, as a serving loop keeps them (the unfused path allocates its
+        // intermediates, as the layers do).
+        tp::AllReduceFusionResult out;
+        out.residual_out = at::empty_like(partial);
+        out.norm_out = at::empty_like(partial);
+        if (c.quant != tp::AllReduceFusionQuant::kNone) {
+          out.quant_out = at::empty({m, c.hidden},
+                                    c.quant == tp::AllReduceFusionQuant::kFp8PerToken ? at::kFloat8_e4m3fn : at::kChar);
+          out.scale_out = at::empty({m, 1}, at::kFloat);
+        }
+        std::vector<double> bare, unfused, fused;
+        for (int64_t i = -5; i < iters; ++i) {  // 5 warm-up calls of each
+          at::Tensor t = partial.clone();
+          auto t0 = std::chrono::steady_clock::now();
+          comm.all_reduce(t, strategy);
+          if (i >= 0) bare.push_back(seconds_since(t0));
+          t = partial.clone();
+          t0 = std::chrono::steady_clock::now();
+          unfused_boundary(comm, t, residual, weight, strategy, c.quant);
+          if (i >= 0) unfused.push_back(seconds_since(t0));
+          t0 = std::chrono::steady_clock::now();
+          (void)comm.all_reduce_fusion(partial, p, out);
+          if (i >= 0) fused.push_back(seconds_since(t0));
+        }
+        mine.push_back(median(bare));
+        mine.push_back(median(unfused));
+        mine.push_back(median(fused));
+      }
+    }
+  }
+  const at::Tensor local = at::tensor(mine, at::kDouble).view({1, -1});
+  const at::Tensor worst = std::get<0>(comm.all_gather(local, 0, std::vector<int64_t>(world, 1)).max(0));
+  const int64_t per_rep = static_cast<int64_t>(c.tokens.size() * strategies.size() * 3);
+  const auto at_rep = [&](int64_t rep, size_t ti, size_t si, int k) {
+    return worst[rep * per_rep + static_cast<int64_t>((ti * strategies.size() + si) * 3 + k)].item<double>();
+  };
+  Table table({"world", "M", "strategy", "bare us", "unfused us", "fused us", "unfused/bare", "fused/bare",
+               "bare range", "fused range"});
+  for (size_t ti = 0; ti < c.tokens.size(); ++ti) {
+    for (size_t si = 0; si < strategies.size(); ++si) {
+      std::vector<double> v[3];
+      for (int64_t rep = 0; rep < c.repeat; ++rep) {
+        for (int k = 0; k < 3; ++k) v[k].push_back(at_rep(rep, ti, si, k));
+      }
+      const auto range = [](std::vector<double> x) {
+        std::sort(x.begin(), x.end());
+        return micros(x.front()) + "-" + micros(x.back());
+      };
+      const double bare = median(v[0]), unfused = median(v[1]), fused = median(v[2]);
+      table.add({std::to_string(world), std::to_string(c.tokens[ti]), tp::to_string(strategies[si]), micros(bare),
+                 micros(unfused), micros(fused), format("%.2f", unfused / bare), format("%.2f", fused / bare),
+                 range(v[0]), range(v[2])});
+    }
+  }
+  return table.str();
+}
+
 std::string table(const std::vector<int64_t>& sizes, Measured& r) {
   Table table({"world", "bytes", "process_group us", "recursive_doubling us", "shm_one_shot us", "shm_two_shot us",
                "auto us", "auto took", "rd x", "one_shot x", "two_shot x", "auto x"});
@@ -319,6 +459,26 @@ int main(int argc, char** argv) {
     tp::CommunicatorOptions options;
     options.verify_calls = config.verify;
     options.all_reduce = config.strategy;
+    if (config.boundary) {
+      std::cout << "tp-allreduce-bench --boundary: " << c10::toString(config.dtype) << " [M, " << config.hidden
+                << "], residual + RMSNorm, quant " << tp::to_string(config.quant)
+                << ", verify_calls=" << (config.verify ? "1" : "0") << ", " << config.repeat
+                << " repeats; us = median over repeats of the max over ranks of each rank's median; ranges over "
+                   "repeats\n"
+                << std::flush;
+      auto run = [&](tp::Communicator& comm) {
+        const std::string text = boundary_table(comm, config);
+        if (comm.rank() == 0) std::cout << "\n" << text << std::flush;
+      };
+      if (config.from_env) {
+        tp::Communicator comm = tp::communicator_from_env(options);
+        run(comm);
+        comm.barrier();
+      } else {
+        for (int64_t world : config.worlds) tp::run_ranks_in_threads(world, run, options);
+      }
+      return 0;
+    }
     if (config.reduce_scatter) {
       std::cout << "tp-allreduce-bench --reduce-scatter: float32, strategy " << tp::to_string(config.strategy)
                 << ", verify_calls=" << (config.verify ? "1" : "0")

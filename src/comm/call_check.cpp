@@ -28,6 +28,7 @@ const char* call_name(int64_t kind) {
     case CallKind::kReduceScatter: return "reduce_scatter";
     case CallKind::kBroadcast: return "broadcast";
     case CallKind::kBarrier: return "barrier";
+    case CallKind::kAllReduceFusion: return "all_reduce_fusion";
   }
   return "an unknown collective";
 }
@@ -64,6 +65,7 @@ Fingerprint fingerprint(CallKind kind, const at::Tensor* t, int64_t free_dim, in
 std::string describe(const Fingerprint& f) {
   std::ostringstream out;
   out << call_name(f[0]) << "(";
+  if (f[13] == kRefusedCall) return call_name(f[0]) + std::string("(refused its own arguments: see that rank's error)");
   if (f[1] >= 0) {
     out << "dtype=" << static_cast<at::ScalarType>(f[1]) << ", shape=[";
     if (f[2] > kMaxDims) {
@@ -82,6 +84,9 @@ std::string describe(const Fingerprint& f) {
   }
   const auto kind = static_cast<CallKind>(f[0]);
   if (kind == CallKind::kBroadcast) out << ", root=" << f[11];
+  if (kind == CallKind::kAllReduceFusion) {
+    out << ", fusion=" << std::hex << f[11] << ", eps bits " << f[14] << std::dec;
+  }
   if (kind == CallKind::kAllGather || kind == CallKind::kReduceScatter) {
     out << ", dim=" << f[11] << ", sizes: " << f[13] << " entries, hash " << std::hex << f[14] << std::dec;
   }

@@ -22,7 +22,12 @@ enum class CallKind : int64_t {
   kReduceScatter = 3,
   kBroadcast = 4,
   kBarrier = 5,
+  kAllReduceFusion = 6,  ///< [11]: norm, quant and which optional tensors (fusion.cpp); [14]: eps's bits
 };
+
+/// Marks, in [13], a fingerprint a rank sends instead of its call when it refused its
+/// own arguments: the peers then fail at once, saying so, instead of at the timeout.
+constexpr int64_t kRefusedCall = -2;
 
 /// One rank's view of a collective call, in a fixed-size record so that exchanging
 /// it can never itself disagree in size. Layout (int64):

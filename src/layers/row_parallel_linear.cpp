@@ -78,7 +78,7 @@ void RowParallelLinearImpl::pretty_print(std::ostream& stream) const {
   detail::print_tail(stream, options.bias(), /*gather_output=*/false, *method_, comm, options.sequence_parallel());
 }
 
-at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+at::Tensor RowParallelLinearImpl::local_input(const at::Tensor& input) {
   at::Tensor x = input;
   if (options.input_is_parallel()) {
     detail::check_input(kLayer, x, range_.size(), "the local in_features", method_->activation_dtype(),
@@ -91,7 +91,15 @@ at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
     for (const auto& r : ranges_) sizes.push_back(r.size());
     x = scatter_to_parallel(x, comm, -1, sizes);
   }
-  return step_->forward(x, weight, bias);
+  return x;
+}
+
+at::Tensor RowParallelLinearImpl::forward_partial(const at::Tensor& input) {
+  return step_->partial(local_input(input), weight);
+}
+
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
+  return step_->forward(local_input(input), weight, bias);
 }
 
 std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const std::string& prefix) const {

@@ -7,6 +7,13 @@
 #include "tp/comm/differentiable.h"
 
 namespace tp::detail {
+
+at::Tensor LinearStep::partial(const at::Tensor& x, const at::Tensor& weight) const {
+  TORCH_CHECK_VALUE(false, "this layer's step (", name(),
+                    ") has no partial sum to hand on: a column layer's output is complete, and an invariant sum "
+                    "is canonical, taken whole; use forward");
+}
+
 namespace {
 
 class DefaultColumnStep final : public LinearStep {
@@ -46,6 +53,9 @@ class DefaultRowStep final : public LinearStep {
     at::Tensor y =
         parallel_linear(s_.method, x, bias, /*add_bias=*/exit.group.rank() == 0, s_.out_features, s_.in_local);
     return exit.apply_consuming(std::move(y));  // y is this step's own: reduced in place when nothing records
+  }
+  at::Tensor partial(const at::Tensor& x, const at::Tensor& weight) const override {
+    return parallel_linear(s_.method, x, /*bias=*/{}, /*add_bias=*/false, s_.out_features, s_.in_local);
   }
   std::string name() const override { return "default/row"; }
 

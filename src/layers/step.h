@@ -33,6 +33,11 @@ class LinearStep {
   /// layer) -> a column layer's local output, or a row layer's output after its reduction.
   /// `weight` and `bias` are the layer's parameters (bias may be undefined).
   virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) const = 0;
+  /// A row layer's partial sum before its reduction, with the bias left out on every rank,
+  /// for a caller that reduces it itself and adds the bias once (DecoderLayer's fused
+  /// boundary, Communicator::all_reduce_fusion). Only the default row step has one; the
+  /// others refuse, naming the layer (an invariant sum is taken whole).
+  virtual at::Tensor partial(const at::Tensor& x, const at::Tensor& weight) const;
   /// "default/column", "invariant/row", ...: what pretty_print and the tests see.
   virtual std::string name() const = 0;
 };

@@ -27,6 +27,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
+#include "tp/comm/all_reduce_fusion.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/launch.h"
 #include "tp/layers/column_parallel_linear.h"
@@ -287,9 +288,58 @@ int run_mlp() {
   return 0;
 }
 
+/// all_reduce_fusion across processes: on the shared-memory strategies (the fused pass
+/// through a segment other processes map) and recursive doubling, bf16 with a bias, a
+/// residual, RMSNorm and FP8 quantization, 37 tokens (not a multiple of 2 or 3):
+/// residual_out is the unfused sum bit for bit, the norm within bf16's rounding, and
+/// every rank has the same bytes.
+int run_fusion() {
+  tp::Communicator comm = tp::communicator_from_env();
+  const int64_t rank = comm.rank(), world = comm.world_size();
+  constexpr uint64_t kSeed = 5151;
+  const int64_t m = 37, hidden = 200;
+  const at::Tensor partial = random_tensor(kSeed + rank, {m, hidden}, at::kBFloat16);
+  const at::Tensor bias = random_tensor(kSeed + 100, {hidden}, at::kBFloat16);
+  const at::Tensor residual = random_tensor(kSeed + 101, {m, hidden}, at::kBFloat16);
+  const at::Tensor w = random_tensor(kSeed + 102, {hidden}, at::kBFloat16);
+  for (auto strategy : {tp::AllReduceStrategy::kSharedMemoryOneShot, tp::AllReduceStrategy::kSharedMemoryTwoShot,
+                        tp::AllReduceStrategy::kRecursiveDoubling}) {
+    tp::AllReduceFusionParams p;
+    p.bias = bias;
+    p.residual_in = residual;
+    p.norm = tp::AllReduceFusionNorm::kRMS;
+    p.norm_weight = w;
+    p.eps = 1e-5;
+    p.quant_out = tp::AllReduceFusionQuant::kFp8PerToken;
+    p.strategy = strategy;
+    const auto r = comm.all_reduce_fusion(partial, p);
+    at::Tensor h = rank == 0 ? partial + bias : partial.clone();  // rank 0 adds the bias
+    comm.all_reduce(h, strategy);
+    h = h + residual;
+    TORCH_CHECK(at::equal(r.residual_out, h), "fusion: ", strategy, ": residual_out differs from the unfused sum");
+    const at::Tensor f = h.to(at::kFloat);
+    const at::Tensor y = w * (f * at::rsqrt(f.pow(2).mean(-1, true) + 1e-5)).to(at::kBFloat16);
+    TORCH_CHECK(at::allclose(r.norm_out.to(at::kFloat), y.to(at::kFloat), 1.6e-2, 1.6e-2), "fusion: ", strategy,
+                ": norm_out differs from the unfused norm by ",
+                (r.norm_out.to(at::kFloat) - y.to(at::kFloat)).abs().max().item<float>());
+    const at::Tensor dq = r.quant_out.to(at::kFloat) * r.scale_out;
+    TORCH_CHECK(at::allclose(dq, r.norm_out.to(at::kFloat), 0.07, 1e-3), "fusion: ", strategy,
+                ": quant_out * scale_out is not norm_out within FP8's rounding");
+    const at::Tensor hash =
+        at::tensor({bytes_hash(r.residual_out), bytes_hash(r.norm_out), bytes_hash(r.quant_out)}, at::kLong);
+    const at::Tensor all = comm.all_gather(hash.view({1, 3}), 0, std::vector<int64_t>(world, 1));
+    TORCH_CHECK(at::equal(all, hash.view({1, 3}).expand({world, 3})), "fusion: ", strategy,
+                ": the ranks' results differ");
+  }
+  comm.barrier();
+  std::cout << "rank " << rank << " ok" << std::endl;
+  return 0;
+}
+
 const std::map<std::string, std::function<int()>>& modes() {
   static const std::map<std::string, std::function<int()>> kModes = {
       {"comm", run_comm},
+      {"fusion", run_fusion},
       {"mlp", run_mlp},
       {"shm", run_shm},
       {"shm_creator_killed", run_shm_creator_killed},

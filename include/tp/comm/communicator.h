@@ -28,6 +28,9 @@ namespace detail {
 struct CommunicatorState;
 }
 
+struct AllReduceFusionParams;
+struct AllReduceFusionResult;
+
 /// Settings shared by every collective of one communicator.
 struct CommunicatorOptions {
   /// A collective that has not completed by then throws instead of hanging
@@ -102,6 +105,21 @@ class Communicator {
   /// does not reduce) is an error. With TP_COMM_DEBUG=1 each call logs its choice on stderr.
   at::Tensor& all_reduce(at::Tensor& t, AllReduceStrategy strategy = AllReduceStrategy::kAuto,
                          WirePrecision wire = WirePrecision::kDefault) const;
+
+  /// The layer boundary in one collective (include "tp/comm/all_reduce_fusion.h"):
+  /// sums `allreduce_in` ([..., hidden], this rank's partial sum; float32, bfloat16 or
+  /// float16; not modified) over all ranks and, in the same pass on the shared-memory
+  /// strategies, adds params.bias once, adds params.residual_in, normalizes and quantizes
+  /// per token. The strategy resolves as all_reduce's would for `allreduce_in`; every
+  /// rank gets bitwise-identical results. Not differentiable: under autograd use
+  /// reduce_from_parallel and the separate steps (DecoderLayer does). A rank that refuses
+  /// its arguments tells its peers (with verify_calls), so all of them fail at once.
+  /// The outputs defined in `out` (contiguous, of the shapes and dtypes the result would
+  /// have) are written in place and returned, as FlashInfer's preallocated outputs; the
+  /// others are allocated.
+  AllReduceFusionResult all_reduce_fusion(const at::Tensor& allreduce_in, const AllReduceFusionParams& params,
+                                          AllReduceFusionResult out) const;
+  AllReduceFusionResult all_reduce_fusion(const at::Tensor& allreduce_in, const AllReduceFusionParams& params) const;
 
   /// The strategy all_reduce(t, strategy) would take here (never kAuto), without
   /// communicating once the host ids are known (see ranks_on_one_host): a pure function of the settings, world size, t's device, size and

@@ -84,6 +84,13 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   /// rank's bias gets the full gradient although only rank 0 adds it.
   at::Tensor forward(const at::Tensor& x);
 
+  /// The partial sum forward would reduce, with the bias left out on every rank:
+  /// x as for forward -> [..., out_features], this rank's share. For a caller that
+  /// reduces it itself and adds `bias` once, in the reduction: Communicator::
+  /// all_reduce_fusion with params.bias = bias (DecoderLayer's fused boundary). Not under
+  /// invariant numerics (its sum is canonical, taken whole: use forward).
+  at::Tensor forward_partial(const at::Tensor& x);
+
   /// Loads `prefix + ".weight"` (this rank's columns) and ".bias" (whole).
   void load_weights(const Checkpoint& checkpoint, const std::string& prefix);
 
@@ -106,6 +113,9 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   at::Tensor bias;    // [out_features] on every rank (added by rank 0 only), or undefined
 
  private:
+  // The input checked, and cut to this rank's columns unless input_is_parallel.
+  at::Tensor local_input(const at::Tensor& input);
+
   Range range_;
   std::vector<Range> ranges_;
   std::shared_ptr<QuantMethod> method_;  // the format's weights and GEMM (hidden, as in the column layers)

@@ -72,6 +72,18 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// The MLP of the block on its (normed) input: down(act(gate) * up), or down(act(up))
   /// for an ungated MLP (a partial sum under the parallel residual: down does not reduce).
   at::Tensor mlp(const at::Tensor& x);
+  /// The same before the MLP's reduction, without down's bias (mlp_bias()): this rank's share.
+  at::Tensor mlp_partial(const at::Tensor& x);
+  /// The bias the MLP's reduction adds once (down_proj's), or undefined.
+  at::Tensor mlp_bias() const;
+
+  /// Whether forward ends each row layer (o_proj, down_proj, the MoE block) in one fused
+  /// collective (Communicator::all_reduce_fusion: the reduction, the row layer's bias,
+  /// the residual add and the next norm in one pass) when it can: without autograd
+  /// recording (the fused collective has no backward), under the default numerics, in
+  /// float32 / bfloat16 / float16. Otherwise, or when false, the unfused path (the
+  /// results are equal up to the dtype's rounding). tp-bench turns it off to compare.
+  bool fuse_boundary = true;
 
   /// "<names.layers>.{index}", e.g. "model.layers.3"
   std::string prefix() const;
@@ -102,6 +114,9 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   std::function<at::Tensor(const at::Tensor& kv)> expand_kv;
 
  private:
+  // forward's boundaries through all_reduce_fusion; `a` is attention's output, O's input.
+  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& a);
+  bool fuses(const at::Tensor& x) const;
   // Sets expand_kv and the norms' canonical scale (invariant numerics).
   void use_invariant_heads();
 };

@@ -133,15 +133,20 @@ void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrateg
   const bool shm_step = is_shared_memory(taken) && s.shm != nullptr;
   const Fingerprint mine = fingerprint(CallKind::kAllReduce, &t, -1, -1, taken, nullptr, wire);
   if (verify && !shm_step) verify_call(s, op, mine, t.device());
-  const bool bf16 = wire == WirePrecision::kBFloat16;
+  run_all_reduce(s, t, taken, wire == WirePrecision::kBFloat16, op,
+                 verify && shm_step && s.options.verify_calls ? &mine : nullptr);
+}
+
+void run_all_reduce(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy taken, bool bf16, const char* op,
+                    const Fingerprint* shm_fingerprint) {
   switch (taken) {
     case AllReduceStrategy::kProcessGroup: all_reduce_process_group(s, t, op); return;
     case AllReduceStrategy::kRecursiveDoubling: all_reduce_recursive_doubling(s, t, bf16, op); return;
     case AllReduceStrategy::kSharedMemoryOneShot:
     case AllReduceStrategy::kSharedMemoryTwoShot:
-      shm_workspace(s).run(t, taken == AllReduceStrategy::kSharedMemoryTwoShot, bf16, op,
-                           verify && shm_step && s.options.verify_calls ? &mine : nullptr,
-                           [&](int64_t rank, const Fingerprint& theirs) { calls_disagree(s, op, mine, rank, theirs); });
+      shm_workspace(s).run(
+          t, taken == AllReduceStrategy::kSharedMemoryTwoShot, bf16, op, shm_fingerprint,
+          [&](int64_t rank, const Fingerprint& theirs) { calls_disagree(s, op, *shm_fingerprint, rank, theirs); });
       return;
     case AllReduceStrategy::kNccl:
       // The group's allreduce, which check_possible has established is NCCL's.

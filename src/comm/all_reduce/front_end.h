@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "comm/call_check.h"
 #include "comm/communicator_state.h"
 #include "tp/comm/all_reduce_strategy.h"
 
@@ -36,5 +37,11 @@ ShmAllReduce& shm_workspace(const CommunicatorState& s);
 /// exchange an all_reduce fingerprint first (the caller has not checked agreement).
 void all_reduce_impl(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy requested, WirePrecision wire,
                      const char* op, bool verify);
+
+/// Reduces `t` in place with `taken` (resolved and checked): the algorithms' dispatch.
+/// `shm_fingerprint`: a shared-memory strategy compares it in its data step (null: no
+/// check there).
+void run_all_reduce(const CommunicatorState& s, at::Tensor& t, AllReduceStrategy taken, bool bf16, const char* op,
+                    const Fingerprint* shm_fingerprint);
 
 }  // namespace tp::detail

@@ -19,6 +19,8 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "comm/all_reduce/fusion_rows.h"
+
 namespace tp::detail {
 namespace {
 
@@ -305,6 +307,73 @@ void ShmAllReduce::step(T* values, int64_t n, bool two_shot, const char* op, con
     }
   }
   flag(rank_, kDone).store(seq_, std::memory_order_release);
+}
+
+template <typename T, typename P>
+void ShmAllReduce::run_fused_typed(const T* values, const FusionRows& rows, bool two_shot, const char* op,
+                                   const Fingerprint* fp, const OnMismatch& on_mismatch) {
+  const int64_t h = rows.hidden, packed = rows.packed_row_bytes();
+  // Whole rows a step: their inputs fit one buffer, their packed outputs the result area.
+  const int64_t per_step = std::min(kBufferBytes / (h * static_cast<int64_t>(sizeof(P))), kBufferBytes / packed);
+  TORCH_INTERNAL_ASSERT(per_step >= 1, "ShmAllReduce::run_fused: a row of ", h, " elements does not fit a step");
+  thread_local std::vector<float> acc;
+  acc.resize(static_cast<size_t>(h));
+  // At least one step, so the fingerprint is compared even for zero rows.
+  for (int64_t first = 0; first == 0 || first < rows.rows; first += per_step) {
+    const int64_t count = std::min(per_step, rows.rows - first);
+    const int64_t parity = publish<T, P>(values + first * h, count * h, op, first == 0 ? fp : nullptr, on_mismatch);
+    if (!two_shot) {
+      for (int64_t r = 0; r < count; ++r) {
+        sum_ranks<P, float>(parity, r * h, (r + 1) * h, acc.data());
+        rows.finish(first + r, acc.data());
+      }
+    } else {
+      // This rank's whole rows of the step; finished, packed into the shared result area.
+      const int64_t share = (count + world_ - 1) / world_;
+      const int64_t lo = std::min(count, rank_ * share), hi = std::min(count, lo + share);
+      char* res = static_cast<char*>(result(parity));
+      for (int64_t r = lo; r < hi; ++r) {
+        sum_ranks<P, float>(parity, r * h, (r + 1) * h, acc.data());
+        rows.finish(first + r, acc.data());
+        rows.pack(first + r, res + r * packed);
+      }
+      flag(rank_, kReduced).store(seq_, std::memory_order_release);
+      wait_peers(kReduced, seq_, "publish its finished rows", op);
+      for (int64_t r = 0; r < count; ++r) {
+        if (r < lo || r >= hi) rows.unpack(first + r, res + r * packed);
+      }
+    }
+    flag(rank_, kDone).store(seq_, std::memory_order_release);
+  }
+}
+
+bool ShmAllReduce::fits_fused(const FusionRows& rows, bool bf16_wire) {
+  const int64_t p = bf16_wire ? 2 : static_cast<int64_t>(c10::elementSize(rows.dtype));
+  return rows.hidden > 0 && rows.hidden * p <= kBufferBytes && rows.packed_row_bytes() <= kBufferBytes;
+}
+
+void ShmAllReduce::run_fused(const at::Tensor& in, const FusionRows& rows, bool two_shot, bool bf16_wire,
+                             const char* op, const Fingerprint* fp, const OnMismatch& on_mismatch) {
+  what_ = two_shot ? "shm_two_shot (fused)" : "shm_one_shot (fused)";
+  check_usable(op);
+  TORCH_INTERNAL_ASSERT(in.is_contiguous() && in.scalar_type() == rows.dtype && in.numel() == rows.rows * rows.hidden &&
+                        fits_fused(rows, bf16_wire));
+  switch (rows.dtype) {
+    case at::kFloat:
+      if (bf16_wire) {
+        run_fused_typed<float, c10::BFloat16>(in.data_ptr<float>(), rows, two_shot, op, fp, on_mismatch);
+      } else {
+        run_fused_typed<float, float>(in.data_ptr<float>(), rows, two_shot, op, fp, on_mismatch);
+      }
+      break;
+    case at::kBFloat16:
+      run_fused_typed<c10::BFloat16, c10::BFloat16>(in.data_ptr<c10::BFloat16>(), rows, two_shot, op, fp, on_mismatch);
+      break;
+    case at::kHalf:
+      run_fused_typed<c10::Half, c10::Half>(in.data_ptr<c10::Half>(), rows, two_shot, op, fp, on_mismatch);
+      break;
+    default: TORCH_INTERNAL_ASSERT(false, "ShmAllReduce::run_fused: unsupported dtype ", rows.dtype);
+  }
 }
 
 template <typename T, typename Acc>

@@ -22,6 +22,8 @@
 
 namespace tp::detail {
 
+struct FusionRows;
+
 /// Shared-memory all-reduce workspace of one rank.
 class ShmAllReduce {
  public:
@@ -64,6 +66,19 @@ class ShmAllReduce {
   void reduce_scatter(const at::Tensor& flat, int64_t lo, int64_t hi, at::Tensor& out, const char* op,
                       const Fingerprint* fingerprint = nullptr, const OnMismatch& on_mismatch = {});
 
+  /// run() fused with all_reduce_fusion's epilogue: `in` ([rows.rows, rows.hidden],
+  /// contiguous, rows.dtype) is summed over the ranks a row at a time, in the same
+  /// order as run(), and each row's fp32 sum handed to rows.finish. One-shot: every rank
+  /// sums and finishes every row. Two-shot: each chunk's rows are split among the ranks
+  /// by whole rows (a rank normalizes whole tokens), each rank finishes its own and
+  /// publishes them packed in the result area, and every rank copies the others'.
+  /// `bf16_wire`: a float32 input travels as bfloat16. Needs fits_fused(rows, bf16_wire).
+  void run_fused(const at::Tensor& in, const FusionRows& rows, bool two_shot, bool bf16_wire, const char* op,
+                 const Fingerprint* fingerprint = nullptr, const OnMismatch& on_mismatch = {});
+  /// Whether one row of `rows` fits a step (its input in one buffer, its packed outputs
+  /// in the result area); a longer row takes the composed path.
+  static bool fits_fused(const FusionRows& rows, bool bf16_wire);
+
   /// Only compares `fingerprint` across the ranks (one step of the protocol, no data),
   /// for collectives that run over the process group.
   void exchange(const Fingerprint& fingerprint, const char* op, const OnMismatch& on_mismatch);
@@ -100,6 +115,10 @@ class ShmAllReduce {
   template <typename T, typename P, typename Acc>
   void run_typed(T* values, int64_t n, bool two_shot, const char* op, const Fingerprint* fingerprint,
                  const OnMismatch& on_mismatch);
+
+  template <typename T, typename P>
+  void run_fused_typed(const T* values, const FusionRows& rows, bool two_shot, const char* op,
+                       const Fingerprint* fingerprint, const OnMismatch& on_mismatch);
 
   template <typename T, typename Acc>
   void reduce_scatter_typed(const T* values, int64_t n, int64_t lo, int64_t hi, T* out, const char* op,

@@ -121,6 +121,10 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
 
   /// x: [..., hidden] (mirrored) -> [..., hidden], the same on every rank (all-reduced).
   at::Tensor forward(const at::Tensor& x);
+  /// The partial sum forward reduces: this rank's experts' (and shared expert's) share,
+  /// [..., hidden], for a caller that reduces it itself (DecoderLayer's fused boundary).
+  /// timings, when recorded, leave out the reduction.
+  at::Tensor forward_partial(const at::Tensor& x);
   /// The router's choice for tokens x [tokens, hidden]: (weights [tokens, top_k],
   /// expert ids int64 [tokens, top_k]), the same on every rank.
   std::pair<at::Tensor, at::Tensor> route(const at::Tensor& x) const;
