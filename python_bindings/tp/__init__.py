@@ -41,6 +41,10 @@ from ._C import (
     HeadPlan,
     ModelConfig,
     ModelType,
+    MoECheckpointLayout,
+    MoERouterOptions,
+    MoEScoring,
+    Numerics,
     QuantConfig,
     QuantFormat,
     Range,
@@ -73,6 +77,7 @@ from .layers import (
     RowParallelLinear,
     gather_weights,
 )
+from .moe import MoEParallelMLP
 from .causal_lm import CausalLM
 from .dcp import ShardedParameter, dcp_state_dict
 from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_argmax, vocab_parallel_cross_entropy
@@ -94,6 +99,11 @@ __all__ = [
     "LoadSession",
     "ModelConfig",
     "ModelType",
+    "MoECheckpointLayout",
+    "MoEParallelMLP",
+    "MoERouterOptions",
+    "MoEScoring",
+    "Numerics",
     "ParallelLMHead",
     "QKVParallelLinear",
     "QuantConfig",

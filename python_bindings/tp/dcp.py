@@ -34,8 +34,9 @@ import torch
 from torch import nn
 
 from . import _C
-from .causal_lm import DecoderLayer, MoEParallelMLP
+from .causal_lm import DecoderLayer
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
+from .moe import MoEParallelMLP
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
 __all__ = ["ShardedParameter", "dcp_state_dict"]
