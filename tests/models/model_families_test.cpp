@@ -26,7 +26,8 @@ TEST_CASE("the registry of families names every ModelType once, in order, and pa
                              R"(", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "vocab_size": 100})";
     try {
-      CHECK(ModelConfig::from_json(json).model_type == f.type);
+      const ModelType parsed = ModelConfig::from_json(json).model_type;
+      CHECK(parsed == f.type);
     } catch (const c10::Error& e) {
       CHECK_THAT(e.what_without_backtrace(), !Catch::Contains("model_type"));
     }
