@@ -34,4 +34,5 @@
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
+#include "tp/quant/stored_tensors.h"
 #include "tp/shard/shard.h"

@@ -19,10 +19,12 @@ void init_comm(pybind11::module_& m);
 void init_config(pybind11::module_& m);
 /// Checkpoint (name -> tensor sources), LoadSession.
 void init_loader(pybind11::module_& m);
-/// The four layers and their options.
+/// Numerics, the four layers and their options.
 void init_layers(pybind11::module_& m);
 /// VocabParallelEmbedding, ParallelLMHead, VocabPartition, the vocab-parallel loss and argmax.
 void init_vocab(pybind11::module_& m);
+/// MoEParallelMLP, its options, MoERouterOptions and MoECheckpointLayout (after init_loader and init_config).
+void init_moe(pybind11::module_& m);
 /// ModelConfig, its quantization and DecoderLayerOptions (after init_layers: it returns layer options).
 void init_models(pybind11::module_& m);
 /// CausalLM (after init_vocab and init_models) and KVCache.

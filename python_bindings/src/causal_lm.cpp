@@ -52,62 +52,6 @@ void bind_children(py::module_& m) {
       .def("named_parameters", &own_parameters<NormImpl>)
       .def("__repr__", [](const NormImpl& n) { return to_repr([&](std::ostream& o) { n.pretty_print(o); }); });
 
-  py::class_<MoEParallelMLPImpl, std::shared_ptr<MoEParallelMLPImpl>>(
-      m, "MoEParallelMLP",
-      "A mixture-of-experts MLP, experts split by expert tensor and expert parallelism (tp::MoEParallelMLP).")
-      .def(
-          "forward", [](MoEParallelMLPImpl& moe, const at::Tensor& x) { return moe.forward(x); }, py::arg("input"),
-          py::call_guard<py::gil_scoped_release>())
-      .def(
-          "route",
-          [](const MoEParallelMLPImpl& moe, const at::Tensor& x) {
-            auto [weights, experts] = moe.route(x);
-            return py::make_tuple(weights, experts);
-          },
-          py::arg("input"), "(weights [tokens, top_k], expert ids [tokens, top_k]) of tokens [tokens, hidden].")
-      .def_property_readonly("local_experts",
-                             [](const MoEParallelMLPImpl& moe) {
-                               return py::make_tuple(moe.local_experts().begin, moe.local_experts().end);
-                             })
-      .def_property_readonly(
-          "local_range",
-          [](const MoEParallelMLPImpl& moe) { return py::make_tuple(moe.local_range().begin, moe.local_range().end); })
-      .def_property_readonly("shared_expert_range",
-                             [](const MoEParallelMLPImpl& moe) {
-                               return py::make_tuple(moe.shared_expert_range().begin, moe.shared_expert_range().end);
-                             })
-      .def_property_readonly("expert_parallel_size", &MoEParallelMLPImpl::expert_parallel_size)
-      .def_property_readonly("intermediate_size",
-                             [](const MoEParallelMLPImpl& moe) { return moe.options.intermediate_size(); })
-      .def_property_readonly(
-          "shared_expert_intermediate_size",
-          [](const MoEParallelMLPImpl& moe) { return moe.options.shared_expert_intermediate_size(); })
-      .def_property_readonly("quant", &MoEParallelMLPImpl::quant_name)
-      .def_property_readonly("quant_config", [](const MoEParallelMLPImpl& moe) { return moe.options.quant(); })
-      .def_property_readonly("shared_expert_quant_config",
-                             [](const MoEParallelMLPImpl& moe) { return moe.options.shared_expert_quant(); })
-      .def(
-          "gather_weights",
-          [](const MoEParallelMLPImpl& moe, const std::string& prefix) { return moe.gather_weights(prefix); },
-          py::arg("prefix"), py::call_guard<py::gil_scoped_release>(),
-          "Every tensor whole under the per-expert names load_weights reads (collective).")
-      .def(
-          "named_parameters",
-          [](const MoEParallelMLPImpl& moe) {
-            std::vector<std::pair<std::string, at::Tensor>> out;
-            for (const auto& item : moe.named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
-            return out;
-          },
-          "Every parameter, the experts' in their child modules (experts.<e>.gate_up.weight, ...).")
-      .def("named_buffers",
-           [](const MoEParallelMLPImpl& moe) {
-             std::vector<std::pair<std::string, at::Tensor>> out;
-             for (const auto& item : moe.named_buffers(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
-             return out;
-           })
-      .def("__repr__",
-           [](const MoEParallelMLPImpl& moe) { return to_repr([&](std::ostream& o) { moe.pretty_print(o); }); });
-
   using Layer = std::shared_ptr<DecoderLayerImpl>;
   py::class_<DecoderLayerImpl, Layer>(m, "DecoderLayer", "One decoder block of a CausalLM.")
       .def_readonly("index", &DecoderLayerImpl::index)

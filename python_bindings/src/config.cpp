@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "tp/quant/quant_config.h"
+#include "tp/quant/stored_tensors.h"
 #include "tp/shard/heads.h"
 #include "tp/shard/range.h"
 #include "tp/shard/split.h"
@@ -58,6 +59,24 @@ void init_config(py::module_& m) {
       .def("__hash__", [](const QuantConfig& q) { return std::hash<std::string>()(to_string(q)); })
       .def("__str__", [](const QuantConfig& q) { return to_string(q); })
       .def("__repr__", [](const QuantConfig& q) { return "tp.QuantConfig.parse('" + to_string(q) + "')"; });
+
+  // The format table's declaration of each format's stored tensors (tp/quant/stored_tensors.h):
+  // what tp.dcp splits, tensor by tensor.
+  m.def(
+      "stored_tensors",
+      [](const QuantConfig& config) {
+        auto dim = [](int64_t d) { return d < 0 ? py::object(py::none()) : py::object(py::int_(d)); };
+        py::list out;
+        for (const auto& t : stored_tensors(config))
+          out.append(py::make_tuple(t.name, dim(t.out_dim), t.out_per_index, dim(t.in_dim), t.in_per_index));
+        return out;
+      },
+      py::arg("config"),
+      "[(name, out_dim, out_per_index, in_dim, in_per_index)] of every tensor `config`'s format registers on a "
+      "layer: the dimension carrying the output features (None: none) and the features one index covers, the "
+      "same for the input features.");
+  m.def("quantized_tensor_names", &quantized_tensor_names,
+        "Checkpoint tensor names (after a layer's prefix) that only quantized formats store (strict loading's list).");
 
   py::class_<Range>(m, "Range", "A half-open interval [begin, end) of elements along one dimension.")
       .def(py::init([](int64_t begin, int64_t end) {

@@ -19,6 +19,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/numerics/numerics.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
@@ -49,6 +50,7 @@ py::class_<Options> bind_options(py::module_& m, const char* name, const char* d
   TP_OPTION(cls, Options, device);
   TP_OPTION(cls, Options, sequence_parallel);
   TP_OPTION(cls, Options, sequence_dim);
+  TP_OPTION(cls, Options, numerics);
   return cls;
 }
 
@@ -179,6 +181,15 @@ void bind_gate_up(py::module_& m) {
 }  // namespace
 
 void init_layers(py::module_& m) {
+  py::enum_<Numerics>(m, "Numerics",
+                      "How a layer orders its sums (tp/layers/numerics/numerics.h): auto (TP_NUMERICS), default "
+                      "(fastest), invariant (one canonical order: TP 1's bits at every TP size and batch).")
+      .value("auto", Numerics::kAuto)
+      .value("default", Numerics::kDefault)
+      .value("invariant", Numerics::kInvariant);
+  m.def(
+      "parse_numerics", [](const std::string& name) { return parse_numerics(name); }, py::arg("name"),
+      "\"auto\", \"default\" or \"invariant\" (case-insensitive) as a Numerics; a ValueError otherwise.");
   bind_column(m);
   bind_row(m);
   bind_qkv(m);

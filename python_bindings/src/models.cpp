@@ -17,20 +17,19 @@ namespace py = pybind11;
 namespace tp::python {
 
 void init_models(py::module_& m) {
-  py::enum_<ModelType>(m, "ModelType", "The decoder families tp reads (config.json's model_type).")
-      .value("llama", ModelType::kLlama)
-      .value("qwen2", ModelType::kQwen2)
-      .value("qwen3", ModelType::kQwen3)
-      .value("mistral", ModelType::kMistral)
-      .value("phi3", ModelType::kPhi3)
-      .value("gpt_neox", ModelType::kGptNeoX)
-      .value("gemma2", ModelType::kGemma2)
-      .value("gemma3_text", ModelType::kGemma3)
-      .value("mixtral", ModelType::kMixtral)
-      .value("qwen2_moe", ModelType::kQwen2Moe)
-      .value("qwen3_moe", ModelType::kQwen3Moe)
-      .value("glm4_moe", ModelType::kGlm4Moe)
-      .value("gpt_oss", ModelType::kGptOss);
+  // The values come from the library's registry of families, so a new family needs no binding.
+  py::enum_<ModelType> types(m, "ModelType", "The decoder families tp reads (config.json's model_type).");
+  for (const auto& family : model_families()) types.value(family.model_type, family.type);
+  py::class_<ModelFamily>(m, "ModelFamily", "One decoder family tp reads (tp.model_families()).")
+      .def_property_readonly("model_type", [](const ModelFamily& f) { return std::string(f.model_type); })
+      .def_readonly("type", &ModelFamily::type)
+      .def_readonly("mixture_of_experts", &ModelFamily::mixture_of_experts)
+      .def("__repr__", [](const ModelFamily& f) {
+        return std::string("tp.ModelFamily('") + f.model_type +
+               "', mixture_of_experts=" + (f.mixture_of_experts ? "True" : "False") + ")";
+      });
+  m.def("model_families", &model_families, py::return_value_policy::copy,
+        "Every family tp reads, in ModelType order (the registry in src/models/model_families.cpp).");
   py::enum_<RopeType>(m, "RopeType",
                       "RoPE variants: default, llama3 (Llama 3.1's frequency-band scaling), linear, longrope.")
       .value("default", RopeType::kDefault)

@@ -46,6 +46,7 @@ PYBIND11_MODULE(_C, m) {
   tp::python::init_loader(m);
   tp::python::init_layers(m);
   tp::python::init_vocab(m);
+  tp::python::init_moe(m);
   tp::python::init_models(m);
   tp::python::init_causal_lm(m);
   tp::python::init_differentiable(m);

@@ -40,7 +40,12 @@ from ._C import (
     GptqFormat,
     HeadPlan,
     ModelConfig,
+    ModelFamily,
     ModelType,
+    MoECheckpointLayout,
+    MoERouterOptions,
+    MoEScoring,
+    Numerics,
     QuantConfig,
     QuantFormat,
     Range,
@@ -48,6 +53,7 @@ from ._C import (
     RopeType,
     SplitPolicy,
     WirePrecision,
+    model_families,
     open_checkpoint,
     save_safetensors,
     save_sharded_safetensors,
@@ -73,6 +79,7 @@ from .layers import (
     RowParallelLinear,
     gather_weights,
 )
+from .moe import MoEParallelMLP
 from .causal_lm import CausalLM
 from .dcp import ShardedParameter, dcp_state_dict
 from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_argmax, vocab_parallel_cross_entropy
@@ -93,7 +100,13 @@ __all__ = [
     "HeadPlan",
     "LoadSession",
     "ModelConfig",
+    "ModelFamily",
     "ModelType",
+    "MoECheckpointLayout",
+    "MoEParallelMLP",
+    "MoERouterOptions",
+    "MoEScoring",
+    "Numerics",
     "ParallelLMHead",
     "QKVParallelLinear",
     "QuantConfig",
@@ -113,6 +126,7 @@ __all__ = [
     "gather_from_parallel",
     "gather_from_sequence_parallel",
     "gather_weights",
+    "model_families",
     "open_checkpoint",
     "partition_vocab",
     "reduce_from_parallel",

@@ -29,9 +29,10 @@ from . import _C, ops
 from .collectives import reduce_from_parallel
 from .distributed import all_reduce_strategy, communicator as make_communicator, wire_precision
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
+from .moe import MoEParallelMLP
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
-__all__ = ["CausalLM", "DecoderLayer", "MoEParallelMLP", "Norm"]
+__all__ = ["CausalLM", "DecoderLayer", "Norm"]
 
 
 def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
@@ -69,64 +70,6 @@ class Norm(nn.Module):
     def extra_repr(self) -> str:
         text = repr(self._impl).splitlines()[0]  # the C++ summary line; the children print below
         return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
-
-
-class MoEParallelMLP(nn.Module):
-    """A mixture-of-experts MLP (the C++ tp::MoEParallelMLP: a mirrored router, the experts
-    split by expert tensor and expert parallelism, one all-reduce). Its parameters are the
-    C++ module's, by the same names: ``router_weight`` (``router_bias``), the experts this
-    rank holds as ``experts.<e>.gate_up.*`` / ``experts.<e>.down.*`` (global expert ids),
-    ``shared_expert.*`` and ``shared_expert_gate_weight`` where the model has them."""
-
-    _op_name = "moe_parallel_mlp"
-    _tp_gathers_at_path = True  # tp.gather_weights: its experts whole, under the per-expert names
-
-    def __init__(self, impl: "_C.MoEParallelMLP"):
-        super().__init__()
-        self._impl = impl
-        for name, tensor in impl.named_parameters():
-            _owner(self, name).register_parameter(name.rsplit(".", 1)[-1], _as_parameter(tensor))
-        for name, tensor in impl.named_buffers():
-            _owner(self, name).register_buffer(name.rsplit(".", 1)[-1], tensor)
-        ops.handle(self)
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.ops.tp.moe_parallel_mlp(self._op_handle, input, list(self.parameters()))
-        return self._impl.forward(input)
-
-    def route(self, input: torch.Tensor):
-        """(weights [tokens, top_k], expert ids [tokens, top_k]) for tokens [tokens, hidden]."""
-        return self._impl.route(input)
-
-    @property
-    def local_experts(self):
-        """(begin, end): the experts this rank holds."""
-        return self._impl.local_experts
-
-    def gather_weights(self, prefix: str) -> Dict[str, torch.Tensor]:
-        """Every tensor whole (the router, every expert, the shared expert) under the
-        per-expert names load_weights reads below ``prefix``; every rank must call it."""
-        return self._impl.gather_weights(prefix)
-
-    def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(input)
-
-    def extra_repr(self) -> str:
-        text = repr(self._impl).splitlines()[0]
-        return text[text.index("(") + 1 : text.rindex(")")] if "(" in text and ")" in text else ""
-
-
-def _owner(module: nn.Module, name: str) -> nn.Module:
-    """The module that holds the tensor ``name`` ("experts.3.gate_up.weight") under
-    ``module``, its plain nn.Module parents made on the way (as the C++ children are)."""
-    for part in name.split(".")[:-1]:
-        child = module._modules.get(part)
-        if child is None:
-            child = nn.Module()
-            module.add_module(part, child)
-        module = child
-    return module
 
 
 _ACTIVATIONS = {
@@ -171,7 +114,7 @@ class DecoderLayer(nn.Module):
         moe = impl.moe
         self._moe = moe is not None
         if self._moe:
-            self.moe = MoEParallelMLP(moe)
+            self.moe = MoEParallelMLP._from_impl(moe)
         elif impl.gated_mlp:
             self.gate_up = GateUpParallelLinear._from_impl(impl.gate_up)
         else:

@@ -21,8 +21,8 @@ parameter is the fused tensor's: ``layers.0.qkv.weight`` is [q | k | v] rows of 
 
 Quantized layers are described the same way, tensor by tensor, in tp's stored layout (not
 the checkpoint format's): each tensor's output- and input-feature dimensions and how many
-features one index covers (``_AXES``: int32 words of eight codes, scale groups, FP8
-blocks); a piece that does not fall on whole indices, or a tensor without a declared split,
+features one index covers (int32 words of eight codes, scale groups, FP8 blocks), as the
+format table declares them (``tp._C.stored_tensors``); a piece that does not fall on whole indices, or a tensor without a declared split,
 is an error naming it. A mixture of experts' expert e is ``...experts.<e>.gate_up.*`` /
 ``...experts.<e>.down.*``, declared by the ranks that hold it, each with its slice of the
 expert's intermediate dimension: saved at one split (TP, EP, or both), loaded at another.
@@ -34,8 +34,9 @@ import torch
 from torch import nn
 
 from . import _C
-from .causal_lm import DecoderLayer, MoEParallelMLP
+from .causal_lm import DecoderLayer
 from .layers import ColumnParallelLinear, GateUpParallelLinear, QKVParallelLinear, RowParallelLinear
+from .moe import MoEParallelMLP
 from .vocab import ParallelLMHead, VocabParallelEmbedding
 
 __all__ = ["ShardedParameter", "dcp_state_dict"]
@@ -107,35 +108,23 @@ class ShardedParameter(torch.Tensor):
 
 # (n_dim, n_div, k_dim, k_div) of a layer parameter: the dimension that carries the output
 # features N and how many features one index of it covers (8 for codes packed eight to an
-# int32, ...), the same for the input features K; None: the tensor has no such dimension
-# (a per-row scale has no K, a per-tensor scale neither). "g" stands for the group size.
-_AXES = {
-    "weight": (0, 1, 1, 1),
-    "bias": (0, 1, None, None),
-    "weight_scale": (0, 1, None, None),  # [N, 1]: per output row (int8, FP8 tensor / channel)
-    "input_scale": (None, None, None, None),
-    "weight_scale_inv": (0, 1, 1, 128),  # FP8 block: [N, K / 128] per row
-    "qweight": (1, 1, 0, 8),  # GPTQ [K / 8, N]
-    "qzeros": (1, 8, 0, "g"),
-    "scales": (1, 1, 0, "g"),
-    "g_idx": (None, None, 0, 1),
-}
-_AXES_BY_FORMAT = {
-    "mxfp4": {"blocks": (0, 1, 1, 32), "scales": (0, 1, 1, 32)},  # [N, K / 32, 16], [N, K / 32]
-    "int4_awq": {"qweight": (1, 8, 0, 1)},  # [K, N / 8]
-    "int4_pack_quantized": {"weight_packed": (0, 1, 1, 8), "weight_scale": (0, 1, 1, "g"),
-                            "weight_zero_point": (0, 8, 1, "g")},
-}
+# int32, the group size for a group's scale, ...), the same for the input features K; None:
+# the tensor has no such dimension (a per-row scale has no K, a per-tensor scale neither).
+# A format's tensors are declared once, in its row of the format table
+# (tp/quant/stored_tensors.h, tp._C.stored_tensors); the bias is the layer's own, in every format.
+_BIAS_AXES = (0, 1, None, None)
 
 
 def _axes(layer, name, path, quant=None):
     quant = layer._impl.options.quant if quant is None else quant
+    if name == "bias":
+        return _BIAS_AXES
+    for stored, n_dim, n_div, k_dim, k_div in _C.stored_tensors(quant):
+        if stored == name:
+            return n_dim, n_div, k_dim, k_div
     fmt = str(quant.format).split(".")[-1]
-    axes = _AXES_BY_FORMAT.get(fmt, {}).get(name, _AXES.get(name))
-    if axes is None:
-        raise NotImplementedError(f"tp.dcp_state_dict: {path}{name} ({type(layer).__name__}, {fmt}) has no "
-                                  "declared split; it is not described for torch.distributed.checkpoint")
-    return tuple(quant.group_size if a == "g" else a for a in axes)
+    raise NotImplementedError(f"tp.dcp_state_dict: {path}{name} ({type(layer).__name__}, {fmt}) has no "
+                              "declared split; it is not described for torch.distributed.checkpoint")
 
 
 def _cut(what, offset, size, div):

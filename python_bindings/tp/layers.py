@@ -44,6 +44,19 @@ def _quant_config(quant: QuantLike) -> "_C.QuantConfig":
     raise TypeError(f"quant: expected None, a format name, QuantFormat or QuantConfig, got {type(quant).__name__}")
 
 
+NumericsLike = Union[str, "_C.Numerics"]
+
+
+def _numerics(numerics: NumericsLike) -> "_C.Numerics":
+    """A layer's numerics: "auto" (TP_NUMERICS, else default), "default", "invariant" or a tp.Numerics."""
+    if isinstance(numerics, _C.Numerics):
+        return numerics
+    if isinstance(numerics, str):
+        return _C.parse_numerics(numerics)  # a ValueError names the three
+    raise TypeError(f"numerics: expected \"auto\", \"default\", \"invariant\" or a tp.Numerics, "
+                    f"got {type(numerics).__name__}")
+
+
 # The keyword-only arguments the layers share, each (default, annotation), declared
 # once: _layer_keywords adds them to a layer's __init__ and to its signature, so help(),
 # IDEs and inspect.signature show every one, and a misspelt keyword is a TypeError that
@@ -55,6 +68,9 @@ _SEQUENCE_KEYWORDS = {
 _GATHER_KEYWORDS = {"gather_output": (False, bool), **_SEQUENCE_KEYWORDS}
 _COMMON_KEYWORDS = {
     "quant": (None, QuantLike),
+    # The order of the layer's sums (tp/layers/numerics/numerics.h): "invariant" gives TP 1's
+    # bits at every TP size and batch; "auto" reads TP_NUMERICS.
+    "numerics": ("auto", NumericsLike),
     "split": (None, Optional["_C.SplitPolicy"]),
     "dtype": (None, Optional[torch.dtype]),
     "device": (None, inspect.Parameter.empty),
@@ -96,15 +112,43 @@ def _layer_keywords(*groups):
     return decorate
 
 
+def _apply_in_place(module: nn.Module, fn) -> None:
+    """``fn`` (what ``.to()``, ``.half()`` ... apply) on ``module``'s own parameters and
+    buffers, each Parameter keeping its object: its data is swapped in place, so a C++
+    module holding the same tensor sees the result (as torch::nn::Module::to does)."""
+    for name, param in module._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is not param:
+            if not torch._has_compatible_shallow_copy_type(param, applied):
+                raise RuntimeError(
+                    f"{type(module).__name__}: cannot convert parameter '{name}' in place "
+                    f"({param.type()} -> {applied.type()}); the C++ module must keep its tensor"
+                )
+            param.data = applied
+        if param.grad is not None:
+            with torch.no_grad():
+                grad = fn(param.grad)
+            if grad is not param.grad:
+                param.grad = grad
+    for key, buf in module._buffers.items():
+        if buf is not None:
+            module._buffers[key] = fn(buf)
+
+
 class _ParallelLinear(nn.Module):
     """What the four layers share: the C++ module and its tensors as parameters."""
 
-    def __init__(self, impl_type, options, *, bias, quant, split, dtype, device, group, communicator, **fields):
+    def __init__(self, impl_type, options, *, bias, quant, numerics, split, dtype, device, group, communicator,
+                 **fields):
         """Fills the C++ ``options`` from the keywords every layer takes (and the layer's
         own ``fields``), resolves the communicator, and builds ``impl_type(options, comm)``."""
         super().__init__()
         options.bias = bias
         options.quant = _quant_config(quant)
+        options.numerics = _numerics(numerics)
         if split is not None:
             options.split = split
         options.dtype = torch.get_default_dtype() if dtype is None else dtype
@@ -232,26 +276,7 @@ class _ParallelLinear(nn.Module):
         if recurse:
             for module in self.children():
                 module._apply(fn)
-        for name, param in self._parameters.items():
-            if param is None:
-                continue
-            with torch.no_grad():
-                applied = fn(param)
-            if applied is not param:
-                if not torch._has_compatible_shallow_copy_type(param, applied):
-                    raise RuntimeError(
-                        f"{type(self).__name__}: cannot convert parameter '{name}' in place "
-                        f"({param.type()} -> {applied.type()}); the C++ module must keep its tensor"
-                    )
-                param.data = applied
-            if param.grad is not None:
-                with torch.no_grad():
-                    grad = fn(param.grad)
-                if grad is not param.grad:
-                    param.grad = grad
-        for key, buf in self._buffers.items():
-            if buf is not None:
-                self._buffers[key] = fn(buf)
+        _apply_in_place(self, fn)
         return self
 
     def extra_repr(self) -> str:

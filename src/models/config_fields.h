@@ -111,6 +111,9 @@ class ConfigFields {
 /// the sizes (model_type, hidden_size, heads, head_dim) are read.
 void read_family(const ConfigFields& f, ModelConfig& c);
 
+/// The registered family whose model_type is `model_type` (model_families.cpp), or null.
+const ModelFamily* find_family(const std::string& model_type);
+
 /// quantization_config -> CheckpointQuantization (quantization_config.cpp).
 struct QuantizationParser {
   static CheckpointQuantization parse(const ConfigFields& config);

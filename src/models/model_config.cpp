@@ -14,25 +14,6 @@
 
 namespace tp {
 
-const char* to_string(ModelType type) {
-  switch (type) {
-    case ModelType::kLlama: return "llama";
-    case ModelType::kQwen2: return "qwen2";
-    case ModelType::kQwen3: return "qwen3";
-    case ModelType::kMistral: return "mistral";
-    case ModelType::kPhi3: return "phi3";
-    case ModelType::kGptNeoX: return "gpt_neox";
-    case ModelType::kGemma2: return "gemma2";
-    case ModelType::kGemma3: return "gemma3_text";
-    case ModelType::kMixtral: return "mixtral";
-    case ModelType::kQwen2Moe: return "qwen2_moe";
-    case ModelType::kQwen3Moe: return "qwen3_moe";
-    case ModelType::kGlm4Moe: return "glm4_moe";
-    case ModelType::kGptOss: return "gpt_oss";
-  }
-  return "?";
-}
-
 const char* to_string(RopeType type) {
   switch (type) {
     case RopeType::kDefault: return "default";
@@ -79,28 +60,15 @@ at::ScalarType parse_dtype(const ConfigFields& f, const std::string& key) {
   f.fail(key, "is not a dtype tp reads; expected float32, bfloat16, float16 or float64");
 }
 
-struct Family {
-  const char* name;
-  ModelType type;
-};
-constexpr Family kFamilies[] = {
-    {"llama", ModelType::kLlama},        {"qwen2", ModelType::kQwen2},        {"qwen3", ModelType::kQwen3},
-    {"mistral", ModelType::kMistral},    {"phi3", ModelType::kPhi3},          {"gpt_neox", ModelType::kGptNeoX},
-    {"gemma2", ModelType::kGemma2},      {"gemma3_text", ModelType::kGemma3}, {"mixtral", ModelType::kMixtral},
-    {"qwen2_moe", ModelType::kQwen2Moe}, {"qwen3_moe", ModelType::kQwen3Moe}, {"glm4_moe", ModelType::kGlm4Moe},
-    {"gpt_oss", ModelType::kGptOss},
-};
-
 ModelType parse_model_type(const ConfigFields& f) {
   const std::string type = f.required_string("model_type");
-  for (const auto& family : kFamilies)
-    if (type == family.name) return family.type;
+  if (const auto* family = detail::find_family(type)) return family->type;
   if (type == "gemma3" || f.has("vision_config"))
     f.fail(f.has("vision_config") ? "vision_config" : "model_type",
            "is a multimodal folder (a vision tower beside the language model): tp reads text decoders only; "
            "Gemma 3's text model is model_type gemma3_text");
   std::string known;
-  for (const auto& family : kFamilies) known += std::string(known.empty() ? "" : ", ") + family.name;
+  for (const auto& family : model_families()) known += std::string(known.empty() ? "" : ", ") + family.model_type;
   f.fail("model_type", "is not supported; tp reads " + known);
 }
 

@@ -1,14 +1,18 @@
 // The families' part of config.json (docs/checkpoint_formats.md §2): what each
 // model_type fixes (names, fused layouts, norms, residual form) and the fields it adds
-// (sliding windows, partial rotary, soft caps, RoPE variants). Adding a family: one
-// read_<family> below, one row of kFamilies in model_config.cpp, and what is new in its
-// layer (src/models/decoder_layer.cpp) if anything is.
+// (sliding windows, partial rotary, soft caps, RoPE variants), and the registry of
+// families (kFamilies). Adding a family: its ModelType value, one read_<family> below, one
+// row of kFamilies, and what is new in its layer (src/models/decoder_layer.cpp) if
+// anything is.
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
+#include <string>
+#include <vector>
 
 #include "models/config_fields.h"
 #include "tp/loader/checkpoint.h"
@@ -477,31 +481,69 @@ void read_gpt_oss(const ConfigFields& f, ModelConfig& c) {
   c.names.moe_layout.router_name("router").experts(ExpertLayout::kFused).interleaved_gate_up(true).transposed(true);
 }
 
+// The registry of families: each model_type tp reads, its ModelType and its reader, in
+// ModelType order. Every other list of families reads this one: to_string(ModelType),
+// parsing model_type, tp::model_families() and through it the Python ModelType enum.
+struct FamilyRow {
+  ModelFamily family;
+  void (*read)(const ConfigFields&, ModelConfig&);
+};
+// clang-format off
+const FamilyRow kFamilies[] = {
+    // model_type      type                   mixture of experts  reader
+    {{"llama",         ModelType::kLlama,     false},             read_llama},
+    {{"qwen2",         ModelType::kQwen2,     false},             read_qwen},
+    {{"qwen3",         ModelType::kQwen3,     false},             read_qwen},
+    {{"mistral",       ModelType::kMistral,   false},             read_mistral},
+    {{"phi3",          ModelType::kPhi3,      false},             read_phi3},
+    {{"gpt_neox",      ModelType::kGptNeoX,   false},             read_gpt_neox},
+    {{"gemma2",        ModelType::kGemma2,    false},             read_gemma},
+    {{"gemma3_text",   ModelType::kGemma3,    false},             read_gemma},
+    {{"mixtral",       ModelType::kMixtral,   true},              read_mixtral},
+    {{"qwen2_moe",     ModelType::kQwen2Moe,  true},              read_qwen2_moe},
+    {{"qwen3_moe",     ModelType::kQwen3Moe,  true},              read_qwen3_moe},
+    {{"glm4_moe",      ModelType::kGlm4Moe,   true},              read_glm4_moe},
+    {{"gpt_oss",       ModelType::kGptOss,    true},              read_gpt_oss},
+};
+// clang-format on
+
+const FamilyRow& family_row(ModelType type) {
+  const FamilyRow* found = nullptr;
+  for (const auto& row : kFamilies)
+    if (row.family.type == type) found = &row;
+  TORCH_CHECK_VALUE(found != nullptr, "unknown ModelType ", static_cast<int>(type), " (tp reads ", std::size(kFamilies),
+                    " families)");
+  return *found;
+}
+
 }  // namespace
+
+const ModelFamily* find_family(const std::string& model_type) {
+  for (const auto& row : kFamilies)
+    if (model_type == row.family.model_type) return &row.family;
+  return nullptr;
+}
 
 void read_family(const ConfigFields& f, ModelConfig& c) {
   c.rotary_dim = c.head_dim;
-  switch (c.model_type) {
-    case ModelType::kLlama: read_llama(f, c); break;
-    case ModelType::kQwen2:
-    case ModelType::kQwen3: read_qwen(f, c); break;
-    case ModelType::kMistral: read_mistral(f, c); break;
-    case ModelType::kPhi3: read_phi3(f, c); break;
-    case ModelType::kGptNeoX: read_gpt_neox(f, c); break;
-    case ModelType::kGemma2:
-    case ModelType::kGemma3: read_gemma(f, c); break;
-    case ModelType::kMixtral: read_mixtral(f, c); break;
-    case ModelType::kQwen2Moe: read_qwen2_moe(f, c); break;
-    case ModelType::kQwen3Moe: read_qwen3_moe(f, c); break;
-    case ModelType::kGlm4Moe: read_glm4_moe(f, c); break;
-    case ModelType::kGptOss: read_gpt_oss(f, c); break;
-  }
+  family_row(c.model_type).read(f, c);
   if (c.sliding_layers.empty()) c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
 }
 
 }  // namespace tp::detail
 
 namespace tp {
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = [] {
+    std::vector<ModelFamily> out;
+    for (const auto& row : detail::kFamilies) out.push_back(row.family);
+    return out;
+  }();
+  return families;
+}
+
+const char* to_string(ModelType type) { return detail::family_row(type).family.model_type; }
 
 void ModelConfig::use_expert_layout_of(const Checkpoint& checkpoint) {
   if (moe.num_experts == 0 || names.moe_layout.experts() == ExpertLayout::kFused) return;

@@ -246,7 +246,8 @@ TEST_CASE("bf16 wire precision stays within its documented bound and keeps ranks
   }
 }
 
-TEST_CASE("TP_ALLREDUCE_WIRE and CommunicatorOptions::wire set the wire precision; a call overrides them", "[comm]") {
+TEST_CASE("TP_ALLREDUCE_WIRE and CommunicatorOptions::wire set the wire precision, and a call overrides them",
+          "[comm]") {
   EnvGuard no_force("TP_ALLREDUCE", std::nullopt);
   using Wires = std::map<WirePrecision, int64_t>;
   auto run = [](CommunicatorOptions options, std::vector<Wires>& wires) {
@@ -323,7 +324,7 @@ TEST_CASE("recursive doubling handles tensors that are not contiguous, 0-d, and 
   }
 }
 
-TEST_CASE("the shared-memory strategies sum int32 exactly, wrapping as Gloo does; one nonzero term passes bits",
+TEST_CASE("the shared-memory strategies sum int32 exactly, wrapping as Gloo does: one nonzero term passes bits",
           "[comm]") {
   for (int64_t world : {2, 3, 4}) {
     for (const auto strategy : {AllReduceStrategy::kSharedMemoryOneShot, AllReduceStrategy::kSharedMemoryTwoShot,

@@ -148,7 +148,7 @@ TEST_CASE("the built-in table: auto takes each rule's strategy up to its thresho
   }
 }
 
-TEST_CASE("a loaded table drives auto at its thresholds; unlisted world sizes take the nearest smaller entry",
+TEST_CASE("a loaded table drives auto at its thresholds, and unlisted world sizes take the nearest smaller entry",
           "[comm]") {
   EnvGuard no_force("TP_ALLREDUCE", std::nullopt);
   EnvGuard no_table("TP_ALLREDUCE_TABLE", std::nullopt);

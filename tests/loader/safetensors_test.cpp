@@ -90,7 +90,8 @@ TEST_CASE("safetensors slices equal at::narrow of the whole tensor, along every 
   }
 }
 
-TEST_CASE("safetensors regions equal the narrowed whole tensor; the in-memory and default readers agree", "[loader]") {
+TEST_CASE("safetensors regions equal the narrowed whole tensor, and the in-memory and default readers agree",
+          "[loader]") {
   TempDir dir;
   const auto path = dir.file("r.safetensors");
   std::map<std::string, at::Tensor> tensors;

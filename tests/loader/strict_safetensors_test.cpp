@@ -170,7 +170,7 @@ TEST_CASE("invalid UTF-8 in tensor names and metadata is refused at open, naming
   CHECK(SafetensorsFile::open(path).names() == std::vector<std::string>{"w\xc3\xa9\xf0\x9f\x98\x80"});
 }
 
-TEST_CASE("a sharded index with invalid UTF-8 is refused; the writer refuses names it could not read back",
+TEST_CASE("a sharded index with invalid UTF-8 is refused, and the writer refuses names it could not read back",
           "[loader]") {
   TempDir dir;
   save_safetensors(dir.file("part1.safetensors"), {{"a", at::ones({2})}});

@@ -39,9 +39,18 @@ enum class ModelType {
   kGlm4Moe,
   kGptOss,
 };
-/// "llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox", "gemma2", "gemma3_text",
-/// "mixtral", "qwen2_moe", "qwen3_moe", "glm4_moe", "gpt_oss".
+/// The family's model_type ("llama", "gemma3_text", ...), as model_families() names it.
 const char* to_string(ModelType type);
+
+/// One decoder family tp reads.
+struct ModelFamily {
+  const char* model_type;  ///< config.json's model_type ("qwen3_moe")
+  ModelType type;
+  bool mixture_of_experts;  ///< its decoder layers (some or all) are MoEParallelMLP blocks
+};
+/// Every family tp reads, in ModelType order: the registry (src/models/model_families.cpp)
+/// that parsing config.json, to_string(ModelType) and the Python tp.ModelType read.
+const std::vector<ModelFamily>& model_families();
 
 /// The RoPE variants tp reads (rope_type).
 enum class RopeType {

@@ -7,35 +7,17 @@
 #include <sstream>
 
 #include "tp/loader/read_log.h"
+#include "tp/quant/stored_tensors.h"
 
 namespace tp::detail {
 
 namespace {
 
-// Tensor names (after the layer's prefix) that only quantized formats store.
+// Tensor names (after the layer's prefix) that only quantized formats store: what the
+// format table declares (tp/quant/stored_tensors.h).
 bool is_quant_tensor(const std::string& suffix) {
-  static const char* const kNames[] = {
-      "weight_scale",
-      "weight_scale_inv",
-      "input_scale",
-      "output_scale",
-      "weight_zero_point",
-      "input_zero_point",
-      "weight_packed",
-      "weight_shape",
-      "qweight",
-      "qzeros",
-      "scales",
-      "g_idx",
-      "weight_g_idx",
-      "k_scale",
-      "v_scale",
-      "activation_scale",
-      "weight_global_scale",
-      "input_global_scale",
-      "blocks",
-  };
-  return std::any_of(std::begin(kNames), std::end(kNames), [&](const char* n) { return suffix == n; });
+  const auto& names = quantized_tensor_names();
+  return std::binary_search(names.begin(), names.end(), suffix);
 }
 
 std::string quoted_list(const std::vector<std::string>& names) {

@@ -92,7 +92,7 @@ const std::vector<DenseBackend> kBackends{DenseBackend::kAtLinear, DenseBackend:
 
 }  // namespace
 
-TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and writes only [n0, n1)",
+TEST_CASE("cpu_gemm: each per-ISA kernel matches float64 on strided operands and writes only columns n0 to n1 - 1",
           "[quant][cpu_kernels]") {
   uint64_t seed = 100;
   for (const Isa isa : isas_here()) {

@@ -62,7 +62,7 @@ TEST_CASE("cpu_gemm table: the built-in rows survive JSON and every problem has 
   }
 }
 
-TEST_CASE("cpu_gemm table: a file's rows are the choice; the ISA's own entry wins over any", "[cpu][cpu_kernels]") {
+TEST_CASE("cpu_gemm table: a file's rows are the choice, and the ISA's own entry wins over any", "[cpu][cpu_kernels]") {
   const std::string json = R"({"format": "tp-cpu-gemm-table", "version": 1, "note": "hand-written",
     "entries": [
       {"vendor": "intel", "isa": "any", "dtype": "float32", "packs": true,

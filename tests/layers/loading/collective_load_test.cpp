@@ -239,7 +239,7 @@ TEST_CASE("a construction that fails on one rank fails on every rank", "[layers]
   check_every_rank(out, {"ColumnParallelLinear construction failed on rank 1 of 3", "must be positive"}, "ValueError");
 }
 
-TEST_CASE("run_collectively: ranks learn each other's outcome; world 1 is the plain call", "[comm]") {
+TEST_CASE("run_collectively: ranks learn each other's outcome, and world 1 is the plain call", "[comm]") {
   // World 1: the exception itself, unchanged in type and text.
   try {
     run_collectively(Communicator(), "step", [] { TORCH_CHECK_TYPE(false, "plain"); });

@@ -77,7 +77,7 @@ const int64_t kRows[] = {1, 2, 3, 4, 5, 17};
 
 }  // namespace
 
-TEST_CASE("int4 CPU decoders reproduce dequantize_weight bit for bit (GPTQ, AWQ; g32/64/128; sym, asym)",
+TEST_CASE("int4 CPU decoders reproduce dequantize_weight bit for bit (GPTQ and AWQ, g32/64/128, sym and asym)",
           "[quant][cpu_kernels]") {
   for (auto format : {QuantFormat::kInt4Gptq, QuantFormat::kInt4Awq}) {
     for (int64_t g : {32, 64, 128}) {

@@ -233,7 +233,7 @@ TEST_CASE("int4_pack_quantized refuses tensors that do not match its configurati
   CHECK_THROWS_WITH(parse_quant_config("int4_pack_quantized:v2"), Contains("does not take 'v2'"));
 }
 
-TEST_CASE("GPTQ v2 checkpoints store the zero point itself; read as v1 every zero is one too high",
+TEST_CASE("GPTQ v2 checkpoints store the zero point itself: read as v1 every zero is one too high",
           "[quant][int4][gptq]") {
   const auto w = test::random_weight(64, 256, 9).to(at::kFloat);
   QuantConfig v1{QuantFormat::kInt4Gptq, 64, false}, v2 = v1;
