@@ -62,7 +62,7 @@ void RowParallelLinearImpl::reset() {
     weight = method_->weight();
     bias =
         options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 
