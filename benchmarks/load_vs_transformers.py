@@ -7,9 +7,9 @@ safetensors), then loads it, each load in a fresh process, alternating, `rounds`
   transformers  AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
   tp TP 1       tp.CausalLM.from_pretrained(folder, dtype=torch.bfloat16)
   tp TP 2       the same in two processes over a Gloo group (each rank its shard)
-and prints the median load time (slowest rank) and the peak RSS per process
-(ru_maxrss: the interpreter and torch included, so the first row's baseline is
-printed too: a process that imports them and loads nothing).
+and prints the median load time (slowest rank) and the peak RSS the load added per
+process (VmHWM after the load minus VmRSS before it, the peak reset through
+/proc/self/clear_refs: the imports are not counted).
 """
 
 import argparse
@@ -22,14 +22,24 @@ import textwrap
 
 CHILD = textwrap.dedent(
     """
-    import json, os, resource, sys, time
+    import json, os, sys, time
     import torch
     what, folder = sys.argv[1], sys.argv[2]
-    if what == "baseline":
-        import transformers, tp
-        seconds = 0.0
-    elif what == "transformers":
+
+    def status_kib(field):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+
+    def start():  # the peak reset to the current RSS (Linux >= 4.0), and that RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return status_kib("VmRSS")
+
+    if what == "transformers":
         from transformers import AutoModelForCausalLM
+        before = start()
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
         seconds = time.perf_counter() - t0
@@ -39,10 +49,11 @@ CHILD = textwrap.dedent(
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             dist.init_process_group("gloo")
             dist.barrier()
+        before = start()
         t0 = time.perf_counter()
         model = tp.CausalLM.from_pretrained(folder, dtype=torch.bfloat16)
         seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+    print(json.dumps({"seconds": seconds, "peak_rss_kib": status_kib("VmHWM") - before}))
     """
 )
 
@@ -109,15 +120,13 @@ def main() -> None:
             t, r = run(side[0], folder, side[1], port)
             times[side].append(t)
             rss[side].append(r)
-    _, base_rss = run("baseline", folder, 1, port + 1)
     print(f"folder {folder}: {size / 2**20:.1f} MiB of bfloat16 safetensors written by transformers; "
           f"medians of {args.rounds} alternating rounds, each load a fresh process, page cache warm")
-    print(f"baseline process (python + torch + transformers + tp imported): peak RSS {base_rss / 1024:.0f} MiB")
-    print(f"{'loader':<34}{'load s':>9}{'peak RSS MiB':>14}")
+    print(f"{'loader':<34}{'load s':>9}{'peak RSS - before, MiB':>24}")
     names = {("transformers", 1): "transformers AutoModelForCausalLM", ("tp", 1): "tp TP 1",
              ("tp", 2): "tp TP 2 (slowest rank; per rank)"}
     for side in sides:
-        print(f"{names[side]:<34}{statistics.median(times[side]):>9.3f}{statistics.median(rss[side]) / 1024:>14.0f}")
+        print(f"{names[side]:<34}{statistics.median(times[side]):>9.3f}{statistics.median(rss[side]) / 1024:>24.0f}")
 
 
 if __name__ == "__main__":
