@@ -3,6 +3,8 @@
 //
 //   tp-load-bench                          # [16384, 16384] float32 (1 GiB), rank 1 of 4
 //   tp-load-bench --rows 8192 --cols 32768 --world 8 --rank 3 --dir /scratch
+//   tp-load-bench --model [--hidden 2048 --intermediate 5632 --layers 8 --vocab 32000 --heads 16 --kv-heads 4]
+//                 [--tp 1,2] [--formats bf16,fp8] [--check]   # whole models: load_bench_model.cpp
 //
 // The parent writes the tensor once (tp::save_safetensors) and reads the file once
 // so the page cache is warm. Each split (dim 0: rows, dim 1: columns) is then
@@ -11,7 +13,10 @@
 //           peak is reset first via /proc/self/clear_refs), against shard + 64 MiB;
 //   speed:  loading the shard (SafetensorsSource::read: mmap, copy, release) vs
 //           reading the same bytes with plain pread into a fresh buffer (one pread
-//           for a row range, one per row for a column range), alternating, medians.
+//           for a row range, one per row for a column range), alternating, medians;
+//           and into a parameter already allocated, as a layer's load fills it: read
+//           then copy_ (the path before issue 46) vs read_into (straight from the mapped
+//           file), into float32 and into bfloat16 (the dtype converted on the way).
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -27,9 +32,11 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_util.h"
+#include "load_bench_model.h"
 #include "tp/loader/safetensors.h"
 #include "tp/loader/safetensors_writer.h"
 #include "tp/shard/split.h"
@@ -44,7 +51,77 @@ const char* kUsage = R"(usage: tp-load-bench [options]
   --rounds N          timed rounds per side                     (default 7)
   --dir PATH          where the file is written                 (default $TMPDIR or /tmp)
   --keep              keep the file (reused by the next run with the same shape)
+ or, for whole models (CausalLM::from_pretrained, one process per rank):
+  --model             the loading table of a generated Llama folder
+  --hidden N --intermediate N --layers N --vocab N --heads N --kv-heads N
+                      its shape                                 (default 2048 5632 8 32000 16 4)
+  --tp LIST           TP sizes                                  (default 1,2)
+  --formats LIST      bf16 and / or fp8 (fp8_block)             (default bf16,fp8)
+  --check             exit 1 when a rank's peak anonymous memory exceeds shard + largest tensor + 64 MiB
+  --no-draw           leave out the bfloat16 rows with the model drawn first (the load before issue 46)
 )";
+
+std::vector<int64_t> int_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+int model_main(int argc, char** argv) {
+  tp::bench::ModelLoadConfig c;
+  const char* tmp = std::getenv("TMPDIR");
+  c.dir = tmp && *tmp ? tmp : "/tmp";
+  for (int i = 2; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--check") {
+      c.check = true;
+      continue;
+    }
+    if (flag == "--no-draw") {
+      c.draw_rows = false;
+      continue;
+    }
+    TORCH_CHECK_VALUE(i + 1 < argc, "tp-load-bench: ", flag, " needs a value\n", kUsage);
+    const std::string value = argv[++i];
+    if (flag == "--dir") {
+      c.dir = value;
+    } else if (flag == "--tp") {
+      c.tp_sizes = int_list(value);
+    } else if (flag == "--formats") {
+      c.formats.clear();
+      std::stringstream in(value);
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        TORCH_CHECK_VALUE(item == "bf16" || item == "fp8", "tp-load-bench: --formats takes bf16 and fp8; got ", item);
+        c.formats.push_back(item == "fp8");
+      }
+    } else if (flag == "--port") {
+      c.port = static_cast<int>(std::stoll(value));
+    } else {
+      const int64_t v = std::stoll(value);
+      TORCH_CHECK_VALUE(v > 0, "tp-load-bench: ", flag, " must be positive; got ", value);
+      if (flag == "--hidden")
+        c.hidden = v;
+      else if (flag == "--intermediate")
+        c.intermediate = v;
+      else if (flag == "--layers")
+        c.layers = v;
+      else if (flag == "--vocab")
+        c.vocab = v;
+      else if (flag == "--heads")
+        c.heads = v;
+      else if (flag == "--kv-heads")
+        c.kv_heads = v;
+      else
+        TORCH_CHECK_VALUE(false, "tp-load-bench: unknown option ", flag, "\n", kUsage);
+    }
+  }
+  TORCH_CHECK_VALUE(c.hidden % c.heads == 0 && c.heads % c.kv_heads == 0,
+                    "tp-load-bench: hidden must be a multiple of heads, heads of kv-heads");
+  return tp::bench::run_model_load(c);
+}
 
 struct Config {
   int64_t rows = 16384, cols = 16384, world = 4, rank = 1, rounds = 7;
@@ -102,7 +179,10 @@ int child(const std::string& path, int64_t dim, const Config& c) {
   };
   // Same bytes both ways (checked once, outside the timing).
   TORCH_CHECK(at::equal(source->read(dim, range), by_pread()), "tp-load-bench: the loaded shard differs from pread");
-  std::vector<double> load_s, pread_s;
+  std::vector<double> load_s, pread_s, copy_s, into_s, copy_bf16_s, into_bf16_s;
+  auto shape = source->shape();
+  shape[dim] = range.size();
+  const at::Tensor param = at::empty(shape, at::kFloat), param_bf16 = at::empty(shape, at::kBFloat16);
   for (int64_t i = 0; i < c.rounds; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     { const auto t = source->read(dim, range); }
@@ -110,9 +190,21 @@ int child(const std::string& path, int64_t dim, const Config& c) {
     t0 = std::chrono::steady_clock::now();
     { const auto t = by_pread(); }
     pread_s.push_back(seconds_since(t0));
+    for (const auto& [dst, copy, into] :
+         {std::tuple{param, &copy_s, &into_s}, std::tuple{param_bf16, &copy_bf16_s, &into_bf16_s}}) {
+      t0 = std::chrono::steady_clock::now();
+      dst.copy_(source->read(dim, range));
+      copy->push_back(seconds_since(t0));
+      t0 = std::chrono::steady_clock::now();
+      source->read_into(dim, range, dst);
+      into->push_back(seconds_since(t0));
+    }
   }
+  TORCH_CHECK(at::equal(param, source->read(dim, range)), "tp-load-bench: read_into differs from read");
   ::close(fd);
-  std::cout << peak_kib << " " << shard_bytes << " " << median(load_s) << " " << median(pread_s) << std::endl;
+  std::cout << peak_kib << " " << shard_bytes << " " << median(load_s) << " " << median(pread_s) << " "
+            << median(copy_s) << " " << median(into_s) << " " << median(copy_bf16_s) << " " << median(into_bf16_s)
+            << std::endl;
   return 0;
 }
 
@@ -185,6 +277,10 @@ std::string child_flags(const Config& c) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "--model") return model_main(argc, argv);
+    if (argc > 6 && std::string(argv[1]) == "--model-child")  // internal: FOLDER WORLD RANK PORT draw|load
+      return tp::bench::run_model_load_child(argv[2], std::stoll(argv[3]), std::stoll(argv[4]),
+                                             static_cast<int>(std::stoll(argv[5])), std::string(argv[6]) == "draw");
     std::vector<std::string> child_args;
     const Config c = parse(argc, argv, &child_args);
     if (!child_args.empty()) return child(child_args[0], std::stoll(child_args[1]), c);
@@ -208,7 +304,7 @@ int main(int argc, char** argv) {
               << "; page cache warm; each split in a fresh"
               << " process; times are medians of " << c.rounds << " alternating rounds\n";
     Table table({"split", "shard MiB", "peak RSS - before, MiB", "limit (shard + 64)", "ok", "load GB/s", "pread GB/s",
-                 "load/pread"});
+                 "load/pread", "read+copy_ GB/s", "read_into GB/s", "-> bf16: read+copy_", "read_into"});
     bool all_ok = true;
     for (int64_t dim : {0, 1}) {
       const std::string cmd =
@@ -216,17 +312,20 @@ int main(int argc, char** argv) {
       std::FILE* p = ::popen(cmd.c_str(), "r");
       TORCH_CHECK(p != nullptr, "tp-load-bench: cannot start ", cmd);
       long long peak_kib = 0, shard_bytes = 0;
-      double load_s = 0, pread_s = 0;
-      const int got = std::fscanf(p, "%lld %lld %lf %lf", &peak_kib, &shard_bytes, &load_s, &pread_s);
+      double load_s = 0, pread_s = 0, copy_s = 0, into_s = 0, copy_bf16_s = 0, into_bf16_s = 0;
+      const int got = std::fscanf(p, "%lld %lld %lf %lf %lf %lf %lf %lf", &peak_kib, &shard_bytes, &load_s, &pread_s,
+                                  &copy_s, &into_s, &copy_bf16_s, &into_bf16_s);
       const int rc = ::pclose(p);
-      TORCH_CHECK(got == 4 && rc == 0, "tp-load-bench: the child for dim ", dim, " failed (exit ", rc, ")");
+      TORCH_CHECK(got == 8 && rc == 0, "tp-load-bench: the child for dim ", dim, " failed (exit ", rc, ")");
       const double shard_mib = static_cast<double>(shard_bytes) / (1 << 20);
       const double peak_mib = static_cast<double>(peak_kib) / 1024;
       const bool ok = peak_mib <= shard_mib + 64;
       all_ok = all_ok && ok;
       table.add({dim == 0 ? "dim 0 (rows)" : "dim 1 (cols)", format("%.1f", shard_mib), format("%.1f", peak_mib),
                  format("%.1f", shard_mib + 64), ok ? "yes" : "NO", format("%.2f", shard_bytes / load_s / 1e9),
-                 format("%.2f", shard_bytes / pread_s / 1e9), format("%.2f", pread_s / load_s)});
+                 format("%.2f", shard_bytes / pread_s / 1e9), format("%.2f", pread_s / load_s),
+                 format("%.2f", shard_bytes / copy_s / 1e9), format("%.2f", shard_bytes / into_s / 1e9),
+                 format("%.2f", shard_bytes / copy_bf16_s / 1e9), format("%.2f", shard_bytes / into_bf16_s / 1e9)});
     }
     std::cout << table.str();
     if (!c.keep) ::unlink(path.c_str());

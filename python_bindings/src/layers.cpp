@@ -51,6 +51,7 @@ py::class_<Options> bind_options(py::module_& m, const char* name, const char* d
   TP_OPTION(cls, Options, sequence_parallel);
   TP_OPTION(cls, Options, sequence_dim);
   TP_OPTION(cls, Options, numerics);
+  TP_OPTION(cls, Options, init_weights);
   return cls;
 }
 

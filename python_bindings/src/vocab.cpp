@@ -96,6 +96,7 @@ void bind_embedding(py::module_& m) {
   TP_OPTION(opts, Options, sequence_parallel);
   TP_OPTION(opts, Options, dtype);
   TP_OPTION(opts, Options, device);
+  TP_OPTION(opts, Options, init_weights);
 
   py::class_<Impl, std::shared_ptr<Impl>> cls(m, "VocabParallelEmbedding",
                                               "An embedding table with its rows (the vocabulary) split over ranks.");
@@ -115,6 +116,7 @@ void bind_head(py::module_& m) {
   TP_OPTION(opts, Options, gather_output);
   TP_OPTION(opts, Options, dtype);
   TP_OPTION(opts, Options, device);
+  TP_OPTION(opts, Options, init_weights);
 
   py::class_<Impl, std::shared_ptr<Impl>> cls(
       m, "ParallelLMHead", "Logits over a vocabulary split over ranks (column-parallel), maybe tied.");

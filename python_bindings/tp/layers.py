@@ -76,6 +76,9 @@ _COMMON_KEYWORDS = {
     "device": (None, inspect.Parameter.empty),
     "group": (None, Optional["dist.ProcessGroup"]),
     "communicator": (None, Optional["_C.Communicator"]),
+    # False: the weights are allocated uninitialized (torch.empty), as torch.nn.utils.skip_init
+    # leaves them, for load_weights to fill; True: drawn at random, as nn.Linear's are.
+    "init_weights": (True, bool),
 }
 
 

@@ -41,7 +41,7 @@ void ColumnParallelLinearImpl::reset() {
         *this);
     weight = core_->weight();
     bias = core_->bias();
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 

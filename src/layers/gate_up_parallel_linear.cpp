@@ -47,7 +47,7 @@ void GateUpParallelLinearImpl::reset() {
         *this);
     weight = core_->weight();
     bias = core_->bias();
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 

@@ -52,7 +52,7 @@ void QKVParallelLinearImpl::reset() {
         *this);
     weight = core_->weight();
     bias = core_->bias();
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 

@@ -59,7 +59,7 @@ void RowParallelLinearImpl::reset() {
     bias =
         options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
     step_ = detail::make_row_step({kLayer, method_, exit_, options.out_features(), range_.size(), std::move(plan)});
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 

@@ -54,6 +54,26 @@ at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range, c
   return source.read(dim, stored);
 }
 
+void load_shard_into(const TensorSource& source, ShardMode mode, Range range, const at::Tensor& dst,
+                     const LoadOptions& options, const std::string& what) {
+  const auto shape = source.shape();
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const int64_t dim = split_dim(mode, options);
+  const bool whole = ndim == 0 || (ndim == 1 && dim == 1) || (dim < ndim && shape[dim] == 1);
+  if (whole || dim >= ndim) {
+    const at::Tensor shard = load_shard(source, mode, range, options, what);
+    TORCH_CHECK_VALUE(dst.defined() && dst.sizes() == shard.sizes(), what, ": tensor '", source.name(),
+                      "': its shard is ", shard.sizes(), " but the destination is ",
+                      dst.defined() ? dst.sizes() : c10::IntArrayRef{});
+    dst.copy_(shard);
+    return;
+  }
+  const Range stored = stored_range(source, dim, range, options, what);
+  TORCH_CHECK_VALUE(stored.end <= shape[dim], what, ": tensor '", source.name(), "': shard range ", range, " (stored ",
+                    stored, ") is past the end of dim ", dim, " of size ", shape[dim]);
+  source.read_into(dim, stored, dst);
+}
+
 at::Tensor load_shard(const TensorSource& source, ShardMode mode, const SegmentPlan& plan, const LoadOptions& options,
                       const std::string& what) {
   const auto shape = source.shape();

@@ -189,6 +189,51 @@ class SafetensorsSource final : public TensorSource {
     return out;
   }
 
+  // From the mapped file into `dst` through a tensor over the mapped bytes (at::from_blob:
+  // no copy), so the only copy is into the destination, converting the dtype on the way
+  // (ATen's copy_, spread over the intra-op threads). Every kChunkBytes of the file span
+  // are released once copied. A non-contiguous destination, or mapped bytes not aligned
+  // to their element (safetensors does not promise it), take read() and a copy.
+  void read_into(int64_t dim, Range range, const at::Tensor& dst) const override {
+    check_read_into_args(*this, dim, range, dst);
+    const auto& shape = entry_.shape;
+    const size_t item = static_cast<size_t>(detail::st_dtype_size(entry_.dtype));
+    const uint8_t* tensor = file_->mapping->data() + file_->header.data_offset + entry_.begin;
+    if (dst.numel() == 0) return;
+    if (shape.empty() || !dst.is_cpu() || !dst.is_contiguous() || reinterpret_cast<uintptr_t>(tensor) % item != 0) {
+      dst.copy_(read(dim, range));
+      return;
+    }
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < dim; ++i) outer *= shape[i];
+    for (size_t i = static_cast<size_t>(dim) + 1; i < shape.size(); ++i) inner *= shape[i];
+    const int64_t run = range.size() * inner, stride = shape[dim] * inner;  // elements
+    const uint8_t* first = tensor + static_cast<size_t>(range.begin * inner) * item;
+    const Mapping& map = *file_->mapping;
+    const auto options = at::TensorOptions().dtype(dtype_);
+    auto* base = const_cast<uint8_t*>(first);  // read only: copy_ never writes its source
+    if (outer == 1 || run == stride) {         // one contiguous block
+      const int64_t total = outer * run, step = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / item));
+      const at::Tensor out = dst.view({total});
+      for (int64_t off = 0; off < total; off += step) {
+        const int64_t n = std::min(step, total - off);
+        out.narrow(0, off, n).copy_(at::from_blob(base + static_cast<size_t>(off) * item, {n}, options));
+        map.release(first + static_cast<size_t>(off) * item, static_cast<size_t>(n) * item);
+      }
+      return;
+    }
+    // `outer` runs of `run` elements, `stride` apart: a strided view, a chunk of rows at a time.
+    const size_t row_bytes = static_cast<size_t>(stride) * item;
+    const int64_t rows_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / row_bytes));
+    const at::Tensor out = dst.view({outer, run});
+    for (int64_t r = 0; r < outer; r += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, outer - r);
+      uint8_t* src = base + static_cast<size_t>(r) * row_bytes;
+      out.narrow(0, r, rows).copy_(at::from_blob(src, {rows, run}, {stride, 1}, options));
+      map.release(src, static_cast<size_t>(rows - 1) * row_bytes + static_cast<size_t>(run) * item);
+    }
+  }
+
  private:
   // `count` runs of `run` bytes, `stride` apart, into dst back to back; the mapped
   // span already copied is released every kChunkBytes.

@@ -32,6 +32,22 @@ void check_read_args(const TensorSource& source, int64_t dim, Range range) {
                     s[dim], ")");
 }
 
+void check_read_into_args(const TensorSource& source, int64_t dim, Range range, const at::Tensor& dst) {
+  check_read_args(source, dim, range);
+  auto want = source.shape();
+  if (!want.empty()) want[static_cast<size_t>(dim)] = range.size();
+  TORCH_CHECK_VALUE(dst.defined() && dst.sizes() == c10::IntArrayRef(want), "reading tensor '", source.name(),
+                    "' of shape ", shape_str(source.shape()), ": range ", range, " of dim ", dim, " is ",
+                    shape_str(want), " but the destination is ",
+                    dst.defined() ? shape_str(dst.sizes().vec()) : std::string("undefined"),
+                    "; read_into writes a tensor of the slice's shape");
+}
+
+void TensorSource::read_into(int64_t dim, Range range, const at::Tensor& dst) const {
+  check_read_into_args(*this, dim, range, dst);
+  dst.copy_(read(dim, range));
+}
+
 void check_region_args(const TensorSource& source, const std::vector<Range>& region) {
   const auto s = source.shape();
   TORCH_CHECK_VALUE(region.size() == s.size(), "reading tensor '", source.name(), "' of shape ", shape_str(s),

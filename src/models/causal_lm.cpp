@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "models/model_common.h"
+#include "tp/comm/collective_status.h"
 #include "tp/layers/loading/load_session.h"
 #include "tp/layers/numerics/heads.h"
 #include "tp/loader/checkpoint.h"
@@ -42,16 +43,21 @@ void CausalLMImpl::reset() {
       register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size, c.hidden_size)
                                                                  .pad_to_multiple_of(pad)
                                                                  .dtype(dtype)
-                                                                 .device(options.device()),
+                                                                 .device(options.device())
+                                                                 .init_weights(options.init_weights()),
                                                              comm));
   layers.clear();
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < n_layers; ++i) {
-    layers.push_back(DecoderLayer(c, i, dtype, options.device(), comm));
+    layers.push_back(DecoderLayer(c, i, dtype, options.device(), comm, options.init_weights()));
     layer_list->push_back(layers.back());
   }
-  norm = register_module(
-      "norm", Norm(NormOptions(c.hidden_size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(options.device())));
+  norm = register_module("norm", Norm(NormOptions(c.hidden_size)
+                                          .kind(c.norm)
+                                          .eps(c.norm_eps)
+                                          .dtype(dtype)
+                                          .device(options.device())
+                                          .init_weights(options.init_weights())));
   if (c.tie_word_embeddings) {
     // Holds no parameter of its own.
     lm_head = register_module("lm_head", ParallelLMHead(embed_tokens, /*gather_output=*/false, config.numerics));
@@ -60,7 +66,8 @@ void CausalLMImpl::reset() {
                                                             .pad_to_multiple_of(pad)
                                                             .numerics(config.numerics)
                                                             .dtype(dtype)
-                                                            .device(options.device()),
+                                                            .device(options.device())
+                                                            .init_weights(options.init_weights()),
                                                         comm));
   }
   if (invariant) {
@@ -192,7 +199,11 @@ std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& f
   const Checkpoint checkpoint = open_checkpoint(folder);
   auto config = ModelConfig::from_pretrained(folder);
   config.use_expert_layout_of(checkpoint);
-  auto model = std::make_shared<CausalLMImpl>(std::move(config), options, std::move(comm));
+  // The sizes against the tensors' headers before a byte is allocated: a config.json that
+  // is not these tensors' fails here, on every rank, instead of after gigabytes.
+  run_collectively(comm, "CausalLM::from_pretrained", [&] { config.check_sizes(checkpoint, options.num_layers()); });
+  // Nothing is drawn at random: the load fills every tensor, and the session checks it did.
+  auto model = std::make_shared<CausalLMImpl>(std::move(config), options.init_weights(false), std::move(comm));
   // Strict: every tensor of the folder is read, but those of the layers num_layers leaves
   // out and the layers the checkpoint keeps beyond the decoder (GLM's MTP layers).
   auto allow = LoadSessionOptions::default_allow_unread();
@@ -204,7 +215,8 @@ std::shared_ptr<CausalLMImpl> CausalLMImpl::from_pretrained(const std::string& f
     allow.push_back(c.names.layers + ".*.attention.bias");
     allow.push_back(c.names.layers + ".*.attention.masked_bias");
   }
-  const LoadSession session(checkpoint, model->comm, LoadSessionOptions().allow_unread(allow));
+  LoadSession session(checkpoint, model->comm, LoadSessionOptions().allow_unread(allow));
+  session.expect_filled(*model);
   model->load_weights(session.checkpoint());
   session.finish();
   return model;

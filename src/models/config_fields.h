@@ -24,7 +24,8 @@ class ConfigFields {
                         " must be a JSON object; found ", object_.dump());
   }
 
-  /// Present and not null (null means "the default" in Hugging Face configs).
+  /// Present and not null (null means "the default" in Hugging Face configs for the fields
+  /// their config classes resolve, such as head_dim or num_key_value_heads).
   bool has(const std::string& key) const {
     const auto* v = object_.find(key);
     return v != nullptr && !v->is_null();
@@ -57,7 +58,17 @@ class ConfigFields {
       fail(key, e.what());
     }
   }
-  double number(const std::string& key, double fallback) const { return has(key) ? required_double(key) : fallback; }
+  /// `fallback` when absent. A null is an error naming the field, as it is in transformers,
+  /// whose modules compute with the None they are given (an RMSNorm with eps=None fails):
+  /// a value nobody wrote must not become a default silently.
+  double number(const std::string& key, double fallback) const {
+    refuse_null(key, "a number");
+    return has(key) ? required_double(key) : fallback;
+  }
+  /// `fallback` when absent or null, for the fields whose null means "none" (Gemma's soft caps).
+  double number_or_null(const std::string& key, double fallback) const {
+    return has(key) ? required_double(key) : fallback;
+  }
   int64_t required_int(const std::string& key) const {
     const auto& v = get(key, JsonValue::Kind::kNumber);
     try {
@@ -66,7 +77,11 @@ class ConfigFields {
       fail(key, "must be an integer");
     }
   }
-  int64_t integer(const std::string& key, int64_t fallback) const { return has(key) ? required_int(key) : fallback; }
+  /// `fallback` when absent; null is an error (as number()).
+  int64_t integer(const std::string& key, int64_t fallback) const {
+    refuse_null(key, "an integer");
+    return has(key) ? required_int(key) : fallback;
+  }
   int64_t required_positive(const std::string& key) const {
     const int64_t v = required_int(key);
     if (v <= 0) fail(key, "must be a positive integer");
@@ -94,6 +109,13 @@ class ConfigFields {
   }
 
  private:
+  void refuse_null(const std::string& key, const char* what) const {
+    const auto* v = object_.find(key);
+    if (v != nullptr && v->is_null())
+      fail(key, std::string("must be ") + what +
+                    "; transformers would compute with the None (leave the field out for its default)");
+  }
+
   const JsonValue& get(const std::string& key, JsonValue::Kind kind) const {
     const auto* v = object_.find(key);
     if (v == nullptr || v->is_null()) fail(key, "is required but absent");

@@ -22,8 +22,13 @@
 namespace tp {
 
 DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::ScalarType dtype_, at::Device device_,
-                                   Communicator comm_)
-    : config(std::move(config_)), index(index_), dtype(dtype_), device(device_), comm(std::move(comm_)) {
+                                   Communicator comm_, bool init_weights_)
+    : config(std::move(config_)),
+      index(index_),
+      dtype(dtype_),
+      device(device_),
+      comm(std::move(comm_)),
+      init_weights(init_weights_) {
   reset();
 }
 
@@ -81,7 +86,7 @@ void DecoderLayerImpl::reset() {
   const auto& c = config;
   const std::string p = prefix();
   auto norm = [&](int64_t size) {
-    return Norm(NormOptions(size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(device));
+    return Norm(NormOptions(size).kind(c.norm).eps(c.norm_eps).dtype(dtype).device(device).init_weights(init_weights));
   };
   input_layernorm = register_module("input_layernorm", norm(c.hidden_size));
   post_attention_layernorm = register_module("post_attention_layernorm", norm(c.hidden_size));
@@ -94,11 +99,18 @@ void DecoderLayerImpl::reset() {
     k_norm = register_module("k_norm", norm(c.head_dim));
   }
   auto opts = decoder_layer_options(c, index, dtype, device);
+  opts.qkv.init_weights(init_weights);
+  opts.o.init_weights(init_weights);
+  opts.gate_up.init_weights(init_weights);
+  opts.up.init_weights(init_weights);
+  opts.down.init_weights(init_weights);
   qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
   if (c.attention_sinks) {
     // One logit per query head, for this rank's heads (zeros until loaded).
-    sinks = register_parameter("sinks",
-                               at::zeros({qkv->head_plan().q_heads.size()}, at::TensorOptions(dtype).device(device)));
+    const auto sink_options = at::TensorOptions(dtype).device(device);
+    const int64_t heads = qkv->head_plan().q_heads.size();
+    sinks =
+        register_parameter("sinks", init_weights ? at::zeros({heads}, sink_options) : at::empty({heads}, sink_options));
   }
   if (c.numerics == Numerics::kInvariant) use_invariant_heads();
   // O owns exactly this rank's query heads, even when heads split unevenly.
@@ -119,7 +131,8 @@ void DecoderLayerImpl::reset() {
                                   .shared_expert_gate(m.shared_expert_gate)
                                   .shared_expert_quant(shared_expert_quant(c, moe_prefix()))
                                   .dtype(dtype)
-                                  .device(device),
+                                  .device(device)
+                                  .init_weights(init_weights),
                               comm));
     return;
   }

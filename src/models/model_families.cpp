@@ -205,7 +205,7 @@ void read_sliding_window(const ConfigFields& f, ModelConfig& c, int64_t fallback
 }
 
 void read_softcap(const ConfigFields& f, const char* key, double& out) {
-  out = f.number(key, 0.0);
+  out = f.number_or_null(key, 0.0);
   if (out < 0 || (f.has(key) && out == 0)) f.fail(key, "must be > 0 (or null for none)");
 }
 

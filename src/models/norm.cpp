@@ -12,7 +12,7 @@ void NormImpl::reset() {
   const auto opts = at::TensorOptions(options.dtype()).device(options.device());
   weight = register_parameter("weight", at::empty({options.size()}, opts));
   if (options.kind() == NormKind::kLayerNorm) bias = register_parameter("bias", at::empty({options.size()}, opts));
-  reset_parameters();
+  if (options.init_weights()) reset_parameters();
 }
 
 void NormImpl::reset_parameters() {

@@ -25,6 +25,11 @@ const at::ScalarType kAllDtypes[] = {at::kDouble, at::kFloat, at::kHalf,        
                                      at::kLong,   at::kInt,   at::kShort,         at::kChar,
                                      at::kByte,   at::kBool,  at::kFloat8_e4m3fn, at::kFloat8_e5m2};
 
+std::vector<int64_t> with_last(std::vector<int64_t> shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
 // A file from a raw header string and data bytes (for broken files).
 std::string raw_file(const std::string& header, const std::string& data, int64_t length = -1) {
   const uint64_t n = length < 0 ? header.size() : static_cast<uint64_t>(length);
@@ -87,6 +92,48 @@ TEST_CASE("safetensors slices equal at::narrow of the whole tensor, along every 
       }
     }
     REQUIRE_THROWS_WITH(src->read(1, {4, 7}), Contains(name) && Contains("[4,7)"));
+  }
+}
+
+TEST_CASE("read_into writes read()'s slice into its destination, converting the dtype, along every dim", "[loader]") {
+  TempDir dir;
+  const auto path = dir.file("into.safetensors");
+  std::map<std::string, at::Tensor> tensors;
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    tensors[std::string("w.") + c10::toString(dtype)] = random_tensor({9, 6, 5}, dtype, 11);
+    // An odd element count before the next tensor: its bytes may sit off their alignment.
+    tensors[std::string("odd.") + c10::toString(dtype)] = random_tensor({3}, dtype, 12);
+  }
+  tensors["w.Long"] = random_tensor({9, 6, 5}, at::kLong, 13);
+  save_safetensors(path, tensors);
+  const auto file = SafetensorsFile::open(path);
+  for (const auto& [name, t] : tensors) {
+    const auto src = file.source(name);
+    const InMemorySource mem(name, t);
+    for (int64_t dim = 0; dim < t.dim(); ++dim) {
+      for (const Range r : {Range{0, t.size(dim)}, Range{1, 3}, Range{2, 2}, Range{t.size(dim) - 1, t.size(dim)}}) {
+        const auto want = t.narrow(dim, r.begin, r.size());
+        for (auto to : {t.scalar_type(), at::kFloat, at::kDouble}) {
+          INFO(name << " dim " << dim << " range " << r << " into " << to);
+          // A contiguous destination (the direct path), and a strided one (read, then copy).
+          at::Tensor flat = at::full(want.sizes(), 7, at::TensorOptions().dtype(to));
+          src->read_into(dim, r, flat);
+          CHECK(bit_equal(flat, want.to(to)));
+          at::Tensor wide = at::full(with_last(want.sizes().vec(), 2 * want.size(-1)), 7, flat.options());
+          at::Tensor strided = wide.narrow(-1, 0, want.size(-1));
+          src->read_into(dim, r, strided);
+          CHECK(bit_equal(strided.contiguous(), want.to(to)));
+          CHECK(wide.narrow(-1, want.size(-1), want.size(-1)).eq(7).all().item<bool>());
+          at::Tensor via_default = at::full(want.sizes(), 7, flat.options());
+          mem.read_into(dim, r, via_default);
+          CHECK(bit_equal(via_default, want.to(to)));
+        }
+      }
+    }
+    auto bad_shape = t.sizes().vec();
+    bad_shape[0] += 1;
+    REQUIRE_THROWS_WITH(src->read_into(0, {0, t.size(0)}, at::empty(bad_shape, t.options())),
+                        Contains(name) && Contains("destination"));
   }
 }
 

@@ -411,6 +411,32 @@ TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the va
   CHECK_THROWS_WITH(ModelConfig::from_pretrained("/nonexistent/folder"), Contains("/nonexistent/folder/config.json"));
 }
 
+TEST_CASE("ModelConfig refuses a null where a number belongs, naming the field; a null soft cap is none",
+          "[model][errors]") {
+  const auto fails = config_error;
+  // transformers keeps the None and fails computing with it; tp says which field, before any work.
+  CHECK_THAT(fails(llama(R"("rms_norm_eps": null)")),
+             Contains("rms_norm_eps = null must be a number") && Contains("config.json"));
+  CHECK_THAT(fails(llama(R"("rope_theta": null)")), Contains("rope_theta = null must be a number"));
+  CHECK_THAT(fails(llama(R"("num_key_value_heads": 8, "layer_norm_eps": null)", "gpt_neox")),
+             Contains("layer_norm_eps = null must be a number"));
+  CHECK_THAT(fails(llama(R"("pretraining_tp": null)")), Contains("pretraining_tp = null must be an integer"));
+  // Absent: the family's default, as before.
+  CHECK(ModelConfig::from_json(llama(R"("tie_word_embeddings": false)")).norm_eps == 1e-05);
+  CHECK(ModelConfig::from_json(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 100})")
+            .norm_eps == 1e-06);
+  // Fields whose null transformers resolves stay readable: head_dim (hidden / heads), and
+  // Gemma's soft caps (null: none).
+  CHECK(ModelConfig::from_json(llama(R"("head_dim": null)")).head_dim == 32);
+  const auto gemma = ModelConfig::from_json(
+      llama(R"("hidden_act": "gelu_pytorch_tanh", "attn_logit_softcapping": null, "final_logit_softcapping": null,
+      "query_pre_attn_scalar": 32, "sliding_window": 64)",
+            "gemma2"));
+  CHECK(gemma.attn_logit_softcapping == 0);
+  CHECK(gemma.final_logit_softcapping == 0);
+}
+
 TEST_CASE("GPTQ quantization_config: v1 / v2 from checkpoint_format, desc_act refused", "[model][quant]") {
   const std::string base = R"("quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false)";
   const auto q = [&](const std::string& extra) { return with_quant("{" + base + extra + "}"); };

@@ -103,17 +103,33 @@ def test_options_and_helpers():
     ],
 )
 def test_layers_take_the_shared_keywords_and_name_a_misspelt_one(layer, args, own):
-    shared = ["quant", "split", "dtype", "device", "group", "communicator"]
+    shared = ["quant", "split", "dtype", "device", "group", "communicator", "init_weights"]
     params = inspect.signature(layer).parameters
     keyword_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert keyword_only == own + shared
     assert params["quant"].default is None and params["sequence_dim"].default == 0
+    assert params["init_weights"].default is True
     built = layer(*args, sequence_parallel=True, sequence_dim=1, dtype=torch.float64, quant="none")
     assert built.options.sequence_parallel and built.options.sequence_dim == 1
     assert built.options.dtype == torch.float64
     assert built.options.bias == (layer in (tp.ColumnParallelLinear, tp.RowParallelLinear))  # the defaults
     with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) dtpye; it takes .*dtype"):
         layer(*args, dtpye=torch.float64)
+
+
+def test_init_weights_false_skips_the_draw_and_a_load_fills_the_weights():
+    # As torch.nn.utils.skip_init: the same draw is reset_parameters() away, and a load fills it.
+    torch.manual_seed(3)
+    drawn = tp.ColumnParallelLinear(64, 32)
+    torch.manual_seed(3)
+    skipped = tp.ColumnParallelLinear(64, 32, init_weights=False)
+    assert skipped.options.init_weights is False and drawn.options.init_weights is True
+    skipped.reset_parameters()
+    assert torch.equal(skipped.weight, drawn.weight) and torch.equal(skipped.bias, drawn.bias)
+    w, b = torch.randn(32, 64), torch.randn(32)
+    loaded = tp.RowParallelLinear(64, 32, init_weights=False)
+    loaded.load_weights({"fc.weight": w, "fc.bias": b}, "fc")
+    assert torch.equal(loaded.weight, w) and torch.equal(loaded.bias, b)
 
 
 def test_load_weights_from_dict_and_checkpoint():

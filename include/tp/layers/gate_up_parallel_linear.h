@@ -51,6 +51,11 @@ struct GateUpParallelLinearOptions {
   TORCH_ARG(SplitPolicy, split) = {};
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
+  /// false: the parameters are allocated uninitialized (at::empty) and left unfilled, as
+  /// torch.nn.utils.skip_init does, for a load_weights to fill (CausalLM::from_pretrained
+  /// builds its layers so; LoadSession::expect_filled names any tensor a load left unfilled).
+  /// true: reset_parameters() fills them at construction.
+  TORCH_ARG(bool, init_weights) = true;
   /// The order of its sums (tp/layers/numerics/numerics.h): kAuto reads TP_NUMERICS.
   TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
 };

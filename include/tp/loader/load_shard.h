@@ -41,6 +41,14 @@ struct LoadOptions {
 at::Tensor load_shard(const TensorSource& source, ShardMode mode, Range range, const LoadOptions& options = {},
                       const std::string& what = "load_shard");
 
+/// load_shard's slice written into `dst` (a CPU tensor of the slice's shape: a narrow of
+/// the parameter it belongs to; its dtype may differ from the checkpoint's, converted on
+/// the way). Each rank's bytes are read once, straight into their final place where the
+/// source allows (TensorSource::read_into: a safetensors file and a contiguous `dst`).
+/// A `dst` of another shape is an error naming `what` and the tensor.
+void load_shard_into(const TensorSource& source, ShardMode mode, Range range, const at::Tensor& dst,
+                     const LoadOptions& options = {}, const std::string& what = "load_shard");
+
 /// The same for a fused tensor stored as one `[A|B|C]` tensor along the split
 /// dimension: reads each piece of `plan` from its fused_source() range and
 /// concatenates them in plan order (this rank's local layout). The source's split

@@ -37,6 +37,13 @@ class TensorSource {
   /// narrows the rest (transiently more than the box); sources over files override it to
   /// copy only the box's bytes. A 0-d tensor takes an empty region.
   virtual at::Tensor read_region(const std::vector<Range>& region) const;
+  /// read(dim, range) written into `dst` (a tensor of the slice's shape, in any dtype:
+  /// converted on the way; on any device), e.g. a narrow of the parameter it belongs to.
+  /// The default reads, then copies; sources over files override it to copy from the
+  /// mapped file straight into a contiguous CPU `dst`, with no intermediate tensor,
+  /// releasing the mapped pages as they go. A shape that is not the slice's is an error
+  /// naming the tensor.
+  virtual void read_into(int64_t dim, Range range, const at::Tensor& dst) const;
 
   int64_t dim() const { return static_cast<int64_t>(shape().size()); }
   /// The whole tensor.
@@ -62,6 +69,8 @@ class InMemorySource final : public TensorSource {
 /// Checks `dim`/`range` against `source` and throws a c10::Error naming the tensor.
 /// For implementers of TensorSource.
 void check_read_args(const TensorSource& source, int64_t dim, Range range);
+/// The same for read_into's destination: a defined tensor of the slice's shape.
+void check_read_into_args(const TensorSource& source, int64_t dim, Range range, const at::Tensor& dst);
 /// The same for a region: one range per dimension, each inside it.
 void check_region_args(const TensorSource& source, const std::vector<Range>& region);
 

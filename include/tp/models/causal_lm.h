@@ -52,6 +52,12 @@ struct CausalLMOptions {
   /// prompt alone in any batch; the vocabulary is then padded to a multiple of
   /// kInvariantChunk as well (padding rows are never seen).
   TORCH_ARG(Numerics, numerics) = Numerics::kAuto;
+  /// false: every parameter allocated uninitialized (at::empty), as torch.nn.utils.skip_init
+  /// or transformers' meta-device loading leave them, for load_weights to fill: no
+  /// random draw before a load (the layers' init_weights option). from_pretrained always
+  /// builds so, and its LoadSession::expect_filled names any tensor the load left unfilled.
+  /// true: random weights, as every layer's reset_parameters() draws them.
+  TORCH_ARG(bool, init_weights) = true;
 };
 
 /// The module behind the CausalLM holder.
@@ -96,7 +102,9 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// config.json, then the safetensors of `folder` (sharded or not), through
   /// ModelConfig and open_checkpoint, strictly: a tensor of the folder that nothing
   /// reads (but those LoadSessionOptions::default_allow_unread() allows, and the layers
-  /// options.num_layers leaves out) is an error on every rank (LoadSession::finish).
+  /// options.num_layers leaves out) is an error on every rank (LoadSession::finish), and so
+  /// is a parameter no tensor filled: the model is built with init_weights(false) whatever
+  /// `options` says, so it costs the allocation and the reads, no random draw.
   /// Example: auto model = tp::CausalLMImpl::from_pretrained("/models/Qwen3-0.6B", {}, comm);
   static std::shared_ptr<CausalLMImpl> from_pretrained(const std::string& folder, CausalLMOptions options = {},
                                                        Communicator comm = {});

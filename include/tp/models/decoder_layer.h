@@ -41,10 +41,12 @@ namespace tp {
 
 /// The module of layer `index` of a decoder. Sizes, biases and every projection's
 /// format come from `config` (tp::decoder_layer_options); weights are created in
-/// `dtype` on `device`.
+/// `dtype` on `device`; with `init_weights` false, left uninitialized for a load to fill
+/// (every layer's init_weights option).
 class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
  public:
-  DecoderLayerImpl(ModelConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm);
+  DecoderLayerImpl(ModelConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm,
+                   bool init_weights = true);
 
   void reset() override;
   void pretty_print(std::ostream& stream) const override;
@@ -95,6 +97,7 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   at::ScalarType dtype;
   at::Device device;
   Communicator comm;
+  bool init_weights = true;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma only
   Norm q_norm{nullptr}, k_norm{nullptr};                                         // qk_norm only

@@ -323,6 +323,18 @@ struct ModelConfig {
   /// This reads it from `checkpoint`'s names (the first MoE layer's) and makes `names`
   /// follow; both at once is an error naming them. CausalLM::from_pretrained calls it.
   void use_expert_layout_of(const Checkpoint& checkpoint);
+  /// Holds the sizes against `checkpoint`'s tensor headers, before anything is allocated
+  /// (only the headers are read): vocab_size and hidden_size against the embedding, an
+  /// untied lm_head and the final norm; num_hidden_layers (+ extra_layers) against the
+  /// layers the checkpoint holds, of which the first `num_layers` (0: all) must be there;
+  /// in each of those, the norms, the attention's widths (num_attention_heads,
+  /// num_key_value_heads, head_dim), the MLP's intermediate_size and a mixture of experts'
+  /// num_experts and expert intermediate size, wherever the tensor is stored unquantized.
+  /// A disagreement is a c10::ValueError listing each one (the tensor, its shape, the
+  /// field and its value), so a folder whose config.json is not its tensors' is refused in
+  /// the time it takes to read the headers, and an absurd size (hidden_size 2^40) by a
+  /// check rather than by the allocator. CausalLM::from_pretrained calls it on every rank.
+  void check_sizes(const Checkpoint& checkpoint, int64_t num_layers = 0) const;
   /// The order of the layers' sums (not in config.json: CausalLMOptions::numerics sets
   /// it; tp/layers/numerics/numerics.h says what kInvariant guarantees).
   Numerics numerics = Numerics::kAuto;

@@ -29,6 +29,11 @@ struct NormOptions {
   TORCH_ARG(at::ScalarType, compute_dtype) = at::kFloat;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
+  /// false: the parameters are allocated uninitialized (at::empty) and left unfilled, as
+  /// torch.nn.utils.skip_init does, for a load_weights to fill (CausalLM::from_pretrained
+  /// builds its layers so; LoadSession::expect_filled names any tensor a load left unfilled).
+  /// true: reset_parameters() fills them at construction.
+  TORCH_ARG(bool, init_weights) = true;
 };
 
 /// kRMS:           y = weight * (h / sqrt(mean(h^2) + eps)).to(x.dtype), h = x in compute_dtype

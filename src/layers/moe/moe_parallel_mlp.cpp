@@ -142,7 +142,7 @@ void MoEParallelMLPImpl::reset() {
     shared_expert_gate_weight =
         o.shared_expert_gate() ? register_parameter("shared_expert_gate_weight", at::empty({1, o.hidden_size()}, t))
                                : at::Tensor();
-    reset_parameters();
+    if (options.init_weights()) reset_parameters();
   });
 }
 

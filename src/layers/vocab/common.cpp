@@ -53,7 +53,7 @@ void load_vocab_rows(const char* layer, const Checkpoint& checkpoint, const std:
                    "' has dtype ", dtype, "; an embedding table is stored in a floating dtype (float32, bfloat16, ",
                    "float16, float64), never quantized");
   at::NoGradGuard no_grad;
-  if (real.size() > 0) weight.narrow(0, 0, real.size()).copy_(load_shard(source, ShardMode::kColumn, real, {}, layer));
+  if (real.size() > 0) load_shard_into(source, ShardMode::kColumn, real, weight.narrow(0, 0, real.size()), {}, layer);
   zero_padding_rows(weight, rows, real);
 }
 

@@ -77,7 +77,7 @@ void ParallelLMHeadImpl::reset() {
   if (real.size() < rows.size())
     padding_mask_ =
         at::arange(rows.size(), at::TensorOptions().dtype(at::kLong).device(options.device())).ge(real.size());
-  reset_parameters();
+  if (options.init_weights()) reset_parameters();
 }
 
 void ParallelLMHeadImpl::reset_parameters() {

@@ -33,7 +33,7 @@ void VocabParallelEmbeddingImpl::reset() {
   });
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   weight = register_parameter("weight", at::empty({local_range().size(), options.embedding_dim()}, tensor_options));
-  reset_parameters();
+  if (options.init_weights()) reset_parameters();
 }
 
 void VocabParallelEmbeddingImpl::reset_parameters() {

@@ -146,19 +146,24 @@ class Fp8Method final : public QuantMethod {
     dtype_ = options.dtype().toScalarType();
     in_local_ = in_local;
     const auto f32 = at::TensorOptions().dtype(at::kFloat).device(options.device());
-    weight_ = layer.register_parameter("weight", at::zeros({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
+    weight_ = layer.register_parameter("weight", at::empty({out_local, in_local}, f32.dtype(at::kFloat8_e4m3fn)),
                                        /*requires_grad=*/false);
-    scale_ = layer.register_parameter(scale_name(config_), at::ones({out_local, groups()}, f32),
+    scale_ = layer.register_parameter(scale_name(config_), at::empty({out_local, groups()}, f32),
                                       /*requires_grad=*/false);
     if (config_.format == QuantFormat::kFp8PerTensor)
-      input_scale_ = layer.register_parameter("input_scale", at::ones({}, f32), /*requires_grad=*/false);
+      input_scale_ = layer.register_parameter("input_scale", at::empty({}, f32), /*requires_grad=*/false);
   }
 
   at::Tensor weight() const override { return weight_; }
 
   void reset_parameters(int64_t global_in_features) override {
-    if (weight_.numel() == 0) return finalize();
     at::NoGradGuard no_grad;
+    if (weight_.numel() == 0) {
+      // No weight to draw, but a scale per row may remain (per channel at in_local 0).
+      scale_.fill_(1.0);
+      if (input_scale_.defined()) input_scale_.fill_(1.0);
+      return finalize();
+    }
     const int64_t n = weight_.size(0), k = weight_.size(1);
     if (config_.format == QuantFormat::kFp8PerTensor) {
       // One scale for the whole weight, so a chunk cannot choose its own: the draw's

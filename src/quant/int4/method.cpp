@@ -102,17 +102,17 @@ class Int4Method final : public QuantMethod {
     if (pack_) {
       // compressed-tensors' names and [N, K] orientation. The scale is kept in float32,
       // which holds the checkpoint's bfloat16 / float16 / float32 scale exactly.
-      qweight_ = layer.register_parameter("weight_packed", at::zeros({n_, k_ / 8}, i32), false);
-      scales_ = layer.register_parameter("weight_scale", at::ones({n_, k_ / g_}, options.dtype(at::kFloat)), false);
+      qweight_ = layer.register_parameter("weight_packed", at::empty({n_, k_ / 8}, i32), false);
+      scales_ = layer.register_parameter("weight_scale", at::empty({n_, k_ / g_}, options.dtype(at::kFloat)), false);
       if (!config_.symmetric)
-        qzeros_ = layer.register_parameter("weight_zero_point", at::zeros({n_ / 8, k_ / g_}, i32), false);
+        qzeros_ = layer.register_parameter("weight_zero_point", at::empty({n_ / 8, k_ / g_}, i32), false);
       return;
     }
     // Registered as the checkpoint names them, so parameters() and state_dict() show the format.
     qweight_ = layer.register_parameter(
-        "qweight", at::zeros(awq_ ? std::vector<int64_t>{k_, n_ / 8} : std::vector<int64_t>{k_ / 8, n_}, i32), false);
-    qzeros_ = layer.register_parameter("qzeros", at::zeros({k_ / g_, n_ / 8}, i32), false);
-    scales_ = layer.register_parameter("scales", at::ones({k_ / g_, n_}, options.dtype(at::kHalf)), false);
+        "qweight", at::empty(awq_ ? std::vector<int64_t>{k_, n_ / 8} : std::vector<int64_t>{k_ / 8, n_}, i32), false);
+    qzeros_ = layer.register_parameter("qzeros", at::empty({k_ / g_, n_ / 8}, i32), false);
+    scales_ = layer.register_parameter("scales", at::empty({k_ / g_, n_}, options.dtype(at::kHalf)), false);
   }
 
   at::Tensor weight() const override { return qweight_; }

@@ -75,8 +75,8 @@ class Int8Method final : public QuantMethod {
     n_ = out_local;
     k_ = in_local;
     dtype_ = c10::typeMetaToScalarType(options.dtype());
-    weight_ = layer.register_parameter("weight", at::zeros({n_, k_}, options.dtype(at::kChar)), false);
-    weight_scale_ = layer.register_parameter("weight_scale", at::ones({n_, 1}, options.dtype(at::kFloat)), false);
+    weight_ = layer.register_parameter("weight", at::empty({n_, k_}, options.dtype(at::kChar)), false);
+    weight_scale_ = layer.register_parameter("weight_scale", at::empty({n_, 1}, options.dtype(at::kFloat)), false);
   }
 
   at::Tensor weight() const override { return weight_; }
@@ -89,6 +89,9 @@ class Int8Method final : public QuantMethod {
         weight_.narrow(0, first, rows).copy_(q.at("weight"));
         weight_scale_.narrow(0, first, rows).copy_(q.at("weight_scale"));
       });
+    } else {
+      at::NoGradGuard no_grad;
+      weight_scale_.fill_(1.0);  // no weight to draw; the rows' scales (k_ == 0) stay defined
     }
     finalize();
   }

@@ -58,8 +58,8 @@ class Mxfp4Method final : public QuantMethod {
     k_ = in_local;
     dtype_ = c10::typeMetaToScalarType(options.dtype());
     const auto u8 = options.dtype(at::kByte);
-    blocks_ = layer.register_parameter("blocks", at::zeros({n_, k_ / kMxfp4Block, 16}, u8), false);
-    scales_ = layer.register_parameter("scales", at::full({n_, k_ / kMxfp4Block}, 127, u8), false);
+    blocks_ = layer.register_parameter("blocks", at::empty({n_, k_ / kMxfp4Block, 16}, u8), false);
+    scales_ = layer.register_parameter("scales", at::empty({n_, k_ / kMxfp4Block}, u8), false);
   }
 
   at::Tensor weight() const override { return blocks_; }

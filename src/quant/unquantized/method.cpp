@@ -57,8 +57,9 @@ void UnquantizedMethod::load(const Checkpoint& checkpoint, const std::vector<Wei
                       split == 1 ? part.logical_size : weight_.size(1), "] (weight is [out_features, in_features])");
     LoadOptions options;
     options.logical_size = part.logical_size;
-    const auto shard = load_shard(source, mode, part.range, options, layer);
-    weight_.narrow(split, part.local_offset, part.range.size()).copy_(shard);
+    // Straight from the file into the weight's rows (or columns), converted on the way.
+    load_shard_into(source, mode, part.range, weight_.narrow(split, part.local_offset, part.range.size()), options,
+                    layer);
   }
 }
 

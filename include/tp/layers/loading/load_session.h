@@ -1,13 +1,17 @@
 #pragma once
 // LoadSession: loading a whole module tree from one checkpoint, strictly. Every
 // tensor the layers (and the caller's own code) read through session.checkpoint() is
-// recorded; finish() then reports the checkpoint tensors nothing read, on every rank.
+// recorded; finish() then reports the checkpoint tensors nothing read, on every rank,
+// and (expect_filled) the module's parameters and buffers no load wrote: a module built
+// with init_weights(false) holds uninitialized memory until its load fills it.
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
+#include <torch/nn/module.h>
 
 #include "tp/comm/communicator.h"
 #include "tp/loader/checkpoint.h"
@@ -49,13 +53,31 @@ class LoadSession {
   std::vector<std::string> read() const;
   /// Names no one has read and no allow_unread pattern matches, sorted.
   std::vector<std::string> unread() const;
-  /// Throws (c10::ValueError) on every rank if unread() is not empty on any rank,
-  /// listing the unread tensors and how to allow them; returns otherwise. A collective
-  /// over the session's communicator: every rank must call it.
+  /// Watches every parameter and buffer of `module` (named as module.named_parameters()
+  /// and named_buffers() name them): finish() then fails naming each one that no load has
+  /// written since this call (its version counter unchanged and its storage the same), so
+  /// a tensor built uninitialized (init_weights(false)) is never read unfilled. Tensors
+  /// with no elements (a rank's empty shard) need no filling. Call it after building the
+  /// module and before loading it.
+  /// Example: session.expect_filled(*model); model->load_weights(session.checkpoint()); session.finish();
+  void expect_filled(const torch::nn::Module& module);
+  /// Names of the watched tensors that no load has written yet, in the module's order.
+  std::vector<std::string> unfilled() const;
+  /// Throws (c10::ValueError) on every rank if unread() or unfilled() is not empty on
+  /// any rank, listing the unread checkpoint tensors and how to allow them, and the
+  /// unfilled module tensors; returns otherwise. A collective over the session's
+  /// communicator: every rank must call it.
   void finish() const;
 
  private:
+  struct Watched {
+    std::string name;
+    at::Tensor tensor;
+    int64_t version;
+    const void* data;
+  };
   std::shared_ptr<ReadLog> log_;
+  std::vector<Watched> watched_;
   Checkpoint view_;
   Communicator comm_;
 };
