@@ -59,6 +59,10 @@ void load_shard_into(const TensorSource& source, ShardMode mode, Range range, co
   const auto shape = source.shape();
   const int64_t ndim = static_cast<int64_t>(shape.size());
   const int64_t dim = split_dim(mode, options);
+  // A rank that owns none of the split dimension has nothing to write (a width-1 dimension
+  // would otherwise come back whole and not fit its empty destination); the tensor's shape
+  // is the caller's to check, on every rank.
+  if (range.size() == 0 && dst.defined() && dst.numel() == 0) return;
   const bool whole = ndim == 0 || (ndim == 1 && dim == 1) || (dim < ndim && shape[dim] == 1);
   if (whole || dim >= ndim) {
     const at::Tensor shard = load_shard(source, mode, range, options, what);

@@ -27,8 +27,9 @@ int64_t offset_of(const std::vector<int64_t>& sizes, int64_t rank) {
 
 }  // namespace
 
-TEST_CASE("Reduction: reduce_scatter with uneven token counts sums and keeps each rank's rows; backward all-gathers",
-          "[comm]") {
+TEST_CASE(
+    "Reduction: reduce_scatter with uneven token counts sums and keeps each rank's rows, and its backward all-gathers",
+    "[comm]") {
   for (int64_t world : {1, 2, 3, 4}) {
     for (bool explicit_sizes : {true, false}) {
       const int64_t tokens = explicit_sizes ? [&] {
@@ -70,7 +71,7 @@ TEST_CASE("Reduction: reduce_scatter with uneven token counts sums and keeps eac
 }
 
 TEST_CASE(
-    "Reduction: all_gather joins uneven pieces; its backward keeps this rank's piece, or reduce-scatters "
+    "Reduction: all_gather joins uneven pieces: its backward keeps this rank's piece, or reduce-scatters "
     "with partial_grad",
     "[comm]") {
   for (int64_t world : {1, 2, 3, 4}) {

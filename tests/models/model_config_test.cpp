@@ -411,7 +411,7 @@ TEST_CASE("ModelConfig refuses what it cannot build, naming the field and the va
   CHECK_THROWS_WITH(ModelConfig::from_pretrained("/nonexistent/folder"), Contains("/nonexistent/folder/config.json"));
 }
 
-TEST_CASE("ModelConfig refuses a null where a number belongs, naming the field; a null soft cap is none",
+TEST_CASE("ModelConfig refuses a null where a number belongs, naming the field, and a null soft cap is none",
           "[model][errors]") {
   const auto fails = config_error;
   // transformers keeps the None and fails computing with it; tp says which field, before any work.
