@@ -103,7 +103,7 @@ def test_options_and_helpers():
     ],
 )
 def test_layers_take_the_shared_keywords_and_name_a_misspelt_one(layer, args, own):
-    shared = ["quant", "split", "dtype", "device", "group", "communicator", "init_weights"]
+    shared = ["quant", "numerics", "split", "dtype", "device", "group", "communicator", "init_weights"]
     params = inspect.signature(layer).parameters
     keyword_only = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     assert keyword_only == own + shared
