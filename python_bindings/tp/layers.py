@@ -141,7 +141,23 @@ def _apply_in_place(module: nn.Module, fn) -> None:
             module._buffers[key] = fn(buf)
 
 
-class _ParallelLinear(nn.Module):
+class _OnCommunicator:
+    """The communicator of a module over a C++ module (``self._impl``), and its rank and size."""
+
+    @property
+    def communicator(self) -> "_C.Communicator":
+        return self._impl.communicator
+
+    @property
+    def rank(self) -> int:
+        return self._impl.communicator.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._impl.communicator.world_size
+
+
+class _ParallelLinear(_OnCommunicator, nn.Module):
     """What the four layers share: the C++ module and its tensors as parameters."""
 
     def __init__(self, impl_type, options, *, bias, quant, numerics, split, dtype, device, group, communicator,
@@ -259,18 +275,6 @@ class _ParallelLinear(nn.Module):
     def options(self):
         """The C++ options (global sizes, dtype and device at construction)."""
         return self._impl.options
-
-    @property
-    def communicator(self) -> "_C.Communicator":
-        return self._impl.communicator
-
-    @property
-    def rank(self) -> int:
-        return self._impl.communicator.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._impl.communicator.world_size
 
     def _apply(self, fn, recurse=True):
         # nn.Module._apply may replace a Parameter with a new object (e.g. across

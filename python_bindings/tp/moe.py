@@ -24,7 +24,7 @@ from torch import nn
 
 from . import _C, ops
 from .distributed import communicator as make_communicator
-from .layers import CheckpointLike, QuantLike, _apply_in_place, _quant_config
+from .layers import CheckpointLike, QuantLike, _apply_in_place, _OnCommunicator, _quant_config
 from .loading import LoadSession
 
 __all__ = ["MoEParallelMLP"]
@@ -88,7 +88,7 @@ def _owner(module: nn.Module, name: str) -> nn.Module:
     return module
 
 
-class MoEParallelMLP(nn.Module):
+class MoEParallelMLP(_OnCommunicator, nn.Module):
     """A mixture-of-experts MLP, experts split by expert tensor and expert parallelism.
 
     y = sum over a token's top_k experts e of weight_e * down_e(act(gate_e(x)) * up_e(x))
@@ -229,18 +229,6 @@ class MoEParallelMLP(nn.Module):
     def expert_parallel_size(self) -> int:
         """The resolved number of expert groups (the options' 0 is the world size)."""
         return self._impl.expert_parallel_size
-
-    @property
-    def communicator(self) -> "_C.Communicator":
-        return self._impl.communicator
-
-    @property
-    def rank(self) -> int:
-        return self._impl.communicator.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._impl.communicator.world_size
 
     def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(input)
