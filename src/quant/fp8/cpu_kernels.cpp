@@ -18,6 +18,7 @@
 
 #include "cpu/amx.h"
 #include "cpu/amx_rows_gemm.h"
+#include "cpu/bf16_panel_gemm.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
@@ -237,26 +238,36 @@ std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp
   return {q, scale};
 }
 
-at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
-                          int64_t group) {
-  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kShort && q.is_contiguous(),
-                    "fp8_linear_amx: q must be fp8_quantize_codes_cpu's [M, K] codes; got ", q.sizes(), " ",
-                    q.scalar_type());
+namespace {
+
+// The arguments of the two codes-times-codes GEMMs (fp8_linear_amx, fp8_linear_bf16dot),
+// checked: returns whether the scales are grouped (128 k).
+bool check_codes_gemm(const char* what, const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
+                      const at::Tensor& scale, int64_t group) {
+  TORCH_CHECK_VALUE(q.dim() == 2 && q.scalar_type() == at::kShort && q.is_contiguous(), what,
+                    ": q must be fp8_quantize_codes_cpu's [M, K] codes; got ", q.sizes(), " ", q.scalar_type());
   TORCH_CHECK_VALUE(
-      w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() && w.size(1) == q.size(1),
-      "fp8_linear_amx: w must be a float8_e4m3fn [N, K] CPU tensor with K = ", q.size(1), "; got ", w.sizes(), " ",
-      w.scalar_type());
+      w.dim() == 2 && w.scalar_type() == at::kFloat8_e4m3fn && w.device().is_cpu() && w.size(1) == q.size(1), what,
+      ": w must be a float8_e4m3fn [N, K] CPU tensor with K = ", q.size(1), "; got ", w.sizes(), " ", w.scalar_type());
   const int64_t m = q.size(0), n = w.size(0), k = w.size(1);
   const bool grouped = group < k;
   const int64_t groups = grouped ? (k + 127) / 128 : 1;
-  TORCH_CHECK_VALUE(!grouped || group == 128, "fp8_linear_amx: scale groups are 128 columns or whole rows; got ",
-                    group);
+  TORCH_CHECK_VALUE(!grouped || group == 128, what, ": scale groups are 128 columns or whole rows; got ", group);
   TORCH_CHECK_VALUE(x_scale.dim() == 2 && x_scale.scalar_type() == at::kFloat && x_scale.size(0) == groups &&
                         x_scale.size(1) >= cpu::round_up(std::max<int64_t>(m, 1), 16) && x_scale.is_contiguous(),
-                    "fp8_linear_amx: x_scale must be float32 [", groups, ", round_up(M, 16)]; got ", x_scale.sizes());
+                    what, ": x_scale must be float32 [", groups, ", round_up(M, 16)]; got ", x_scale.sizes());
   TORCH_CHECK_VALUE(scale.dim() == 2 && scale.scalar_type() == at::kFloat && scale.size(0) == n &&
                         scale.size(1) == std::max<int64_t>(groups, 1),
-                    "fp8_linear_amx: scale must be float32 [", n, ", ", groups, "]; got ", scale.sizes());
+                    what, ": scale must be float32 [", n, ", ", groups, "]; got ", scale.sizes());
+  return grouped;
+}
+
+}  // namespace
+
+at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
+                          int64_t group) {
+  const bool grouped = check_codes_gemm("fp8_linear_amx", q, x_scale, w, scale, group);
+  const int64_t m = q.size(0), n = w.size(0), k = w.size(1);
   TORCH_INTERNAL_ASSERT(cpu::amx_status().usable, "fp8_linear_amx: AMX is not usable here");
   at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return y;
@@ -278,6 +289,28 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
   rows.grouped = grouped;
   cpu::amx_rows_gemm_parallel(xbp, m, x_scale.data_ptr<float>(), x_scale.size(1), rows, y.data_ptr<float>(), n);
   return y;
+}
+
+at::Tensor fp8_linear_bf16dot(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
+                              const at::Tensor& scale, int64_t group) {
+  const bool grouped = check_codes_gemm("fp8_linear_bf16dot", q, x_scale, w, scale, group);
+  const int64_t n = w.size(0), k = w.size(1);
+  cpu::count_kernel("fp8 gemm/avx512_bf16");  // the benchmarks' kernel column
+  const at::Tensor wc = w.contiguous();
+  const at::Tensor sc = scale.contiguous();
+  const Fp8WeightView view = weight_view(wc, sc, group, /*nan_codes=*/false);
+  cpu::Bf16PanelWeight pw;
+  pw.n = n;
+  pw.k = k;
+  pw.group = grouped ? 128 : std::max<int64_t>(k, 1);
+  pw.decode = &fp8_bf16_decode_avx512;
+  pw.weight = &view;
+  cpu::Bf16RowScales t;
+  t.scale = x_scale.const_data_ptr<float>();
+  t.row_stride = 1;
+  t.group_stride = x_scale.size(1);
+  t.group = pw.group;
+  return cpu::bf16_panel_linear(q, pw, &t, "fp8_linear_bf16dot");
 }
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {

@@ -139,6 +139,16 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
 /// NaN codes), in cpu_kernels_amx.cpp.
 void fp8_amx_decode_row(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
+/// fp8_linear_amx's GEMM on AVX-512 bf16 dot products (cpu/bf16_panel_gemm.h with
+/// fp8_bf16_decode_avx512), for CPUs with avx512_bf16 and no usable AMX: the same
+/// arguments, exact products, float32 sums per 128-k chunk, the scales on each chunk's
+/// partial sums. Threaded over N; returns [M, N] float32.
+at::Tensor fp8_linear_bf16dot(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
+                              const at::Tensor& scale, int64_t group);
+/// cpu::Bf16PanelDecodeFn over an Fp8WeightView without NaN codes (cpu_kernels_avx512.cpp).
+void fp8_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
+                            float* scale, float* zero);
+
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
 /// x: [M, K] float32 (the activations, already quantized-dequantized as
 /// quantize_activation does); w: [N, K] float8_e4m3fn; scale: [N, ceil(K / group)]

@@ -39,6 +39,7 @@
 #include <cmath>
 
 #include "cpu/amx.h"
+#include "cpu/bf16_panel_gemm.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
 #include "quant/random_weight.h"
@@ -280,6 +281,10 @@ class Fp8Method final : public QuantMethod {
       // bf16 layers on AMX: the same quantized activations, as E4M3 values and scales.
       const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
       y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
+    } else if (!nan_codes && weight_.is_cpu() && cpu::bf16_panel_applies(x2d, cpu::isa())) {
+      // bf16 layers on AVX-512 bf16 dot products (no AMX): the same codes and scales.
+      const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
+      y = fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
     } else {
       const at::Tensor xq = fp8_fake_quant_cpu(x2d, activation_kind(), input_scale);
       y = fp8_linear_cpu(xq, weight_, scale_, group, nan_codes);

@@ -107,6 +107,10 @@ void int4_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t k0
 void int4_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                int64_t ld_buf);
 
+/// cpu::Bf16PanelDecodeFn over an Int4CpuView: the codes 0..15 as bf16 pairs, the group's
+/// scales and zero points (cpu_kernels_avx512.cpp; the CPU must have avx512_bf16 to run the GEMM).
+void int4_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
+                             float* scale, float* zero);
 /// The rows kernel for m <= kInt4SmallM rows and panels [p0, p1): xs [m, K] is x
 /// pre-scaled by int4_prescale_x (row stride ld_xs), sum_x [m, K/g] the group sums
 /// of x (row stride ld_sum); y [m, N] (ld_y), overwritten.

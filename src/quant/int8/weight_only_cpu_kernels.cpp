@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cpu/amx_rows_gemm.h"
+#include "cpu/bf16_panel_gemm.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 #include "cpu/parallel.h"
@@ -133,6 +134,23 @@ at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu
     cpu::count_kernel("int8wo panel/amx");
     const Int8WoCpuView v = int8_wo_cpu_view(w);
     return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int8_wo_cpu_linear");
+  }
+  if (cpu::bf16_panel_applies(x, isa) && w.codes.defined()) {
+    cpu::count_kernel("int8wo panel/avx512_bf16");  // the benchmarks' kernel column
+    TORCH_CHECK_VALUE(x.size(-1) == w.k, "int8_wo_cpu_linear: x has shape ", x.sizes(), "; expected [..., ", w.k,
+                      "] (in_features)");
+    const Int8WoCpuView v = int8_wo_cpu_view(w);
+    cpu::Bf16PanelWeight pw;
+    pw.n = w.n;
+    pw.k = w.k;
+    pw.group = std::max<int64_t>(w.k, 1);
+    pw.decode = &int8_wo_bf16_decode_avx512;
+    pw.weight = &v;
+    auto shape = x.sizes().vec();
+    shape.back() = w.n;
+    return cpu::bf16_panel_linear(x.reshape({-1, w.k}), pw, nullptr, "int8_wo_cpu_linear")
+        .to(at::kBFloat16)
+        .view(shape);
   }
   return cpu::linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int8_wo_cpu_linear(x2, m, w.k, w, y, w.n, isa);

@@ -90,6 +90,10 @@ void int8_wo_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t
 void int8_wo_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                   int64_t ld_buf);
 
+/// cpu::Bf16PanelDecodeFn over an Int8WoCpuView: the codes as bf16 pairs and the row scales
+/// (weight_only_cpu_kernels_avx512.cpp; the CPU must have avx512_bf16 to run the GEMM).
+void int8_wo_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
+                                float* scale, float* zero);
 /// The rows kernel for m <= kInt8WoSmallM rows of x [m, K] (row stride ld_x) and
 /// panels [p0, p1); y [m, N] (ld_y), overwritten.
 void int8_wo_rows_avx2(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_t ld_y,

@@ -1,0 +1,152 @@
+// The bf16 dot-product panel GEMM (cpu/bf16_panel_gemm.h) through each format's decoder
+// (INT4 with zero points, INT8 weight-only, FP8 per row and per 128-block), against the
+// format's float64 model: x times the codes (minus zero) times the scales, unrounded.
+// Edge shapes: N off the 16-column panels and the 4-panel step, K off the 32-k transpose
+// step, odd K, K below one chunk, M off the 6-row tile. On a CPU without avx512_bf16 the
+// layers must not take it (the kernel counter says which ran).
+
+#include "support/tp_catch.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "cpu/amx.h"
+#include "cpu/bf16_panel_gemm.h"
+#include "cpu/kernel_counts.h"
+#include "quant/fp8/cpu_kernels.h"
+#include "quant/int4/cpu_kernels.h"
+#include "quant/int8/weight_only_cpu_kernels.h"
+#include "support/cpu_kernel_check.h"
+#include "support/test_util.h"
+
+using namespace tp;
+
+namespace {
+
+bool bf16_dot_here() {
+  return cpu::features().avx512bf16 && cpu::isa() == cpu::Isa::kAvx512 && !cpu::amx_status().usable;
+}
+
+// max |y - ref| / bound over y, with ref and bound float64; y rounded to bf16 adds 2^-8 |ref|.
+double worst(const at::Tensor& y, const at::Tensor& ref, const at::Tensor& bound) {
+  const at::Tensor b = bound * (1 + std::ldexp(1.0, -8)) + ref.abs() * std::ldexp(1.0, -8);
+  return ((y.to(at::kDouble) - ref).abs() / b).max().item<double>();
+}
+
+template <class F>
+std::string counted(const F& f, at::Tensor& y) {
+  const auto before = cpu::kernel_counts();
+  y = f();
+  return cpu::kernels_between(before, cpu::kernel_counts());
+}
+
+}  // namespace
+
+TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", "[cpu_kernels][quant]") {
+  if (!bf16_dot_here()) WARN("no avx512_bf16 here (or AMX goes first): only the fallback is checked");
+  for (const auto& [n, k, g] : {std::tuple<int64_t, int64_t, int64_t>{16, 128, 128},
+                                {37, 256, 32},
+                                {100, 384, 128},
+                                {70, 1024, 1024},
+                                {1, 64, 64},
+                                {200, 2048, 64}}) {
+    const at::Tensor q = at::randint(0, 16, {n, k}, at::kInt);
+    const at::Tensor scale = (at::rand({k / g, n}, at::kFloat) + 0.5) * 0.01;
+    const at::Tensor zero = at::randint(0, 17, {k / g, n}, at::kInt);  // GPTQ v1 reaches 16
+    const tp::detail::Int4CpuWeight w = tp::detail::int4_cpu_pack(q, scale.to(at::kHalf), zero, g);
+    const at::Tensor s = scale.to(at::kHalf).to(at::kDouble).t().repeat_interleave(g, 1);  // [n, k]
+    const at::Tensor z = zero.to(at::kDouble).t().repeat_interleave(g, 1);
+    const at::Tensor model = (q.to(at::kDouble) - z) * s;
+    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{6}, int64_t{13}, int64_t{64}}) {
+      INFO("N=" << n << " K=" << k << " g=" << g << " M=" << m);
+      const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
+      at::Tensor y;
+      const std::string ran = counted([&] { return tp::detail::int4_cpu_linear(x, w); }, y);
+      CHECK((ran == "int4 panel/avx512_bf16") == bf16_dot_here());
+      const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
+      // P - z X_G: the bound of x . (|q| + z) s, and the sum X_G, the product and the scale rounding.
+      const at::Tensor bound = test::float32_dot_bound(x, (q.to(at::kDouble).abs() + z) * s, 4);
+      CHECK(worst(y, ref, bound) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("bf16 dot products: INT8 weight-only codes times row scales", "[cpu_kernels][quant]") {
+  for (const auto& [n, k] :
+       {std::pair<int64_t, int64_t>{16, 32}, {37, 301}, {17, 7}, {65, 4100}, {129, 96}, {3, 1}}) {
+    const at::Tensor q = at::randint(-128, 128, {n, k}, at::kChar);
+    const at::Tensor scale = (at::rand({n}, at::kFloat) + 0.5) * 0.01;
+    const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, scale);
+    const at::Tensor model = q.to(at::kDouble) * scale.to(at::kDouble).unsqueeze(1);
+    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{7}, int64_t{33}}) {
+      INFO("N=" << n << " K=" << k << " M=" << m);
+      const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
+      at::Tensor y;
+      const std::string ran = counted([&] { return tp::detail::int8_wo_cpu_linear(x, w); }, y);
+      CHECK((ran == "int8wo panel/avx512_bf16") == bf16_dot_here());
+      const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
+      CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2)) <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("bf16 dot products: FP8 codes times row or 128-block scales and the activations' scales",
+          "[cpu_kernels][quant]") {
+  if (!bf16_dot_here()) {
+    WARN("no avx512_bf16 here (or AMX goes first): fp8_linear_bf16dot is not run");
+    return;
+  }
+  for (const auto& [n, k, block] : {std::tuple<int64_t, int64_t, bool>{16, 128, false},
+                                    {37, 300, true},
+                                    {65, 1024, true},
+                                    {40, 31, false},
+                                    {100, 640, false},
+                                    {3, 130, true}}) {
+    // Random E4M3 codes without the NaN codes 0x7f / 0xff.
+    at::Tensor codes = at::randint(0, 255, {n, k}, at::kByte);
+    codes = at::where(codes.bitwise_and(0x7f).eq(0x7f), codes - 1, codes);
+    const at::Tensor w = codes.view(at::kFloat8_e4m3fn);
+    const int64_t groups = block ? (k + 127) / 128 : 1;
+    const at::Tensor scale = (at::rand({n, groups}, at::kFloat) + 0.5) * 0.01;
+    const auto kind = block ? tp::detail::Fp8Activation::kGroup128 : tp::detail::Fp8Activation::kPerToken;
+    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{6}, int64_t{40}}) {
+      INFO("N=" << n << " K=" << k << " block=" << block << " M=" << m);
+      const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
+      const auto [xq, x_scale] = tp::detail::fp8_quantize_codes_cpu(x, kind);
+      at::Tensor y;
+      const std::string ran = counted(
+          [&, &xq = xq, &x_scale = x_scale] {
+            return tp::detail::fp8_linear_bf16dot(xq, x_scale, w, scale, block ? 128 : k);
+          },
+          y);
+      CHECK(ran == "fp8 gemm/avx512_bf16");
+      // The model: (q t) . (c s) in float64, t and s per 128-k group (or per row).
+      const at::Tensor t = x_scale.narrow(1, 0, m).t().to(at::kDouble).repeat_interleave(block ? 128 : k, 1);
+      const at::Tensor xd = xq.view(at::kBFloat16).to(at::kDouble) * t.narrow(1, 0, k);
+      const at::Tensor wd =
+          w.to(at::kDouble) * scale.to(at::kDouble).repeat_interleave(block ? 128 : k, 1).narrow(1, 0, k);
+      const at::Tensor ref = at::matmul(xd, wd.t());
+      const double err = worst(y, ref, test::float32_dot_bound(xd, wd, 3));
+      INFO("worst |y - ref| / bound = " << err);
+      CHECK(err <= 1.0);
+    }
+  }
+}
+
+TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu_kernels][quant]") {
+  const at::Tensor q = at::randint(-128, 128, {48, 256}, at::kChar);
+  const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, at::ones({48}));
+  at::Tensor y;
+  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kFloat), w); }, y).find("bf16") ==
+        std::string::npos);
+  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({cpu::kBf16PanelMinM - 1, 256}, 1).to(at::kBFloat16), w); },
+                y)
+            .find("bf16") == std::string::npos);
+  // TP_CPU_ISA below AVX-512 (here: the isa argument) turns it off.
+  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kBFloat16), w, cpu::Isa::kAvx2); },
+                y)
+            .find("bf16") == std::string::npos);
+}
