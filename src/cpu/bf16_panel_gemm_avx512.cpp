@@ -36,8 +36,6 @@ struct Epilogue {
   const float* zero = nullptr;   // [16 NV] zero points, or nullptr
   const float* x_sum = nullptr;  // row r's chunk sum at x_sum[r * ld_sum] (with zero)
   int64_t ld_sum = 0;
-  const float* t = nullptr;  // row r's scale at t[r * t_ld], or nullptr
-  int64_t t_ld = 0;
   bool accumulate = false;  // add to y (else overwrite)
   int64_t ncols = 0;        // valid columns of the tile (<= 16 NV)
 };
@@ -74,21 +72,19 @@ void tile(const uint16_t* x, int64_t ld_x, const uint32_t* b, int64_t pairs, con
     s[v] = _mm512_loadu_ps(e.scale + 16 * v);
     z[v] = e.zero != nullptr ? _mm512_loadu_ps(e.zero + 16 * v) : _mm512_setzero_ps();
     const int64_t valid = e.ncols - 16 * v;
-    mask[v] = valid >= 16 ? static_cast<__mmask16>(0xFFFF)
-                          : static_cast<__mmask16>(valid > 0 ? (1u << valid) - 1u : 0u);
+    mask[v] =
+        valid >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>(valid > 0 ? (1u << valid) - 1u : 0u);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512 xs = _mm512_set1_ps(e.x_sum != nullptr ? e.x_sum[r * e.ld_sum] : 0.0f);
-    const __m512 t = _mm512_set1_ps(e.t != nullptr ? e.t[r * e.t_ld] : 1.0f);
     float* yr = y + r * ld_y;
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       __m512 p = c[r][v];
       if (e.zero != nullptr) p = _mm512_fnmadd_ps(z[v], xs, p);
-      const __m512 sv = e.t != nullptr ? _mm512_mul_ps(s[v], t) : s[v];
       const __m512 prev = e.accumulate ? _mm512_maskz_loadu_ps(mask[v], yr + 16 * v) : _mm512_setzero_ps();
-      _mm512_mask_storeu_ps(yr + 16 * v, mask[v], _mm512_fmadd_ps(p, sv, prev));
+      _mm512_mask_storeu_ps(yr + 16 * v, mask[v], _mm512_fmadd_ps(p, s[v], prev));
     }
   }
 }
@@ -100,58 +96,14 @@ constexpr TileFn kTiles[kRows][kBf16PanelsPerStep] = {
     {tile<5, 1>, tile<5, 2>, tile<5, 3>, tile<5, 4>}, {tile<6, 1>, tile<6, 2>, tile<6, 3>, tile<6, 4>},
 };
 
-// The 16 x 16 transpose of 16-bit units (a pair of bytes) of r[0..15] (row l: 32 bytes, 16
-// units), stored as out + 32 u for unit u: rows 0..15's unit u side by side.
-void transpose_units(const __m256i r[16], uint8_t* out) {
-  __m256i a[16], b[4][4], c[2][8];
-  for (int i = 0; i < 8; ++i) {  // rows 2i, 2i + 1 interleaved: units 0-3 (a[2i]), 4-7 (a[2i + 1]) per lane
-    a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-  }
-  for (int q = 0; q < 4; ++q) {  // rows 4q..4q+3: units (0, 1), (2, 3), (4, 5), (6, 7) per lane
-    b[q][0] = _mm256_unpacklo_epi32(a[4 * q], a[4 * q + 2]);
-    b[q][1] = _mm256_unpackhi_epi32(a[4 * q], a[4 * q + 2]);
-    b[q][2] = _mm256_unpacklo_epi32(a[4 * q + 1], a[4 * q + 3]);
-    b[q][3] = _mm256_unpackhi_epi32(a[4 * q + 1], a[4 * q + 3]);
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 8h..8h+7: unit e in lane 0, unit 8 + e in lane 1
-    for (int j = 0; j < 4; ++j) {
-      c[h][2 * j] = _mm256_unpacklo_epi64(b[2 * h][j], b[2 * h + 1][j]);
-      c[h][2 * j + 1] = _mm256_unpackhi_epi64(b[2 * h][j], b[2 * h + 1][j]);
-    }
-  }
-  for (int e = 0; e < 8; ++e) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * e), _mm256_permute2x128_si256(c[0][e], c[1][e], 0x20));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * (8 + e)),
-                        _mm256_permute2x128_si256(c[0][e], c[1][e], 0x31));
-  }
-}
-
 }  // namespace
 
-void bf16_pair_bytes_avx512(const uint8_t* const rows[16], int64_t kc, uint8_t* out) {
-  __m256i r[16];
-  const int64_t full = kc / 32 * 32;
-  for (int64_t kk = 0; kk < full; kk += 32) {
-    for (int l = 0; l < 16; ++l)
-      r[l] = rows[l] != nullptr ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[l] + kk))
-                                : _mm256_setzero_si256();
-    transpose_units(r, out + 16 * kk);
-  }
-  if (full == kc) return;
-  const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (kc - full)) - 1u);
-  for (int l = 0; l < 16; ++l)
-    r[l] = rows[l] != nullptr ? _mm256_maskz_loadu_epi8(tail, rows[l] + full) : _mm256_setzero_si256();
-  transpose_units(r, out + 16 * full);
-}
-
 void bf16_panel_gemm_range(const uint16_t* x, int64_t ld_x, int64_t m, const float* x_sum, int64_t ld_sum,
-                           const Bf16RowScales& t, const Bf16PanelWeight& w, float* y, int64_t ld_y, int64_t p0,
-                           int64_t p1) {
+                           const Bf16PanelWeight& w, float* y, int64_t ld_y, int64_t p0, int64_t p1) {
   alignas(64) uint32_t pairs[kBf16ChunkK / 2 * kBf16PairLd];
   alignas(64) float scale[kBf16PairLd];
   alignas(64) float zero[kBf16PairLd];
-  const int64_t chunk = bf16_panel_chunk(w.k, w.group, t.scale != nullptr ? t.group : 0);
+  const int64_t chunk = bf16_panel_chunk(w.k, w.group);
   for (int64_t p = p0; p < p1; p += kBf16PanelsPerStep) {
     const int64_t np = min64(kBf16PanelsPerStep, p1 - p);
     const int64_t c0 = kBf16PanelWidth * p;
@@ -159,7 +111,6 @@ void bf16_panel_gemm_range(const uint16_t* x, int64_t ld_x, int64_t m, const flo
     e.scale = scale;
     e.zero = w.zeros ? zero : nullptr;
     e.ld_sum = ld_sum;
-    e.t_ld = t.row_stride;
     e.ncols = min64(kBf16PanelWidth * np, w.n - c0);
     for (int64_t k0 = 0, ci = 0; k0 < w.k; k0 += chunk, ++ci) {
       const int64_t kc = min64(chunk, w.k - k0);
@@ -170,7 +121,6 @@ void bf16_panel_gemm_range(const uint16_t* x, int64_t ld_x, int64_t m, const flo
         const int rows = static_cast<int>(min64(kRows, m - r0));
         Epilogue er = e;
         if (w.zeros) er.x_sum = x_sum + r0 * ld_sum + ci;
-        if (t.scale != nullptr) er.t = t.scale + r0 * t.row_stride + (k0 / t.group) * t.group_stride;
         kTiles[rows - 1][np - 1](x + r0 * ld_x + k0, ld_x, pairs, np_pairs, er, y + r0 * ld_y + c0, ld_y);
       }
     }

@@ -5,6 +5,7 @@
 #include "quant/fp8/cpu_kernels.h"
 
 #include <ATen/ATen.h>
+
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -17,11 +18,10 @@
 #include <vector>
 
 #include "cpu/amx.h"
-#include "cpu/amx_rows_gemm.h"
-#include "cpu/bf16_panel_gemm.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
+#include "cpu/row_decoded_gemm.h"
 #include "quant/abs_max.h"
 
 namespace tp::detail {
@@ -264,53 +264,49 @@ bool check_codes_gemm(const char* what, const at::Tensor& q, const at::Tensor& x
 
 }  // namespace
 
-at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
-                          int64_t group) {
-  const bool grouped = check_codes_gemm("fp8_linear_amx", q, x_scale, w, scale, group);
+namespace {
+
+// q x e4m3(w) on the row-decoded GEMM's `loop` (cpu/row_decoded_gemm.h).
+at::Tensor codes_gemm(cpu::RowsLoop loop, const char* what, const at::Tensor& q, const at::Tensor& x_scale,
+                      const at::Tensor& w, const at::Tensor& scale, int64_t group) {
+  const bool grouped = check_codes_gemm(what, q, x_scale, w, scale, group);
   const int64_t m = q.size(0), n = w.size(0), k = w.size(1);
-  TORCH_INTERNAL_ASSERT(cpu::amx_status().usable, "fp8_linear_amx: AMX is not usable here");
   at::Tensor y = at::empty({m, n}, q.options().dtype(at::kFloat));
   if (m == 0 || n == 0) return y;
   if (k == 0) return y.zero_();
-  cpu::count_kernel("fp8 gemm/amx");  // the benchmarks' kernel column
+  // The benchmarks' kernel column.
+  cpu::count_kernel(loop == cpu::RowsLoop::kAmx ? "fp8 gemm/amx" : "fp8 gemm/avx512_bf16");
   const at::Tensor wc = w.contiguous();
   const at::Tensor sc = scale.contiguous();
   const Fp8WeightView view = weight_view(wc, sc, group, /*nan_codes=*/false);
-  at::Tensor xb = at::empty({cpu::amx_pairs_size(m, k)}, q.options());
+  at::Tensor xb = at::empty({cpu::pair_tiles_size(m, k)}, q.options());
   auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
-  cpu::amx_pack_pairs(reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>()), m, k, k, xbp);
-  cpu::AmxRowsWeight rows;
+  cpu::pack_pair_tiles(reinterpret_cast<const uint16_t*>(q.data_ptr<int16_t>()), m, k, k, xbp);
+  cpu::RowDecodedWeight rows;
   rows.n = n;
   rows.k = k;
-  rows.decode = &fp8_amx_decode_row;
+  rows.decode = &fp8_decode_row_bf16;
   rows.weight = &view;
   rows.scale = view.scale;
   rows.scale_ld = view.scale_ld;
   rows.grouped = grouped;
-  cpu::amx_rows_gemm_parallel(xbp, m, x_scale.data_ptr<float>(), x_scale.size(1), rows, y.data_ptr<float>(), n);
+  cpu::row_decoded_gemm_parallel(loop, xbp, m, x_scale.data_ptr<float>(), x_scale.size(1), rows, y.data_ptr<float>(),
+                                 n);
   return y;
+}
+
+}  // namespace
+
+at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
+                          int64_t group) {
+  TORCH_INTERNAL_ASSERT(cpu::amx_status().usable, "fp8_linear_amx: AMX is not usable here");
+  return codes_gemm(cpu::RowsLoop::kAmx, "fp8_linear_amx", q, x_scale, w, scale, group);
 }
 
 at::Tensor fp8_linear_bf16dot(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
                               const at::Tensor& scale, int64_t group) {
-  const bool grouped = check_codes_gemm("fp8_linear_bf16dot", q, x_scale, w, scale, group);
-  const int64_t n = w.size(0), k = w.size(1);
-  cpu::count_kernel("fp8 gemm/avx512_bf16");  // the benchmarks' kernel column
-  const at::Tensor wc = w.contiguous();
-  const at::Tensor sc = scale.contiguous();
-  const Fp8WeightView view = weight_view(wc, sc, group, /*nan_codes=*/false);
-  cpu::Bf16PanelWeight pw;
-  pw.n = n;
-  pw.k = k;
-  pw.group = grouped ? 128 : std::max<int64_t>(k, 1);
-  pw.decode = &fp8_bf16_decode_avx512;
-  pw.weight = &view;
-  cpu::Bf16RowScales t;
-  t.scale = x_scale.const_data_ptr<float>();
-  t.row_stride = 1;
-  t.group_stride = x_scale.size(1);
-  t.group = pw.group;
-  return cpu::bf16_panel_linear(q, pw, &t, "fp8_linear_bf16dot");
+  TORCH_INTERNAL_ASSERT(cpu::features().avx512bf16, "fp8_linear_bf16dot: this CPU has no avx512_bf16");
+  return codes_gemm(cpu::RowsLoop::kAvx512Bf16, "fp8_linear_bf16dot", q, x_scale, w, scale, group);
 }
 
 at::Tensor fp8_fake_quant_cpu(const at::Tensor& x, Fp8Activation kind, float input_scale) {

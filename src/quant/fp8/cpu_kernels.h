@@ -129,25 +129,21 @@ std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp
                                                          float input_scale = 1.0f);
 
 /// y = sum over scale groups of (x_scale * w_scale) * (q . e4m3(w)) on AMX bf16 tiles
-/// (cpu/amx_rows_gemm.h with fp8_amx_decode_row): exact products, float32 sums, one group per row (group >= K)
+/// (cpu/row_decoded_gemm.h with fp8_decode_row_bf16): exact products, float32 sums, one group per row (group >= K)
 /// or 128-k groups (fp8_block: x_scale then has ceil(K / 128) rows). q, x_scale from
 /// fp8_quantize_codes_cpu; w, scale, group as fp8_linear_cpu takes them; w must hold no
 /// NaN code. Threaded over N. Returns [M, N] float32. Only where amx_status().usable.
 at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w, const at::Tensor& scale,
                           int64_t group);
-/// The AMX row decoder of an Fp8WeightView (cpu/amx_rows_gemm.h's AmxRowDecodeFn; no
-/// NaN codes), in cpu_kernels_amx.cpp.
-void fp8_amx_decode_row(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
+/// The row decoder of an Fp8WeightView for the row-decoded GEMMs (cpu/row_decoded_gemm.h's
+/// RowDecodeFn; no NaN codes), in cpu_kernels_avx512.cpp.
+void fp8_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
-/// fp8_linear_amx's GEMM on AVX-512 bf16 dot products (cpu/bf16_panel_gemm.h with
-/// fp8_bf16_decode_avx512), for CPUs with avx512_bf16 and no usable AMX: the same
-/// arguments, exact products, float32 sums per 128-k chunk, the scales on each chunk's
-/// partial sums. Threaded over N; returns [M, N] float32.
+/// fp8_linear_amx's GEMM on AVX-512 bf16 dot products (cpu/row_decoded_gemm.h's
+/// kAvx512Bf16 loop), for CPUs with avx512_bf16 and no usable AMX: the same arguments and
+/// model, exact products, float32 sums. Threaded over N; returns [M, N] float32.
 at::Tensor fp8_linear_bf16dot(const at::Tensor& q, const at::Tensor& x_scale, const at::Tensor& w,
                               const at::Tensor& scale, int64_t group);
-/// cpu::Bf16PanelDecodeFn over an Fp8WeightView without NaN codes (cpu_kernels_avx512.cpp).
-void fp8_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
-                            float* scale, float* zero);
 
 /// y = x w_deq^T with tp's kernels for `isa` (threaded over N with ATen's pool).
 /// x: [M, K] float32 (the activations, already quantized-dequantized as

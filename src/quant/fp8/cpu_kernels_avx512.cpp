@@ -8,7 +8,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include "cpu/bf16_panel_gemm.h"
 #include "quant/fp8/cpu_kernels_body.h"
 
 namespace tp::detail {
@@ -42,12 +41,12 @@ void fp8_decode_avx512(const uint8_t* codes, int64_t count, float scale, bool na
 
 }  // namespace tp::detail
 
-// ---- The bf16 dot-product GEMM's decoder (cpu/bf16_panel_gemm.h) --------------------
-// 16 weight rows' codes transposed into pair rows (cpu::bf16_pair_bytes_avx512), then 32
-// codes at a time to their bf16 bits on 16-bit lanes (no NaN codes: the caller checks): a
-// normal code's exponent and mantissa move up 4 bits and the bias grows by 120 (127 - 7),
-// the 8 codes of exponent 0 (zero and the subnormals m 2^-9) come from a table, the sign
-// moves up 8 bits. Every E4M3 value is a bf16 value, so the codes are exact.
+// ---- The row decoder of the row-decoded GEMMs (cpu/row_decoded_gemm.h) ---------------
+// 32 codes at a time to their bf16 bits on 16-bit lanes (no NaN codes: the callers check):
+// a normal code's exponent and mantissa move up 4 bits and the bias grows by 120 (127 -
+// 7), the 8 codes of exponent 0 (zero and the subnormals m 2^-9) come from a table, the
+// sign moves up 8 bits (8 instructions per 32 codes). Every E4M3 value is a bf16 value, so
+// the codes are exact.
 
 namespace tp::detail {
 
@@ -67,22 +66,21 @@ __m512i e4m3_to_bf16(__m256i codes) {
 
 }  // namespace
 
-void fp8_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
-                            float* scale, float* /*zero*/) {
+void fp8_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out) {
   const auto& w = *static_cast<const Fp8WeightView*>(view);
-  alignas(64) uint8_t bytes[cpu::kBf16ChunkK * 16];
-  const int64_t g = w.group >= w.k ? 0 : k0 / w.group;
-  for (int64_t j = 0; j < np; ++j) {
-    const uint8_t* rows[16];
-    for (int64_t l = 0; l < 16; ++l) {
-      const int64_t n = (p + j) * 16 + l;
-      rows[l] = n < w.n ? w.codes + n * w.ld + k0 : nullptr;
-      scale[16 * j + l] = n < w.n ? w.scale[n * w.scale_ld + g] : 0.0f;
-    }
-    cpu::bf16_pair_bytes_avx512(rows, kc, bytes);
-    for (int64_t q = 0; q < (kc + 1) / 2; ++q)
-      _mm512_store_si512(pairs + q * cpu::kBf16PairLd + 16 * j,
-                         e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(bytes + 32 * q))));
+  const uint8_t* src = w.codes + row * w.ld + k0;
+  // Each row starts a new page, where the hardware prefetcher starts cold: fetch the row
+  // two ahead while this one decodes.
+  const uint8_t* ahead = row + 2 < w.n ? src + 2 * w.ld : nullptr;
+  const int64_t full = kc / 32 * 32;
+  for (int64_t kk = 0; kk < full; kk += 32) {
+    if (ahead != nullptr && kk % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + kk), _MM_HINT_T0);
+    _mm512_storeu_si512(out + kk, e4m3_to_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + kk))));
+  }
+  if (full < kc) {
+    alignas(32) uint8_t tail[32] = {};
+    for (int64_t kk = full; kk < kc; ++kk) tail[kk - full] = src[kk];
+    _mm512_storeu_si512(out + full, e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail))));
   }
 }
 

@@ -36,10 +36,11 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "cpu/amx.h"
-#include "cpu/bf16_panel_gemm.h"
+#include "cpu/bf16_dot.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
 #include "quant/random_weight.h"
@@ -189,7 +190,7 @@ class Fp8Method final : public QuantMethod {
 
   void finalize() override {
     nan_codes_ = weight_.defined() && weight_.is_cpu() && weight_.numel() > 0 && fp8_has_nan_codes(weight_);
-    weight_version_ = version_of(weight_);
+    seen_.store(pack_seen(version_of(weight_), nan_codes_));
 #if TP_WITH_CUDA
     // On CUDA: the cuBLASLt FP8 path, with the scales in its layouts (quant/fp8/cuda.h).
     cuda_.reset();
@@ -271,9 +272,9 @@ class Fp8Method final : public QuantMethod {
     const auto xt = x2d.scalar_type();
     if (xt != at::kFloat && xt != at::kBFloat16 && xt != at::kHalf) x2d = x2d.to(at::kFloat);  // as the reference
     const float input_scale = input_scale_.defined() ? input_scale_.item<float>() : 1.0f;
-    // NaN-exact decode where the weight has NaN codes, or where it may have changed
-    // since finalize() looked.
-    const bool nan_codes = nan_codes_ || version_of(weight_) != weight_version_;
+    // NaN-exact decode where the weight has NaN codes (looked at again after an in-place
+    // write, so a written layer takes the kernels a fresh one with its values takes).
+    const bool nan_codes = weight_nan_codes();
     const int64_t group = block() ? kBlock : std::max<int64_t>(in_local_, 1);
     at::Tensor y;
     if (xt == at::kBFloat16 && x2d.size(0) >= kFp8AmxMinM && !nan_codes && weight_.is_cpu() &&
@@ -281,7 +282,7 @@ class Fp8Method final : public QuantMethod {
       // bf16 layers on AMX: the same quantized activations, as E4M3 values and scales.
       const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
       y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
-    } else if (!nan_codes && weight_.is_cpu() && cpu::bf16_panel_applies(x2d, cpu::isa())) {
+    } else if (!nan_codes && weight_.is_cpu() && cpu::bf16_dot_applies(x2d, cpu::isa())) {
       // bf16 layers on AVX-512 bf16 dot products (no AMX): the same codes and scales.
       const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
       y = fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
@@ -313,6 +314,19 @@ class Fp8Method final : public QuantMethod {
            : config_.format == QuantFormat::kFp8PerChannel ? Fp8Activation::kPerToken
                                                            : Fp8Activation::kGroup128;
   }
+  // Whether the weight holds a NaN code now: finalize()'s answer while the weight's version
+  // is the one it saw, else a new look (one pass over the codes per write), remembered with
+  // that version. Two threads may both look after a write; they store the same answer.
+  bool weight_nan_codes() const {
+    const int64_t version = version_of(weight_);
+    const int64_t seen = seen_.load();
+    if (version >= 0 && seen >> 1 == version) return (seen & 1) != 0;
+    if (version < 0) return nan_codes_;  // no version counter: trusted as finalized
+    const bool nan = weight_.is_cpu() && weight_.numel() > 0 && fp8_has_nan_codes(weight_);
+    seen_.store(pack_seen(version, nan));
+    return nan;
+  }
+  static int64_t pack_seen(int64_t version, bool nan) { return version < 0 ? -1 : version * 2 + (nan ? 1 : 0); }
   // The tensor's version counter (bumped by every in-place write); -1 for tensors
   // that have none (made under InferenceMode), which are then trusted as finalized.
   static int64_t version_of(const at::Tensor& t) {
@@ -365,11 +379,11 @@ class Fp8Method final : public QuantMethod {
   QuantConfig config_;
   at::ScalarType dtype_ = at::kFloat;
   int64_t in_local_ = 0;
-  at::Tensor weight_;            // [out_local, in_local] float8_e4m3fn, "weight"
-  at::Tensor scale_;             // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
-  at::Tensor input_scale_;       // [] float32, "input_scale" (fp8_tensor only)
-  bool nan_codes_ = false;       // finalize(): the weight holds a NaN code (0x7f / 0xff)
-  int64_t weight_version_ = -2;  // finalize(): weight_'s version counter then
+  at::Tensor weight_;                      // [out_local, in_local] float8_e4m3fn, "weight"
+  at::Tensor scale_;                       // [out_local, groups()] float32, "weight_scale" / "weight_scale_inv"
+  at::Tensor input_scale_;                 // [] float32, "input_scale" (fp8_tensor only)
+  bool nan_codes_ = false;                 // finalize(): the weight holds a NaN code (0x7f / 0xff)
+  mutable std::atomic<int64_t> seen_{-1};  // weight_nan_codes(): version * 2 + NaN codes then
 #if TP_WITH_CUDA
   std::optional<cuda::Fp8Prepared> cuda_;  // built by finalize() when the weight is on CUDA
 #endif

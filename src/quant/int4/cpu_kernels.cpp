@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/bf16_panel_gemm.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
@@ -207,10 +208,8 @@ at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa
     const Int4CpuView v = int4_cpu_view(w);
     return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int4_cpu_linear");
   }
-  if (cpu::bf16_panel_applies(x, isa) && w.codes.defined()) {
+  if (cpu::bf16_dot_applies(x, isa) && w.codes.defined()) {
     cpu::count_kernel("int4 panel/avx512_bf16");  // the benchmarks' kernel column
-    TORCH_CHECK_VALUE(x.size(-1) == w.k, "int4_cpu_linear: x has shape ", x.sizes(), "; expected [..., ", w.k,
-                      "] (in_features)");
     const Int4CpuView v = int4_cpu_view(w);
     cpu::Bf16PanelWeight pw;
     pw.n = w.n;
@@ -219,9 +218,7 @@ at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa
     pw.zeros = true;
     pw.decode = &int4_bf16_decode_avx512;
     pw.weight = &v;
-    auto shape = x.sizes().vec();
-    shape.back() = w.n;
-    return cpu::bf16_panel_linear(x.reshape({-1, w.k}), pw, nullptr, "int4_cpu_linear").to(at::kBFloat16).view(shape);
+    return cpu::bf16_panel_linear(x, pw, "int4_cpu_linear");
   }
   return cpu::linear_through_f32(x, w.n, w.k, "int4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int4_cpu_linear(x2, m, w.k, w, y, w.n, isa);

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 
-#include "cpu/amx_rows_gemm.h"
-#include "cpu/bf16_panel_gemm.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 #include "cpu/parallel.h"
+#include "cpu/row_decoded_gemm.h"
 
 namespace tp::detail {
 
@@ -93,9 +93,9 @@ void int8_wo_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int8WoCpu
 
 namespace {
 
-// bf16 x on the AMX row-decoded GEMM: x times the exact int8 codes, the row scale once
-// per output (cpu/amx_rows_gemm.h).
-at::Tensor amx_rows_linear(const at::Tensor& x, const Int8WoCpuWeight& w) {
+// bf16 x on a row-decoded GEMM: x times the exact int8 codes, the row scale once per
+// output (cpu/row_decoded_gemm.h).
+at::Tensor rows_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu::RowsLoop loop) {
   TORCH_CHECK_VALUE(x.size(-1) == w.k, "int8_wo_cpu_linear: x has shape ", x.sizes(), "; expected [..., ", w.k,
                     "] (in_features)");
   auto out_shape = x.sizes().vec();
@@ -105,19 +105,19 @@ at::Tensor amx_rows_linear(const at::Tensor& x, const Int8WoCpuWeight& w) {
   at::Tensor y = at::empty({m, w.n}, x2.options().dtype(at::kFloat));
   if (m > 0 && w.k == 0) y.zero_();
   if (m > 0 && w.k > 0) {
-    at::Tensor xb = at::empty({cpu::amx_pairs_size(m, w.k)}, x2.options().dtype(at::kShort));
+    at::Tensor xb = at::empty({cpu::pair_tiles_size(m, w.k)}, x2.options().dtype(at::kShort));
     auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
-    cpu::amx_pack_pairs(reinterpret_cast<const uint16_t*>(x2.const_data_ptr<at::BFloat16>()), m, w.k, w.k, xbp);
+    cpu::pack_pair_tiles(reinterpret_cast<const uint16_t*>(x2.const_data_ptr<at::BFloat16>()), m, w.k, w.k, xbp);
     const at::Tensor x_scale = at::ones({1, cpu::round_up(m, 16)}, x2.options().dtype(at::kFloat));
     const Int8WoCpuView v = int8_wo_cpu_view(w);
-    cpu::AmxRowsWeight rows;
+    cpu::RowDecodedWeight rows;
     rows.n = w.n;
     rows.k = w.k;
-    rows.decode = &int8_wo_amx_decode_row;
+    rows.decode = &int8_wo_decode_row_bf16;
     rows.weight = &v;
     rows.scale = v.scales;
-    cpu::amx_rows_gemm_parallel(xbp, m, x_scale.const_data_ptr<float>(), x_scale.size(1), rows,
-                                y.mutable_data_ptr<float>(), w.n);
+    cpu::row_decoded_gemm_parallel(loop, xbp, m, x_scale.const_data_ptr<float>(), x_scale.size(1), rows,
+                                   y.mutable_data_ptr<float>(), w.n);
   }
   return y.to(at::kBFloat16).view(out_shape);
 }
@@ -129,28 +129,15 @@ at::Tensor int8_wo_cpu_linear(const at::Tensor& x, const Int8WoCpuWeight& w, cpu
     const int64_t m = x.numel() / std::max<int64_t>(w.k, 1);
     if (m <= kInt8WoAmxRowsMaxM) {
       cpu::count_kernel("int8wo rows/amx");  // the benchmarks' kernel column
-      return amx_rows_linear(x, w);
+      return rows_linear(x, w, cpu::RowsLoop::kAmx);
     }
     cpu::count_kernel("int8wo panel/amx");
     const Int8WoCpuView v = int8_wo_cpu_view(w);
     return cpu::panel_linear_amx_bf16(x, cpu::PanelWeight{w.n, w.k, decoder(isa), &v}, w.panels, "int8_wo_cpu_linear");
   }
-  if (cpu::bf16_panel_applies(x, isa) && w.codes.defined()) {
-    cpu::count_kernel("int8wo panel/avx512_bf16");  // the benchmarks' kernel column
-    TORCH_CHECK_VALUE(x.size(-1) == w.k, "int8_wo_cpu_linear: x has shape ", x.sizes(), "; expected [..., ", w.k,
-                      "] (in_features)");
-    const Int8WoCpuView v = int8_wo_cpu_view(w);
-    cpu::Bf16PanelWeight pw;
-    pw.n = w.n;
-    pw.k = w.k;
-    pw.group = std::max<int64_t>(w.k, 1);
-    pw.decode = &int8_wo_bf16_decode_avx512;
-    pw.weight = &v;
-    auto shape = x.sizes().vec();
-    shape.back() = w.n;
-    return cpu::bf16_panel_linear(x.reshape({-1, w.k}), pw, nullptr, "int8_wo_cpu_linear")
-        .to(at::kBFloat16)
-        .view(shape);
+  if (cpu::bf16_dot_applies(x, isa) && w.codes.defined()) {
+    cpu::count_kernel("int8wo rows/avx512_bf16");  // the benchmarks' kernel column
+    return rows_linear(x, w, cpu::RowsLoop::kAvx512Bf16);
   }
   return cpu::linear_through_f32(x, w.n, w.k, "int8_wo_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int8_wo_cpu_linear(x2, m, w.k, w, y, w.n, isa);

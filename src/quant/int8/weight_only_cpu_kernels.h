@@ -36,14 +36,14 @@ namespace tp::detail {
 inline constexpr int64_t kInt8WoSmallM = 4;
 
 /// bf16 layers where AMX is usable, from cpu::kPanelAmxMinM rows: up to this many rows
-/// the AMX row-decoded GEMM (cpu/amx_rows_gemm.h: x times the exact codes, the row scale
+/// the AMX row-decoded GEMM (cpu/row_decoded_gemm.h: x times the exact codes, the row scale
 /// on each output), above it the panel GEMM's bf16 tiles (the weight decoded as
 /// code x scale and rounded to bf16). benchmarks/RESULTS.md, 2026-12-03 (evening).
 inline constexpr int64_t kInt8WoAmxRowsMaxM = 192;
 
-/// The AMX row decoder of an Int8WoCpuView (cpu/amx_rows_gemm.h's AmxRowDecodeFn), in
-/// weight_only_cpu_kernels_amx.cpp.
-void int8_wo_amx_decode_row(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
+/// The row decoder of an Int8WoCpuView for the row-decoded GEMMs (cpu/row_decoded_gemm.h's
+/// RowDecodeFn), in weight_only_cpu_kernels_avx512.cpp (uses avx512_bf16).
+void int8_wo_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
 /// An int8 weight-only weight as the CPU kernels read it (layout above).
 struct Int8WoCpuWeight {
@@ -90,10 +90,6 @@ void int8_wo_decode_panels_avx2(const void* view, int64_t p, int64_t np, int64_t
 void int8_wo_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf,
                                   int64_t ld_buf);
 
-/// cpu::Bf16PanelDecodeFn over an Int8WoCpuView: the codes as bf16 pairs and the row scales
-/// (weight_only_cpu_kernels_avx512.cpp; the CPU must have avx512_bf16 to run the GEMM).
-void int8_wo_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
-                                float* scale, float* zero);
 /// The rows kernel for m <= kInt8WoSmallM rows of x [m, K] (row stride ld_x) and
 /// panels [p0, p1); y [m, N] (ld_y), overwritten.
 void int8_wo_rows_avx2(const float* x, int64_t m, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_t ld_y,

@@ -7,7 +7,6 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-#include "cpu/bf16_panel_gemm.h"
 #include "quant/int8/weight_only_cpu_kernels_body.h"
 
 namespace tp::detail {
@@ -34,32 +33,40 @@ void int8_wo_decode_panels_avx512(const void* view, int64_t p, int64_t np, int64
 
 }  // namespace tp::detail
 
-// ---- The bf16 dot-product GEMM's decoder (cpu/bf16_panel_gemm.h) --------------------
-// 16 weight rows' bytes transposed into pair rows (cpu::bf16_pair_bytes_avx512), then per
-// pair row 32 codes widened to int32, converted (exact) and narrowed to bf16 (exact: at
-// most 8 significant bits) in order: 5 instructions per 32 codes after the transpose.
+// ---- The row decoder of the row-decoded GEMMs (cpu/row_decoded_gemm.h) ---------------
+// An int8 code is a bf16 value exactly (at most 8 significant bits): 32 codes widened to
+// int32, converted (exact) and narrowed to bf16 (exact) in order, 5 instructions. Uses
+// avx512_bf16 (VCVTNE2PS2BF16): called only by the AMX and bf16 dot-product GEMMs, whose
+// CPUs have it.
 
 namespace tp::detail {
 
-void int8_wo_bf16_decode_avx512(const void* view, int64_t p, int64_t np, int64_t k0, int64_t kc, uint32_t* pairs,
-                                float* scale, float* /*zero*/) {
+namespace {
+
+__m512i int8_to_bf16x32(const int8_t* codes) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+  const __m512 hi =
+      _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 16))));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+}  // namespace
+
+void int8_wo_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out) {
   const auto& w = *static_cast<const Int8WoCpuView*>(view);
-  alignas(64) uint8_t bytes[cpu::kBf16ChunkK * 16];
-  for (int64_t j = 0; j < np; ++j) {
-    const uint8_t* rows[16];
-    for (int64_t l = 0; l < 16; ++l) {
-      const int64_t n = (p + j) * 16 + l;
-      rows[l] = n < w.n ? reinterpret_cast<const uint8_t*>(w.codes + n * w.k + k0) : nullptr;
-    }
-    cpu::bf16_pair_bytes_avx512(rows, kc, bytes);
-    for (int64_t q = 0; q < (kc + 1) / 2; ++q) {
-      const __m512 lo =
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 32 * q))));
-      const __m512 hi = _mm512_cvtepi32_ps(
-          _mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(bytes + 32 * q + 16))));
-      _mm512_store_si512(pairs + q * cpu::kBf16PairLd + 16 * j, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
-    _mm512_storeu_ps(scale + 16 * j, _mm512_loadu_ps(w.scales + (p + j) * 16));
+  const int8_t* src = w.codes + row * w.k + k0;
+  // Each row of 4 KiB starts a new page, where the hardware prefetcher starts cold: fetch
+  // the row two ahead while this one decodes.
+  const int8_t* ahead = row + 2 < w.n ? src + 2 * w.k : nullptr;
+  const int64_t full = kc / 32 * 32;
+  for (int64_t kk = 0; kk < full; kk += 32) {
+    if (ahead != nullptr && kk % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + kk), _MM_HINT_T0);
+    _mm512_storeu_si512(out + kk, int8_to_bf16x32(src + kk));
+  }
+  if (full < kc) {
+    alignas(32) int8_t tail[32] = {};
+    for (int64_t kk = full; kk < kc; ++kk) tail[kk - full] = src[kk];
+    _mm512_storeu_si512(out + full, int8_to_bf16x32(tail));
   }
 }
 

@@ -3,7 +3,7 @@
 // included), the GEMV / GEMM against the float64 reference of each format
 // (dequantize_weight, quantize_activation, at::linear) at edge shapes, NaN codes, the
 // scalar fallback for odd group sizes, thread-count independence, and the errors; and
-// the AMX bf16 tile kernel (cpu_kernels_amx.cpp) where AMX is usable.
+// the AMX bf16 tile kernel (cpu/row_decoded_gemm_amx.cpp) where AMX is usable.
 
 #include "support/tp_catch.h"
 

@@ -1,4 +1,4 @@
-// The AMX row-decoded GEMM (cpu/amx_rows_gemm.h), compiled with the AMX flags and
+// The AMX row-decoded GEMM (cpu/row_decoded_gemm.h), compiled with the AMX flags and
 // entered only when amx_status().usable.
 //
 // A is the weight (16 rows x 32 k of bf16), decoded by the format per block of 32 rows
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "cpu/amx_config.h"
-#include "cpu/amx_rows_gemm.h"
+#include "cpu/row_decoded_gemm.h"
 
 // No templates or inline functions shared with other translation units here (no
 // std::min): the linker could keep this file's AMX copy of one for every caller.
@@ -69,7 +69,7 @@ constexpr BlockFn kBlocks[2][2] = {{block<1, 1>, block<1, 2>}, {block<2, 1>, blo
 
 }  // namespace
 
-void amx_rows_gemm(const uint16_t* xb, int64_t m, const float* x_scale, int64_t x_scale_ld, const AmxRowsWeight& w,
+void amx_rows_gemm(const uint16_t* xb, int64_t m, const float* x_scale, int64_t x_scale_ld, const RowDecodedWeight& w,
                    float* y, int64_t ld_y, int64_t n0, int64_t n1) {
   const bool grouped = w.grouped;
   const int64_t steps_total = (w.k + kTileK - 1) / kTileK;

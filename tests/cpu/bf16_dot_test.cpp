@@ -1,9 +1,11 @@
-// The bf16 dot-product panel GEMM (cpu/bf16_panel_gemm.h) through each format's decoder
-// (INT4 with zero points, INT8 weight-only, FP8 per row and per 128-block), against the
-// format's float64 model: x times the codes (minus zero) times the scales, unrounded.
-// Edge shapes: N off the 16-column panels and the 4-panel step, K off the 32-k transpose
-// step, odd K, K below one chunk, M off the 6-row tile. On a CPU without avx512_bf16 the
-// layers must not take it (the kernel counter says which ran).
+// The GEMMs on AVX-512 bf16 dot products (cpu/bf16_dot.h): the panel loop through INT4's
+// decoder (with zero points), the row-decoded loop through INT8 weight-only's and FP8's
+// (per row and per 128-block scales, with the activations' own), against each format's
+// float64 model: x times the codes (minus zero) times the scales, unrounded. Edge shapes:
+// N off the 16-column panels, the 4-panel step and the 24-row block, K off the 32-k decode
+// step, odd K, K below one chunk, M off the 16-token vectors and the 6-row tile, M past
+// the 512-token pass. On a CPU without avx512_bf16 the layers must not take them (the
+// kernel counter says which ran).
 
 #include "support/tp_catch.h"
 
@@ -14,7 +16,7 @@
 #include <tuple>
 
 #include "cpu/amx.h"
-#include "cpu/bf16_panel_gemm.h"
+#include "cpu/bf16_dot.h"
 #include "cpu/kernel_counts.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int4/cpu_kernels.h"
@@ -60,7 +62,7 @@ TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", 
     const at::Tensor s = scale.to(at::kHalf).to(at::kDouble).t().repeat_interleave(g, 1);  // [n, k]
     const at::Tensor z = zero.to(at::kDouble).t().repeat_interleave(g, 1);
     const at::Tensor model = (q.to(at::kDouble) - z) * s;
-    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{6}, int64_t{13}, int64_t{64}}) {
+    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{6}, int64_t{13}, int64_t{64}}) {
       INFO("N=" << n << " K=" << k << " g=" << g << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       at::Tensor y;
@@ -75,18 +77,17 @@ TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", 
 }
 
 TEST_CASE("bf16 dot products: INT8 weight-only codes times row scales", "[cpu_kernels][quant]") {
-  for (const auto& [n, k] :
-       {std::pair<int64_t, int64_t>{16, 32}, {37, 301}, {17, 7}, {65, 4100}, {129, 96}, {3, 1}}) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16, 32}, {37, 301}, {17, 7}, {65, 4100}, {129, 96}, {3, 1}}) {
     const at::Tensor q = at::randint(-128, 128, {n, k}, at::kChar);
     const at::Tensor scale = (at::rand({n}, at::kFloat) + 0.5) * 0.01;
     const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, scale);
     const at::Tensor model = q.to(at::kDouble) * scale.to(at::kDouble).unsqueeze(1);
-    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{7}, int64_t{33}}) {
+    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{7}, int64_t{33}, int64_t{530}}) {
       INFO("N=" << n << " K=" << k << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       at::Tensor y;
       const std::string ran = counted([&] { return tp::detail::int8_wo_cpu_linear(x, w); }, y);
-      CHECK((ran == "int8wo panel/avx512_bf16") == bf16_dot_here());
+      CHECK((ran == "int8wo rows/avx512_bf16") == bf16_dot_here());
       const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
       CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2)) <= 1.0);
     }
@@ -112,7 +113,7 @@ TEST_CASE("bf16 dot products: FP8 codes times row or 128-block scales and the ac
     const int64_t groups = block ? (k + 127) / 128 : 1;
     const at::Tensor scale = (at::rand({n, groups}, at::kFloat) + 0.5) * 0.01;
     const auto kind = block ? tp::detail::Fp8Activation::kGroup128 : tp::detail::Fp8Activation::kPerToken;
-    for (const int64_t m : {cpu::kBf16PanelMinM, int64_t{6}, int64_t{40}}) {
+    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{6}, int64_t{40}, int64_t{70}}) {
       INFO("N=" << n << " K=" << k << " block=" << block << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       const auto [xq, x_scale] = tp::detail::fp8_quantize_codes_cpu(x, kind);
@@ -140,13 +141,23 @@ TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu
   const at::Tensor q = at::randint(-128, 128, {48, 256}, at::kChar);
   const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, at::ones({48}));
   at::Tensor y;
-  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kFloat), w); }, y).find("bf16") ==
-        std::string::npos);
-  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({cpu::kBf16PanelMinM - 1, 256}, 1).to(at::kBFloat16), w); },
-                y)
+  CHECK(counted(
+            [&] {
+              return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kFloat), w);
+            },
+            y)
+            .find("bf16") == std::string::npos);
+  CHECK(counted(
+            [&] {
+              return tp::detail::int8_wo_cpu_linear(test::randn({cpu::kBf16DotMinM - 1, 256}, 1).to(at::kBFloat16), w);
+            },
+            y)
             .find("bf16") == std::string::npos);
   // TP_CPU_ISA below AVX-512 (here: the isa argument) turns it off.
-  CHECK(counted([&] { return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kBFloat16), w, cpu::Isa::kAvx2); },
-                y)
+  CHECK(counted(
+            [&] {
+              return tp::detail::int8_wo_cpu_linear(test::randn({16, 256}, 1).to(at::kBFloat16), w, cpu::Isa::kAvx2);
+            },
+            y)
             .find("bf16") == std::string::npos);
 }
