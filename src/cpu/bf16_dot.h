@@ -27,8 +27,7 @@ inline constexpr int64_t kBf16DotMinM = 5;
 /// can turn it off) AVX-512, the CPU has avx512_bf16 and the AMX tiles are not usable.
 inline bool bf16_dot_applies(const at::Tensor& x, Isa isa) {
   return x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.dim() >= 1 && isa == Isa::kAvx512 &&
-         features().avx512bf16 && x.numel() / std::max<int64_t>(x.size(-1), 1) >= kBf16DotMinM &&
-         !amx_status().usable;
+         features().avx512bf16 && x.numel() / std::max<int64_t>(x.size(-1), 1) >= kBf16DotMinM && !amx_status().usable;
 }
 
 }  // namespace tp::cpu

@@ -21,6 +21,7 @@
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int4/cpu_kernels.h"
 #include "quant/int8/weight_only_cpu_kernels.h"
+#include "quant/mxfp4/mxfp4.h"
 #include "support/cpu_kernel_check.h"
 #include "support/test_util.h"
 
@@ -89,7 +90,9 @@ TEST_CASE("bf16 dot products: INT8 weight-only codes times row scales", "[cpu_ke
       const std::string ran = counted([&] { return tp::detail::int8_wo_cpu_linear(x, w); }, y);
       CHECK((ran == "int8wo rows/avx512_bf16") == bf16_dot_here());
       const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
-      CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2)) <= 1.0);
+      // Products below float32's normal range (the smallest scales) round to multiples of 2^-149.
+      CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2) + static_cast<double>(k) * std::ldexp(1.0, -149)) <=
+            1.0);
     }
   }
 }
@@ -160,4 +163,39 @@ TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu
             },
             y)
             .find("bf16") == std::string::npos);
+}
+
+TEST_CASE("bf16 dot products: MXFP4's dequantized weight, exact where the scales allow", "[cpu_kernels][quant]") {
+  for (const auto& [n, k, lo, hi] : {std::tuple<int64_t, int64_t, int, int>{16, 32, 120, 130},
+                                     {37, 288, 100, 140},
+                                     {100, 1024, 2, 252},
+                                     {25, 256, 0, 130},       // a scale below the range: the float path
+                                     {25, 256, 120, 253}}) {  // one above it: the float path
+    // Codes up to 3 in magnitude where the scales reach 253 (6 x 2^126 is no float32).
+    const auto nibbles = [&, hi = hi] {
+      const at::Tensor mag = at::randint(0, hi > 252 ? 6 : 8, {n, k / 32, 16}, at::kByte);
+      return mag + at::randint(0, 2, {n, k / 32, 16}, at::kByte) * 8;
+    };
+    const at::Tensor blocks = nibbles() + nibbles() * 16;
+    const at::Tensor scales = at::randint(lo, hi + 1, {n, k / 32}, at::kByte);
+    scales[n / 2][0] = lo;  // the ends of the range drawn for sure
+    scales[n / 3][k / 32 - 1] = hi;
+    const tp::detail::Mxfp4CpuWeight w{blocks.const_data_ptr<uint8_t>(), scales.const_data_ptr<uint8_t>(), n, k};
+    const at::Tensor model = tp::detail::mxfp4_cpu_decode_all(w).to(at::kDouble);
+    const bool in_range = lo >= tp::detail::kMxfp4Bf16ScaleMin && hi <= tp::detail::kMxfp4Bf16ScaleMax;
+    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{16}, int64_t{70}}) {
+      INFO("N=" << n << " K=" << k << " scales " << lo << ".." << hi << " M=" << m);
+      // x scaled so that x W stays finite at the largest scales (and x stays a normal bf16).
+      const double x_scale = hi > 200 ? std::ldexp(1.0, -100) : 1.0;
+      const at::Tensor x = (test::randn({m, k}, static_cast<uint64_t>(n * m + k)) * x_scale).to(at::kBFloat16);
+      at::Tensor y;
+      const std::string ran = counted([&] { return tp::detail::mxfp4_cpu_linear(x, w); }, y);
+      CHECK((ran == "mxfp4 rows/avx512_bf16") == (bf16_dot_here() && in_range));
+      const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
+      REQUIRE(at::isfinite(ref).all().item<bool>());
+      // Products below float32's normal range (the smallest scales) round to multiples of 2^-149.
+      CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2) + static_cast<double>(k) * std::ldexp(1.0, -149)) <=
+            1.0);
+    }
+  }
 }

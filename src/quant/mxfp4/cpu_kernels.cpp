@@ -6,11 +6,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "cpu/bf16_dot.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
+#include "cpu/parallel.h"
+#include "cpu/row_decoded_gemm.h"
 #include "quant/mxfp4/mxfp4.h"
 
 namespace tp::detail {
@@ -41,10 +45,47 @@ void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_
   }
 }
 
+// Whether every scale byte lies where the decoded bf16 weight is exact.
+bool bf16_exact_scales(const Mxfp4CpuWeight& w) {
+  const int64_t count = w.n * (w.k / kMxfp4Block);
+  uint8_t lo = 255, hi = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    lo = std::min(lo, w.scales[i]);
+    hi = std::max(hi, w.scales[i]);
+  }
+  return count == 0 || (lo >= kMxfp4Bf16ScaleMin && hi <= kMxfp4Bf16ScaleMax);
+}
+
+// bf16 x on the row-decoded GEMM's AVX-512 bf16 loop: x times the exact dequantized weight.
+at::Tensor bf16_rows_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
+  const at::Tensor x2 = x.contiguous();
+  const int64_t m = x2.size(0);
+  at::Tensor xb = at::empty({cpu::pair_tiles_size(m, w.k)}, x2.options().dtype(at::kShort));
+  auto* xbp = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+  cpu::pack_pair_tiles(reinterpret_cast<const uint16_t*>(x2.const_data_ptr<at::BFloat16>()), m, w.k, w.k, xbp);
+  const at::Tensor ones = at::ones({1, cpu::round_up(m, 16)}, x2.options().dtype(at::kFloat));
+  const float one = 1.0f;
+  cpu::RowDecodedWeight rows;
+  rows.n = w.n;
+  rows.k = w.k;
+  rows.decode = &mxfp4_decode_row_bf16;
+  rows.weight = &w;
+  rows.scale = &one;  // the scales are in the decoded weight
+  rows.scale_ld = 0;
+  at::Tensor y = at::empty({m, w.n}, x2.options().dtype(at::kFloat));
+  cpu::row_decoded_gemm_parallel(cpu::RowsLoop::kAvx512Bf16, xbp, m, ones.const_data_ptr<float>(), ones.size(1), rows,
+                                 y.mutable_data_ptr<float>(), w.n);
+  return y.to(at::kBFloat16);
+}
+
 }  // namespace
 
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
   const cpu::Isa isa = cpu::isa();
+  if (cpu::bf16_dot_applies(x, isa) && w.n > 0 && w.k > 0 && x.dim() == 2 && x.size(1) == w.k && bf16_exact_scales(w)) {
+    cpu::count_kernel("mxfp4 rows/avx512_bf16");  // the benchmarks' kernel column
+    return bf16_rows_linear(x, w);
+  }
   const int64_t panels = (w.n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   return cpu::linear_through_f32(x, w.n, w.k, "mxfp4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     cpu::count_kernel(std::string("mxfp4 panel/") + cpu::to_string(isa));  // the benchmarks' kernel column

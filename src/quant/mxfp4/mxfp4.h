@@ -42,7 +42,20 @@ struct Mxfp4CpuWeight {
 /// y = x W^T for x [M, K] (float32, bfloat16 or float16, CPU) through the panel GEMM
 /// over weights decoded exactly to float32 (cpu/panel_gemm.h): float32 products and
 /// sums, y rounded once to x's dtype. The kernel column names it "mxfp4 panel/<isa>".
+/// bf16 x where cpu/bf16_dot.h says so and the scales allow: the row-decoded GEMM's
+/// AVX-512 bf16 loop over the exact dequantized weight ("mxfp4 rows/avx512_bf16").
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w);
+
+/// Scale bytes for which every E2M1 value times the scale is a normal bf16 value (exact in the
+/// bf16 dot products, which flush subnormal inputs): a layer whose scales all lie in
+/// [kMxfp4Bf16ScaleMin, kMxfp4Bf16ScaleMax] may take them.
+inline constexpr int kMxfp4Bf16ScaleMin = 2;
+inline constexpr int kMxfp4Bf16ScaleMax = 252;
+
+/// cpu::RowDecodeFn over an Mxfp4CpuWeight: row `row`'s dequantized weight (E2M1 value
+/// times its block's scale) as bf16 bits, exact for scales in the range above; k0 and kc
+/// multiples of 32 (row_decode_avx512.cpp; uses AVX-512 BW).
+void mxfp4_decode_row_bf16(const void* weight, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
 /// The float32 weight [N, K] as the CPU decoder writes it (tests: bit for bit
 /// dequantize_mxfp4).
