@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace tp::cpu {
@@ -34,6 +35,13 @@ void parallel_grabs(int64_t units, int64_t threads, int64_t grab, const F& f) {
     for (int64_t u = next.fetch_add(grab); u < units; u = next.fetch_add(grab)) f(u, std::min(units, u + grab));
   });
 }
+
+/// Runs run(i) for every i in [0, count) on ATen's threads, one task at a time from a
+/// shared counter (tasks of different sizes), each thread with the caller's thread-local
+/// state (inference mode, grad mode, ...); on the calling thread alone inside a parallel
+/// region. Not a template: compiled once with OpenMP (cpu/parallel.cpp), so callers in
+/// areas built without it (layers) get ATen's threads too.
+void parallel_tasks(int64_t count, const std::function<void(int64_t)>& run);
 
 /// Runs f(u0, u1) over [0, units) on all of ATen's threads, ~32 grabs per thread.
 template <class F>

@@ -13,8 +13,8 @@
 //   has avx512_bf16 but no usable AMX (AMD Zen 4 / 5): x's 16 tokens of a pair tile are
 //   one register, each decoded weight pair one broadcast, so no weight is transposed and
 //   the decode is the format's widening alone. Register tile 24 weight rows x 16 tokens,
-//   12 x 32 or 6 x 64 (24 accumulators); per chunk of 256 k (128 when grouped) the partial
-//   sums go into a float buffer of the row block, transposed into y at the end.
+//   12 x 32 or 6 x 64 (24 accumulators); per chunk of 128 k the partial sums go into a
+//   float buffer of the row block, transposed into y at the end.
 // Both read x packed into pair tiles (pack_pair_tiles) and the activations' scales
 // transposed, [groups, round_up(m, 16)].
 

@@ -3,7 +3,7 @@
 // has avx512_bf16.
 //
 // Per block of 24 weight rows and chunk of k, the format decodes the rows into a buffer
-// that stays in L1 (24 x 256 bf16, 12 KiB); then for every 16 tokens (one pair tile of x
+// that stays in L1 (24 x 128 bf16, 6 KiB); then for every 16 tokens (one pair tile of x
 // per 32 k, one register per pair of k) the tile multiplies each row's decoded pair,
 // broadcast, into the tokens' accumulators. Per pair of k: NV loads of x, R broadcasts,
 // R x NV dot products. The chunk's partial sums go into a float buffer [24 rows, tokens]
@@ -84,7 +84,8 @@ void tile(const uint16_t* x, int64_t vstride, const uint16_t* wr, int64_t ldw, i
 
 void bf16_rows_gemm(const uint16_t* xb, int64_t m, const float* x_scale, int64_t x_scale_ld, const RowDecodedWeight& w,
                     float* y, int64_t ld_y, int64_t n0, int64_t n1) {
-  const int64_t chunk = w.grouped ? 128 : 256;
+  // 128 k: a 64-token group's x (16 KiB) and the decoded rows (6 KiB) stay in L1 together.
+  const int64_t chunk = 128;
   const int64_t steps_total = (w.k + kTileK - 1) / kTileK;
   const int64_t vstride = steps_total * kTileElems;
   const int64_t tiles_m = (m + 15) / 16;
@@ -133,15 +134,15 @@ void bf16_rows_gemm(const uint16_t* xb, int64_t m, const float* x_scale, int64_t
         }
       }
       // [rows, tokens] -> y [tokens, rows], with the one-group scales: (P * x_scale) * scale.
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src = ybuf.data() + r * ldy;
-        float* dst = y + t0 * 16 * ld_y + r0 + r;
+      float ws[kBlockRows];
+      for (int64_t r = 0; r < rows; ++r) ws[r] = w.grouped ? 1.0f : w.scale[(r0 + r) * w.scale_ld];
+      for (int64_t t = 0; t < tokens; ++t) {
+        float* dst = y + (t0 * 16 + t) * ld_y + r0;
+        const float xs = x_scale[t0 * 16 + t];
         if (w.grouped) {
-          for (int64_t t = 0; t < tokens; ++t) dst[t * ld_y] = src[t];
+          for (int64_t r = 0; r < rows; ++r) dst[r] = ybuf[r * ldy + t];
         } else {
-          const float ws = w.scale[(r0 + r) * w.scale_ld];
-          const float* xs = x_scale + t0 * 16;
-          for (int64_t t = 0; t < tokens; ++t) dst[t * ld_y] = src[t] * xs[t] * ws;
+          for (int64_t r = 0; r < rows; ++r) dst[r] = ybuf[r * ldy + t] * xs * ws[r];
         }
       }
     }

@@ -5,7 +5,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <vector>
 
+#include "cpu/parallel.h"
 #include "layers/layer_common.h"
 #include "layers/loading/strict_load.h"
 #include "layers/moe/checkpoint.h"
@@ -18,6 +21,21 @@
 namespace tp {
 
 namespace {
+
+// The routed experts' passes. At inference with a quantized format (tp's own kernels, whose
+// results do not depend on the thread count) one expert per thread, taken in turn from a
+// shared counter (the experts' token counts differ), each GEMM then on its thread alone:
+// many small GEMMs one after another spent their time starting parallel regions and
+// waiting for the slowest thread (benchmarks/RESULTS.md, 2026-12-07, "issue 47: MoE
+// experts"). Otherwise, and in training (the autograd graph is built in order), one after
+// another with each GEMM threaded. The caller adds the outputs in expert order either way.
+void run_expert_passes(size_t count, bool concurrent, const std::function<void(int64_t)>& run) {
+  if (concurrent) {
+    cpu::parallel_tasks(static_cast<int64_t>(count), run);
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) run(static_cast<int64_t>(i));
+}
 
 constexpr const char* kLayer = "MoEParallelMLP";
 
@@ -239,19 +257,33 @@ at::Tensor MoEParallelMLPImpl::forward_partial(const at::Tensor& x_in) {
     const auto counts = at::bincount(flat, {}, options.num_experts()).cpu();
     const auto* count = counts.data_ptr<int64_t>();
     lap(t.route_s);
+    struct Pass {
+      const detail::ExpertShard* shard;
+      at::Tensor token, slot;
+    };
+    std::vector<Pass> passes;
     int64_t begin = 0;
     for (int64_t e = 0; e < options.num_experts(); ++e) {
       const int64_t n = count[e], start = begin;
       begin += n;
       if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another group's expert
-      const auto& shard = *experts_shards_[static_cast<size_t>(e - experts_.begin)];
       const at::Tensor pairs = order.narrow(0, start, n);
-      const at::Tensor token = at::floor_divide(pairs, k), slot = at::remainder(pairs, k);
-      const at::Tensor y = shard.forward(xp.index_select(0, token), act) * weights.index({token, slot}).unsqueeze(-1);
-      out = out.index_add(0, token, y.to(out.scalar_type()));
+      passes.push_back({experts_shards_[static_cast<size_t>(e - experts_.begin)].get(), at::floor_divide(pairs, k),
+                        at::remainder(pairs, k)});
+    }
+    std::vector<at::Tensor> ys(passes.size());
+    const auto run = [&](int64_t i) {
+      const Pass& p = passes[static_cast<size_t>(i)];
+      ys[static_cast<size_t>(i)] =
+          p.shard->forward(xp.index_select(0, p.token), act) * weights.index({p.token, p.slot}).unsqueeze(-1);
+    };
+    run_expert_passes(passes.size(), !at::GradMode::is_enabled() && options.quant().format != QuantFormat::kNone, run);
+    // The sums in expert order (ascending, as transformers adds them), however they ran.
+    for (size_t i = 0; i < passes.size(); ++i) {
+      out = out.index_add(0, passes[i].token, ys[i].to(out.scalar_type()));
       if (record_timings) {
         ++t.experts_run;
-        t.weight_bytes += shard.stored_bytes();
+        t.weight_bytes += passes[i].shard->stored_bytes();
       }
     }
     lap(t.experts_s);

@@ -672,3 +672,26 @@ TEST_CASE("MoEParallelMLP clone() copies every expert's tensors", "[layers][moe]
     CHECK(at::equal(y, y_copy));
   });
 }
+
+TEST_CASE("quantized experts at inference run side by side on ATen's threads with the bits of one after another",
+          "[layers][moe][quant]") {
+  // At inference a quantized MoE runs its experts concurrently (one per thread); with grad
+  // enabled, one after another. The outputs are added in expert order either way and tp's
+  // kernels do not depend on the thread count, so the two must agree bit for bit; bf16 with
+  // enough tokens per expert takes the formats' M >= 5 kernels too.
+  constexpr int64_t H = 256, I = 384, E = 4, K = 2, T = 40;
+  for (const char* text : {"int4_gptq:g128", "int8_weight_only", "fp8_block", "mxfp4"}) {
+    INFO(text);
+    run_ranks_in_threads(1, [&](Communicator& comm) {
+      MoEParallelMLP moe(MoEParallelMLPOptions(H, I, E, K).quant(parse_quant_config(text)).dtype(at::kBFloat16), comm);
+      const at::Tensor x = randn({T, H}, 17).to(at::kBFloat16);
+      const at::Tensor one_by_one = moe->forward(x).detach();
+      at::Tensor side_by_side;
+      {
+        c10::InferenceMode inference;
+        side_by_side = moe->forward(x);
+      }
+      CHECK(at::equal(one_by_one.view(at::kShort), side_by_side.view(at::kShort)));
+    });
+  }
+}
