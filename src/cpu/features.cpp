@@ -69,6 +69,7 @@ Features detect() {
   f.avx512bw = zmm && bit(l7.b, 30);
   f.avx512vl = zmm && bit(l7.b, 31);
   f.avx512vnni = zmm && bit(l7.c, 11);
+  f.avx512vbmi = zmm && bit(l7.c, 1);
   f.avx512bf16 = zmm && bit(l7s1.a, 5);
   // Linux enables AMX tile state only after a process asks (arch_prctl); CPUID and
   // XCR0 say whether it can.
@@ -113,6 +114,7 @@ std::string Features::describe() const {
   add(avx512vl, "avx512vl");
   add(avx512dq, "avx512dq");
   add(avx512vnni, "avx512_vnni");
+  add(avx512vbmi, "avx512_vbmi");
   add(avx512bf16, "avx512_bf16");
   add(amx_tile, "amx_tile");
   add(amx_bf16, "amx_bf16");

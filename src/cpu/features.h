@@ -36,6 +36,7 @@ struct Features {
   bool avx512dq = false;
   bool avx512vnni = false;  ///< VPDPBUSD on zmm (Cascade Lake, Zen 4)
   bool avx512bf16 = false;  ///< VDPBF16PS (Cooper Lake, Sapphire Rapids, Zen 4)
+  bool avx512vbmi = false;  ///< VPERMI2B, byte tables (Ice Lake, Sapphire Rapids, Zen 4; not Cooper Lake)
   bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_int8 = false;

@@ -11,9 +11,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cpu/amx.h"
 #include "cpu/bf16_dot.h"
@@ -196,6 +198,38 @@ TEST_CASE("bf16 dot products: MXFP4's dequantized weight, exact where the scales
       // Products below float32's normal range (the smallest scales) round to multiples of 2^-149.
       CHECK(worst(y, ref, test::float32_dot_bound(x, model, 2) + static_cast<double>(k) * std::ldexp(1.0, -149)) <=
             1.0);
+    }
+  }
+}
+
+TEST_CASE("bf16 dot products: FP8's byte-table row decoder writes the other's bits, every code and tail",
+          "[cpu_kernels][quant]") {
+  if (!cpu::features().avx512bf16 || !cpu::features().avx512vbmi) {
+    WARN("no avx512_bf16 / avx512_vbmi here: the decoders are not run");
+    return;
+  }
+  // Every non-NaN code, in a row long enough for full blocks and every tail length.
+  std::vector<uint8_t> codes;
+  for (int c = 0; c < 256; ++c)
+    if ((c & 0x7F) != 0x7F) codes.push_back(static_cast<uint8_t>(c));
+  const at::Tensor w = at::from_blob(codes.data(), {1, static_cast<int64_t>(codes.size())}, at::kByte).clone();
+  const at::Tensor scale = at::ones({1, 1});
+  tp::detail::Fp8WeightView view;
+  view.codes = w.const_data_ptr<uint8_t>();
+  view.n = 1;
+  view.k = w.size(1);
+  view.ld = w.size(1);
+  view.scale = scale.const_data_ptr<float>();
+  view.scale_ld = 1;
+  view.group = view.k;
+  for (int64_t k0 : {int64_t{0}, int64_t{64}}) {
+    for (int64_t kc = 1; k0 + kc <= view.k; kc += 7) {
+      INFO("k0=" << k0 << " kc=" << kc);
+      std::vector<uint16_t> a(static_cast<size_t>(kc + 64), 0xFFFF), b(a);
+      tp::detail::fp8_decode_row_bf16(&view, 0, k0, kc, a.data());
+      tp::detail::fp8_decode_row_bf16_vbmi(&view, 0, k0, kc, b.data());
+      const int64_t padded = (kc + 31) / 32 * 32;
+      CHECK(std::equal(a.begin(), a.begin() + padded, b.begin()));
     }
   }
 }

@@ -285,7 +285,7 @@ at::Tensor codes_gemm(cpu::RowsLoop loop, const char* what, const at::Tensor& q,
   cpu::RowDecodedWeight rows;
   rows.n = n;
   rows.k = k;
-  rows.decode = &fp8_decode_row_bf16;
+  rows.decode = cpu::features().avx512vbmi ? &fp8_decode_row_bf16_vbmi : &fp8_decode_row_bf16;
   rows.weight = &view;
   rows.scale = view.scale;
   rows.scale_ld = view.scale_ld;

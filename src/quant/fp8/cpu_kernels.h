@@ -138,6 +138,8 @@ at::Tensor fp8_linear_amx(const at::Tensor& q, const at::Tensor& x_scale, const 
 /// The row decoder of an Fp8WeightView for the row-decoded GEMMs (cpu/row_decoded_gemm.h's
 /// RowDecodeFn; no NaN codes), in cpu_kernels_avx512.cpp.
 void fp8_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
+/// The same on byte tables (VPERMI2B), bit for bit; only where cpu::features().avx512vbmi.
+void fp8_decode_row_bf16_vbmi(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out);
 
 /// fp8_linear_amx's GEMM on AVX-512 bf16 dot products (cpu/row_decoded_gemm.h's
 /// kAvx512Bf16 loop), for CPUs with avx512_bf16 and no usable AMX: the same arguments and

@@ -69,9 +69,11 @@ __m512i e4m3_to_bf16(__m256i codes) {
 void fp8_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out) {
   const auto& w = *static_cast<const Fp8WeightView*>(view);
   const uint8_t* src = w.codes + row * w.ld + k0;
-  // Each row starts a new page, where the hardware prefetcher starts cold: fetch the row
-  // two ahead while this one decodes.
-  const uint8_t* ahead = row + 2 < w.n ? src + 2 * w.ld : nullptr;
+  // What the row's next call reads, fetched while this one decodes: rows are pages apart and
+  // the hardware prefetcher does not follow 24 of them. Its next chunk where the caller
+  // decodes a row in chunks (the bf16 loop: 128 k, a chunk of 24 rows ahead of the tiles
+  // that use it), else the row two ahead (the AMX loop decodes whole rows).
+  const uint8_t* ahead = k0 + kc < w.k ? src + kc : row + 2 < w.n ? src + 2 * w.ld : nullptr;
   const int64_t full = kc / 32 * 32;
   for (int64_t kk = 0; kk < full; kk += 32) {
     if (ahead != nullptr && kk % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + kk), _MM_HINT_T0);
@@ -81,6 +83,77 @@ void fp8_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, 
     alignas(32) uint8_t tail[32] = {};
     for (int64_t kk = full; kk < kc; ++kk) tail[kk - full] = src[kk];
     _mm512_storeu_si512(out + full, e4m3_to_bf16(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail))));
+  }
+}
+
+}  // namespace tp::detail
+
+// ---- The same with byte tables (AVX-512 VBMI) -----------------------------------------
+// VPERMI2B looks a byte up in a 128-entry table by its 7 low bits, which for an E4M3 code
+// are its magnitude: one lookup gives the high bytes of 64 codes' bf16 bits, one the low
+// bytes; the sign joins the high byte; two byte unpacks and two 64-bit permutes put the
+// pairs back in k order. 9 instructions per 64 codes (4.5 per 32, against the 8 above).
+// Compiled for VBMI by its attribute, called only where cpu::features().avx512vbmi.
+
+namespace tp::detail {
+
+namespace {
+
+// bf16 bits of the E4M3 magnitude m (exponent m >> 3, mantissa m & 7; m < 127).
+uint16_t e4m3_magnitude_bf16(int m) {
+  const int e = m >> 3, f = m & 7;
+  if (e > 0) return static_cast<uint16_t>(((e + 120) << 7) | (f << 4));
+  // f 2^-9: the subnormals, normal in bf16.
+  static const uint16_t kSub[8] = {0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+  return kSub[f];
+}
+
+struct ByteTables {
+  alignas(64) uint8_t hi[128];
+  alignas(64) uint8_t lo[128];
+  ByteTables() {
+    for (int m = 0; m < 128; ++m) {
+      const uint16_t v = e4m3_magnitude_bf16(m);
+      hi[m] = static_cast<uint8_t>(v >> 8);
+      lo[m] = static_cast<uint8_t>(v & 0xFF);
+    }
+  }
+};
+
+__attribute__((target("avx512vbmi"))) void e4m3_to_bf16x64(const uint8_t* codes, const __m512i t[4], uint16_t* out) {
+  const __m512i b = _mm512_loadu_si512(codes);
+  __m512i hi = _mm512_permutex2var_epi8(t[0], b, t[1]);
+  const __m512i lo = _mm512_permutex2var_epi8(t[2], b, t[3]);
+  hi = _mm512_ternarylogic_epi32(hi, b, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // hi | (b & 0x80)
+  // Per 128-bit lane l: codes 16 l .. 16 l + 7 (u0) and 16 l + 8 .. 16 l + 15 (u1).
+  const __m512i u0 = _mm512_unpacklo_epi8(lo, hi), u1 = _mm512_unpackhi_epi8(lo, hi);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi64(u0, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), u1));
+  _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi64(u0, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), u1));
+}
+
+}  // namespace
+
+__attribute__((target("avx512vbmi"))) void fp8_decode_row_bf16_vbmi(const void* view, int64_t row, int64_t k0,
+                                                                    int64_t kc, uint16_t* out) {
+  static const ByteTables kTables;
+  const __m512i t[4] = {_mm512_load_si512(kTables.hi), _mm512_load_si512(kTables.hi + 64),
+                        _mm512_load_si512(kTables.lo), _mm512_load_si512(kTables.lo + 64)};
+  const auto& w = *static_cast<const Fp8WeightView*>(view);
+  const uint8_t* src = w.codes + row * w.ld + k0;
+  // as fp8_decode_row_bf16
+  const uint8_t* ahead = k0 + kc < w.k ? src + kc : row + 2 < w.n ? src + 2 * w.ld : nullptr;
+  const int64_t full = kc / 64 * 64;
+  for (int64_t kk = 0; kk < full; kk += 64) {
+    if (ahead != nullptr) _mm_prefetch(reinterpret_cast<const char*>(ahead + kk), _MM_HINT_T0);
+    e4m3_to_bf16x64(src + kk, t, out + kk);
+  }
+  if (full < kc) {  // the tail, zero padded to 64 (the caller's buffer holds round_up(kc, 32))
+    alignas(64) uint8_t tail[64] = {};
+    alignas(64) uint16_t decoded[64];
+    for (int64_t kk = full; kk < kc; ++kk) tail[kk - full] = src[kk];
+    e4m3_to_bf16x64(tail, t, decoded);
+    const int64_t padded = (kc + 31) / 32 * 32;
+    for (int64_t kk = full; kk < padded; ++kk) out[kk] = decoded[kk - full];
   }
 }
 

@@ -55,9 +55,9 @@ __m512i int8_to_bf16x32(const int8_t* codes) {
 void int8_wo_decode_row_bf16(const void* view, int64_t row, int64_t k0, int64_t kc, uint16_t* out) {
   const auto& w = *static_cast<const Int8WoCpuView*>(view);
   const int8_t* src = w.codes + row * w.k + k0;
-  // Each row of 4 KiB starts a new page, where the hardware prefetcher starts cold: fetch
-  // the row two ahead while this one decodes.
-  const int8_t* ahead = row + 2 < w.n ? src + 2 * w.k : nullptr;
+  // What the row's next call reads, fetched while this one decodes (as fp8_decode_row_bf16):
+  // its next chunk where the caller decodes in chunks, else the row two ahead.
+  const int8_t* ahead = k0 + kc < w.k ? src + kc : row + 2 < w.n ? src + 2 * w.k : nullptr;
   const int64_t full = kc / 32 * 32;
   for (int64_t kk = 0; kk < full; kk += 32) {
     if (ahead != nullptr && kk % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(ahead + kk), _MM_HINT_T0);
