@@ -42,7 +42,6 @@ namespace {
 constexpr int kNw = 12;                       // weight rows per tile
 constexpr int64_t kPanel = kW8a8PanelTokens;  // tokens per panel (one zmm of int32)
 constexpr int64_t kBlockBytes = 4 << 20;      // panels per token block: ~4 MiB (see above)
-constexpr int64_t kPrefetch = 1024;           // bytes ahead in each weight row (see the loop)
 
 inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -76,11 +75,11 @@ void steps(const uint8_t* const* x, const int8_t* const* w, int64_t wstride, int
 // The main loop. Registers: accumulators zmm0..zmm(12 MX - 1) (row j, panel p in
 // zmm(j MX + p)), x in zmm24 / zmm25, the broadcast dword in zmm26. The 12 rows are
 // addressed from three bases, 4 rows apart, as base, base + ld, base + 2 ld and
-// base + ld3 (ld3 = 3 ld): 10 general registers in all, where 12 row pointers would
-// not leave enough for the loop. Four steps per iteration (displacement D bytes of the
-// rows, 16 D of x), the first three each prefetching kPrefetch bytes ahead in one group
-// of 4 rows: at M = 16 the 12 rows stream from memory, faster than the hardware
-// prefetcher alone brings them (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 2).
+// base + ld3 (ld3 = 3 ld): 9 general registers in all, where 12 row pointers would
+// not leave enough for the loop. One step of 4 bytes per iteration (STEP(D): the step at
+// D bytes of the rows, 16 D of x). No software prefetch: prefetching each row 1 KiB
+// ahead measured no faster at M = 16 to 256 (benchmarks/RESULTS.md, 2026-12-07, issue
+// 47 part 2).
 // clang-format off
 #define TP_ROW1(ADDR, A) \
   "vpbroadcastd " ADDR ", %%zmm26\n\t" "vpdpbusd %%zmm26, %%zmm24, %%zmm" #A "\n\t"
@@ -100,9 +99,6 @@ void steps(const uint8_t* const* x, const int8_t* const* w, int64_t wstride, int
   "vmovdqu64 16*" #D "(%[x]), %%zmm24\n\t" "vmovdqu64 16*" #D "(%[x],%[dx],1), %%zmm25\n\t" \
   TP_GROUP2(D, r0, 0, 1, 2, 3, 4, 5, 6, 7) TP_GROUP2(D, r4, 8, 9, 10, 11, 12, 13, 14, 15) \
   TP_GROUP2(D, r8, 16, 17, 18, 19, 20, 21, 22, 23)
-#define TP_PF(R) \
-  "prefetcht0 %c[pf](%[" #R "])\n\t" "prefetcht0 %c[pf](%[" #R "],%[ld],1)\n\t" \
-  "prefetcht0 %c[pf](%[" #R "],%[ld],2)\n\t" "prefetcht0 %c[pf](%[" #R "],%[ld3],1)\n\t"
 #define TP_Z(A) "vpxord %%zmm" #A ", %%zmm" #A ", %%zmm" #A "\n\t"
 #define TP_S(A) "vmovdqu64 %%zmm" #A ", 64*" #A "(%[out])\n\t"
 #define TP_Z12 TP_Z(0) TP_Z(1) TP_Z(2) TP_Z(3) TP_Z(4) TP_Z(5) TP_Z(6) TP_Z(7) TP_Z(8) TP_Z(9) TP_Z(10) TP_Z(11)
@@ -114,31 +110,20 @@ void steps(const uint8_t* const* x, const int8_t* const* w, int64_t wstride, int
 #define TP_TILE_ASM(ZERO, STEP, STORE) \
   __asm__ volatile( \
       ZERO \
-      "test %[n4], %[n4]\n\t" \
-      "jz 3f\n\t" \
-      "1:\n\t" \
-      STEP(0) TP_PF(r0) STEP(4) TP_PF(r4) STEP(8) TP_PF(r8) STEP(12) \
-      "add $256, %[x]\n\t" \
-      "add $16, %[r0]\n\t" \
-      "add $16, %[r4]\n\t" \
-      "add $16, %[r8]\n\t" \
-      "dec %[n4]\n\t" \
-      "jnz 1b\n\t" \
-      "3:\n\t" \
-      "test %[rem], %[rem]\n\t" \
+      "test %[n], %[n]\n\t" \
       "jz 2f\n\t" \
-      "4:\n\t" \
+      "1:\n\t" \
       STEP(0) \
       "add $64, %[x]\n\t" \
       "add $4, %[r0]\n\t" \
       "add $4, %[r4]\n\t" \
       "add $4, %[r8]\n\t" \
-      "dec %[rem]\n\t" \
-      "jnz 4b\n\t" \
+      "dec %[n]\n\t" \
+      "jnz 1b\n\t" \
       "2:\n\t" \
       STORE \
-      : [x] "+r"(x0), [r0] "+r"(r0), [r4] "+r"(r4), [r8] "+r"(r8), [n4] "+r"(n4), [rem] "+r"(rem) \
-      : [dx] "r"(dx), [ld] "r"(ld), [ld3] "r"(ld3), [out] "r"(out), [pf] "i"(kPrefetch) \
+      : [x] "+r"(x0), [r0] "+r"(r0), [r4] "+r"(r4), [r8] "+r"(r8), [n] "+r"(n) \
+      : [dx] "r"(dx), [ld] "r"(ld), [ld3] "r"(ld3), [out] "r"(out) \
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", \
         "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", \
         "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", \
@@ -157,7 +142,7 @@ void tile(const uint8_t* const* x, const int8_t* base, int64_t ld, int64_t kf, c
   const int8_t* r4 = base + 4 * ld;
   const int8_t* r8 = base + 8 * ld;
   const int64_t ld3 = 3 * ld;
-  int64_t n4 = kf / 4, rem = kf % 4;
+  int64_t n = kf;
   if constexpr (MX == 2) TP_TILE_ASM(TP_Z24, TP_STEP2, TP_S24);
   if constexpr (MX == 1) TP_TILE_ASM(TP_Z12, TP_STEP1, TP_S12);
   if (has_tail) {
