@@ -16,15 +16,15 @@
 //   not saturating) on x + 128 (0..255) and the raw weight; the sum over k of 128 w[r, k]
 //   that this adds is subtracted in the epilogue (row_sum, computed once per weight,
 //   w8a8_row_sums). One op per 32 (64) products and row pair.
+//   kAvx512Vnni from kW8a8PanelMinM rows takes the panel kernel instead
+//   (w8a8_panels_avx512.cpp): x packed per call into panels of 16 tokens x 4 bytes of K,
+//   the weight's 4-byte groups broadcast from the rows in place, an accumulator per
+//   (16 tokens, channel), so no horizontal sums (oneDNN's int8 blocking, operands
+//   swapped to leave the weight as stored).
 // - kAmx: AMX int8 tiles (TDPBSSD, signed x signed, exact int32), where
 //   cpu::amx_status().usable; the weight is read in place as the tiles' A operand and
 //   x packed per call (w8a8_kernels_amx.cpp). The choice for M >= kW8a8AmxMinM.
 // - kScalar: the portable reference.
-//   From kW8a8PanelMinM rows it takes the panel kernel instead (w8a8_panels_avx512.cpp):
-//   x packed per call into panels of 16 tokens x 4 bytes of K, the weight's 4-byte
-//   groups broadcast from the rows in place, an accumulator per (16 tokens, channel), so
-//   no horizontal sums (oneDNN's int8 blocking, operands swapped to leave the weight as
-//   stored).
 // Blocking (dot-product tiles): a register tile of 4 x rows x 2-6 weight rows (1 x 4-8
 // at M = 1) over the whole K; x rows in blocks that stay in L2, the weight rows of a tile
 // in L1 while every x row of the block passes; threads split N.
@@ -70,7 +70,8 @@ struct W8a8WeightView {
 };
 
 /// Fewest rows of x for which kAvx512Vnni takes the panel kernel: below it a panel of 16
-/// tokens is mostly padding (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 2).
+/// tokens is at least a quarter padding, and at M = 8 the dot products were faster
+/// (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 2, "Threshold").
 constexpr int64_t kW8a8PanelMinM = 12;
 /// Tokens per panel of the panel kernel.
 constexpr int64_t kW8a8PanelTokens = 16;

@@ -10,7 +10,7 @@
 // w8a8_kernels_body.h), and every x byte loaded feeds NW products, every weight dword
 // MX. The tile is MX panels (16 MX tokens) x NW = 12 weight rows: at MX = 2, 24
 // accumulators, 2 x vectors and a broadcast take 27 of the 32 zmm, and each step of 4
-// bytes of K is 2 + 12 loads for 24 vpdpbusd, so the loads never limit it.
+// bytes of K is 2 + 12 loads for 24 vpdpbusd.
 //
 // Blocking: the tile runs over the whole K (its 12 weight rows, 12 K bytes, stay in L2
 // while every panel of the block passes; the panels stream from L2 / L3, MX x 64 bytes
