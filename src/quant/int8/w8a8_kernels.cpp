@@ -103,6 +103,27 @@ void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offse
   }
 }
 
+void w8a8_pack_x_panels(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, uint8_t* xp) {
+  constexpr int64_t kT = kW8a8PanelTokens;
+  const int64_t panel = w8a8_panel_bytes(k), k4 = k / 4;
+  std::fill(xp, xp + (m + kT - 1) / kT * panel, uint8_t{0});
+  for (int64_t i = 0; i < m; ++i) {
+    const int8_t* src = q + i * ld_q;
+    uint8_t* dst = xp + (i / kT) * panel + (i % kT) * 4;
+    bool bad = false;
+    for (int64_t c = 0; c < k; ++c) bad |= src[c] == -128;
+    TORCH_CHECK_VALUE(!bad, "w8a8 kernels: activation row ", i,
+                      " holds -128; per-token int8 activations are quantized to -127..127");
+    for (int64_t s = 0; s < k4; ++s) {
+      uint32_t v;
+      std::memcpy(&v, src + 4 * s, 4);
+      v ^= 0x80808080u;
+      std::memcpy(dst + s * kT * 4, &v, 4);
+    }
+    for (int64_t c = 4 * k4; c < k; ++c) dst[k4 * kT * 4 + c % 4] = static_cast<uint8_t>(src[c]) ^ 0x80;
+  }
+}
+
 void w8a8_gemm_scalar(const int8_t* q, int64_t m, int64_t ld_q, const float* x_scale, const W8a8WeightView& w, float* y,
                       int64_t ld_y, int64_t n0, int64_t n1) {
   for (int64_t r = n0; r < n1; ++r) {
@@ -236,6 +257,15 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     const int8_t* tailp = tail.defined() ? tail.data_ptr<int8_t>() : nullptr;
     // Units of 32 rows: one 2-tile block of weight rows.
     cpu::parallel_rows(n, 32, [&](int64_t n0, int64_t n1) { w8a8_gemm_amx(xbp, m, xsp, view, tailp, out, n, n0, n1); });
+    return y;
+  }
+  if (kernel == W8a8Kernel::kAvx512Vnni && m >= kW8a8PanelMinM) {
+    at::Tensor xp =
+        at::empty({(m + kW8a8PanelTokens - 1) / kW8a8PanelTokens * w8a8_panel_bytes(k)}, q.options().dtype(at::kByte));
+    w8a8_pack_x_panels(qc.data_ptr<int8_t>(), m, k, k, xp.data_ptr<uint8_t>());
+    const uint8_t* xpp = xp.data_ptr<uint8_t>();
+    cpu::parallel_rows(
+        n, kUnitRows, [&](int64_t n0, int64_t n1) { w8a8_gemm_avx512_vnni_panels(xpp, m, xsp, view, out, n, n0, n1); });
     return y;
   }
   const int64_t kpad = cpu::round_up(std::max<int64_t>(k, 1), kW8a8KPad);

@@ -16,13 +16,18 @@
 //   not saturating) on x + 128 (0..255) and the raw weight; the sum over k of 128 w[r, k]
 //   that this adds is subtracted in the epilogue (row_sum, computed once per weight,
 //   w8a8_row_sums). One op per 32 (64) products and row pair.
+//   kAvx512Vnni from kW8a8PanelMinM rows takes the panel kernel instead
+//   (w8a8_panels_avx512.cpp): x packed per call into panels of 16 tokens x 4 bytes of K,
+//   the weight's 4-byte groups broadcast from the rows in place, an accumulator per
+//   (16 tokens, channel), so no horizontal sums (oneDNN's int8 blocking, operands
+//   swapped to leave the weight as stored).
 // - kAmx: AMX int8 tiles (TDPBSSD, signed x signed, exact int32), where
 //   cpu::amx_status().usable; the weight is read in place as the tiles' A operand and
 //   x packed per call (w8a8_kernels_amx.cpp). The choice for M >= kW8a8AmxMinM.
 // - kScalar: the portable reference.
-// Blocking: a register tile of 4 x rows x 2-6 weight rows (1 x 4-8 at M = 1) over the
-// whole K; x rows in blocks that stay in L2, the weight rows of a tile in L1 while every
-// x row of the block passes; threads split N.
+// Blocking (dot-product tiles): a register tile of 4 x rows x 2-6 weight rows (1 x 4-8
+// at M = 1) over the whole K; x rows in blocks that stay in L2, the weight rows of a tile
+// in L1 while every x row of the block passes; threads split N.
 //
 // Exactness bounds: |acc| <= 127 * 128 * K, and the VNNI paths' |acc + 128 row_sum| <=
 // 255 * 128 * K, must fit int32: K <= 65536 for VNNI (larger K takes the sign kernel),
@@ -64,6 +69,13 @@ struct W8a8WeightView {
   const int32_t* row_sum = nullptr;  ///< [n] sum_k data[r, k]; the VNNI kernels need it
 };
 
+/// Fewest rows of x for which kAvx512Vnni takes the panel kernel: below it a panel of 16
+/// tokens is at least a quarter padding, and at M = 8 the dot products were faster
+/// (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 2, "Threshold").
+constexpr int64_t kW8a8PanelMinM = 12;
+/// Tokens per panel of the panel kernel.
+constexpr int64_t kW8a8PanelTokens = 16;
+
 /// The largest K the kernels take: past it int32 sums of int8 products could overflow.
 constexpr int64_t kW8a8MaxK = 131072;
 
@@ -75,6 +87,14 @@ constexpr int64_t kW8a8KPad = 64;
 /// Throws if q holds -128 (the quantizer's range is -127..127; the sign kernels rely
 /// on it).
 void w8a8_pack_x(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, bool offset, uint8_t* xp);
+
+/// Bytes of one panel of the panel kernel: ceil(k / 4) steps of 16 tokens x 4 bytes.
+inline int64_t w8a8_panel_bytes(int64_t k) { return (k + 3) / 4 * kW8a8PanelTokens * 4; }
+/// q [m, k] int8 (row stride ld_q) -> xp, ceil(m / 16) panels of w8a8_panel_bytes(k):
+/// panel t's step s holds, for each of its 16 tokens j, the 4 bytes
+/// q[16 t + j, 4 s .. 4 s + 3] + 128 as u8; bytes past k and tokens past m are 0.
+/// Throws if q holds -128, as w8a8_pack_x.
+void w8a8_pack_x_panels(const int8_t* q, int64_t m, int64_t k, int64_t ld_q, uint8_t* xp);
 
 /// q [m, k] int8 (row stride ld_q) -> xb, AMX's B layout for the kAmx kernel: per 16
 /// rows t and 64 columns kb, a 1024-byte tile whose row r holds, for each of the 16 rows
@@ -97,6 +117,10 @@ void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* 
                       float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                            float* y, int64_t ld_y, int64_t n0, int64_t n1);
+/// The kAvx512Vnni path from kW8a8PanelMinM rows: xp packed by w8a8_pack_x_panels;
+/// needs w.row_sum.
+void w8a8_gemm_avx512_vnni_panels(const uint8_t* xp, int64_t m, const float* x_scale, const W8a8WeightView& w, float* y,
+                                  int64_t ld_y, int64_t n0, int64_t n1);
 /// xb packed by w8a8_pack_x_amx; w_tail [n, 64]: the weight's last k % 64 columns zero
 /// padded (null when 64 divides k). The weight rows are otherwise read in place.
 void w8a8_gemm_amx(const uint8_t* xb, int64_t m, const float* x_scale, const W8a8WeightView& w, const int8_t* w_tail,

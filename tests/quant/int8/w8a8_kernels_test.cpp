@@ -170,6 +170,37 @@ TEST_CASE("w8a8 kernels stay exact at the extreme values and the largest K", "[q
   }
 }
 
+TEST_CASE("w8a8 VNNI panel kernel is exact across its tiles, panel pairs, K steps and token blocks",
+          "[quant][cpu_kernels]") {
+  // The panel kernel's own boundaries (kAvx512Vnni from kW8a8PanelMinM rows): 12-row
+  // weight tiles (N = 1, 11, 12, 13, 25, 50: a partial last tile of every kind), panels
+  // of 16 tokens taken in pairs (M from kW8a8PanelMinM, off and on 16 and 32), steps of
+  // 4 bytes of K (K = 1, 3, 4, 5, 67: a partial last step of each length), and at
+  // K = 65536 (one panel 1 MiB) several token blocks. Every kernel runs these shapes.
+  uint64_t seed = 900;
+  for (int64_t n : {1, 11, 12, 13, 25, 50}) {
+    for (int64_t k : {1, 3, 4, 5, 64, 67, 301}) {
+      const at::Tensor w = int8_uniform({n, k}, -128, 127, ++seed);
+      const at::Tensor ws = positive_scales(n, ++seed);
+      for (int64_t m : {td::kW8a8PanelMinM, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{32}, int64_t{33},
+                        int64_t{48}, int64_t{70}}) {
+        const at::Tensor q = int8_uniform({m, k}, -127, 127, ++seed);
+        check_exact(q, positive_scales(m, ++seed), w, ws);
+      }
+    }
+  }
+  // Extremes at the VNNI limit, over token blocks: (x + 128) w = 255 * -128 per product.
+  const int64_t k = 65536, n = 13, m = 90;
+  at::Tensor w = at::full({n, k}, -128, at::kChar);
+  w[1].fill_(127);
+  w[12] = int8_uniform({k}, -128, 127, 5);
+  at::Tensor q = at::full({m, k}, 127, at::kChar);
+  q[1].fill_(-127);
+  q[m - 1] = int8_uniform({k}, -127, 127, 7);
+  INFO("extremes K=" << k << " M=" << m);
+  check_exact(q, positive_scales(m, 8), w, positive_scales(n, 6));
+}
+
 TEST_CASE("w8a8 kernels match the format's float64 reference", "[quant][cpu_kernels]") {
   // The model the tests of the INT8 method use: quantize_weight / dequantize_weight and
   // quantize_activation (per-token int8, dequantized), multiplied in float64. The
