@@ -12,6 +12,7 @@
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 #include "quant/mxfp4/mxfp4.h"
+#include "quant/mxfp4/rows.h"
 
 namespace tp::detail {
 
@@ -45,6 +46,11 @@ void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_
 
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
   const cpu::Isa isa = cpu::isa();
+  // Decode (M <= 4) on AVX2 / AVX-512: the rows kernels (rows.h), the weight streamed once.
+  if (isa != cpu::Isa::kScalar && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMxfp4RowsMaxM && x.size(1) == w.k &&
+      x.is_contiguous() && x.device().is_cpu() &&
+      (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf))
+    return mxfp4_rows_linear(x, w, isa);
   const int64_t panels = (w.n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   return cpu::linear_through_f32(x, w.n, w.k, "mxfp4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     cpu::count_kernel(std::string("mxfp4 panel/") + cpu::to_string(isa));  // the benchmarks' kernel column

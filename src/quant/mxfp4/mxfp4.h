@@ -42,6 +42,7 @@ struct Mxfp4CpuWeight {
 /// y = x W^T for x [M, K] (float32, bfloat16 or float16, CPU) through the panel GEMM
 /// over weights decoded exactly to float32 (cpu/panel_gemm.h): float32 products and
 /// sums, y rounded once to x's dtype. The kernel column names it "mxfp4 panel/<isa>".
+/// M <= kMxfp4RowsMaxM on AVX2 / AVX-512 takes the rows kernels (rows.h: "mxfp4 rows/<isa>").
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w);
 
 /// The float32 weight [N, K] as the CPU decoder writes it (tests: bit for bit
