@@ -242,9 +242,8 @@ at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa
     shape.back() = w.n;
     return cpu::bf16_panel_linear(x.reshape({-1, w.k}), pw, nullptr, "int4_cpu_linear").to(at::kBFloat16).view(shape);
   }
-  if (x.scalar_type() == at::kBFloat16 && isa == cpu::Isa::kAvx512 && cpu::features().avx512bf16 &&
-      w.codes.defined() && w.n > 0 && w.k > 0 && x.dim() >= 1 && x.size(-1) == w.k && x.numel() > 0 &&
-      x.numel() / w.k <= kInt4SmallM) {
+  if (x.scalar_type() == at::kBFloat16 && isa == cpu::Isa::kAvx512 && cpu::features().avx512bf16 && w.codes.defined() &&
+      w.n > 0 && w.k > 0 && x.dim() >= 1 && x.size(-1) == w.k && x.numel() > 0 && x.numel() / w.k <= kInt4SmallM) {
     // bf16 layers at M <= 4: the rows kernel on bf16 dot products (cpu_kernels.h).
     cpu::check_isa(isa, "int4_cpu_linear");
     cpu::count_kernel("int4 rows/avx512_bf16");  // the benchmarks' kernel column

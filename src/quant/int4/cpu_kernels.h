@@ -133,8 +133,7 @@ void int4_rows_bf16_avx512(const uint32_t* xq, int64_t m, int64_t ld_xq, const f
 /// int4_rows_bf16_avx512's inputs from bf16 bits x [m, K] (row stride ld_x): xq[r, 4 b + i] =
 /// (x[r, 8 b + i], x[r, 8 b + 4 + i]) in the (low, high) halves (row stride K / 2), and
 /// sum_x[r, G] = the float64 sum of x over group G, rounded to float32.
-void int4_pair_x_bf16(const uint16_t* x, int64_t m, int64_t ld_x, int64_t k, int64_t group, uint32_t* xq,
-                      float* sum_x);
+void int4_pair_x_bf16(const uint16_t* x, int64_t m, int64_t ld_x, int64_t k, int64_t group, uint32_t* xq, float* sum_x);
 
 /// The rows kernel's inputs from x [m, K]: xs[r, k] = x[r, k] * 16^-(k % 8) for
 /// k % 8 < 7 and x[r, k] for k % 8 = 7 (that nibble is shifted down, not masked);

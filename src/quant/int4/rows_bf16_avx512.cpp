@@ -90,9 +90,9 @@ void rows(const uint32_t* xq, int64_t ld_xq, const float* sum_x, int64_t ld_sum,
 #pragma GCC unroll 8
     for (int j = 0; j < NP; ++j) {
       const int64_t meta = ((p + j) * groups + g) * cpu::kPanelWidth;
-      const __m512 scale = w.scales_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                                              reinterpret_cast<const __m256i*>(w.scales_f16 + meta)))
-                                        : _mm512_loadu_ps(w.scales_f32 + meta);
+      const __m512 scale =
+          w.scales_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales_f16 + meta)))
+                       : _mm512_loadu_ps(w.scales_f32 + meta);
       const __m512 zero =
           _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + meta))));
 #pragma GCC unroll 8
