@@ -9,7 +9,8 @@
 // half into its exact code, so each 32-bit lane is a bf16 pair of one column; VDPBF16PS
 // multiplies it by x's pair (x[8 b + i], x[8 b + 4 + i]), broadcast. The zero point and the
 // scale are applied per group as in the float32 rows kernel: y += scale * (P - zero * X),
-// X the float64 group sum of x rounded once.
+// X the float64 group sum of x rounded once. VDPBF16PS reads bf16 subnormals as zero: an x
+// below 2^-126 in magnitude counts as 0 in P (not in X), as in cpu/bf16_panel_gemm.h.
 //
 // Per line (16 columns x 8 k = 128 weights) of one panel at M = 1: 1 load, 3 shifts, 4
 // VPERMW, 4 VDPBF16PS, and 4 broadcasts of x shared by the 4 panels in flight (1 each):

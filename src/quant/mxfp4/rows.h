@@ -10,6 +10,8 @@
 // of one block, and 2^(s_b - 127) is exact in float32 for every s_b < 255 (2^-127 is a
 // subnormal), so the scale product rounds only where it leaves the normal range. So these
 // are as exact as the panel GEMM on the decoded weight: float32 sums, in another order.
+// (VDPBF16PS reads bf16 subnormals as zero: a bf16 x below 2^-126 in magnitude counts as
+// 0 on the bf16 path, as in the bf16 panel GEMM, cpu/bf16_panel_gemm.h.)
 //
 // Layout the kernels read: the stored blocks [N, K / 2] bytes (element 2i in the low nibble
 // of byte i) and scales [N, K / 32], as they are. A "chunk" is one vector of codes: 4 L
