@@ -192,7 +192,7 @@ TEST_CASE("bf16 dot products: MXFP4's dequantized weight, exact where the scales
       const at::Tensor x = (test::randn({m, k}, static_cast<uint64_t>(n * m + k)) * x_scale).to(at::kBFloat16);
       at::Tensor y;
       const std::string ran = counted([&] { return tp::detail::mxfp4_cpu_linear(x, w); }, y);
-      CHECK((ran == "mxfp4 rows/avx512_bf16") == (bf16_dot_here() && in_range));
+      CHECK((ran == "mxfp4 gemm/avx512_bf16") == (bf16_dot_here() && in_range));
       const at::Tensor ref = at::matmul(x.to(at::kDouble), model.t());
       REQUIRE(at::isfinite(ref).all().item<bool>());
       // Products below float32's normal range (the smallest scales) round to multiples of 2^-149.

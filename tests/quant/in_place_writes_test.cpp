@@ -79,7 +79,7 @@ TEST_CASE("each quantized CPU forward names the kernel it ran (the benchmarks' k
       {"int8_w8a8", "w8a8/", "w8a8/"},
       {"fp8_channel", "fp8 gemv/", "fp8 gemm/"},
       {"fp8_block", "fp8 gemv/", "fp8 gemm/"},
-      {"mxfp4", "mxfp4 panel/", "mxfp4 panel/"},
+      {"mxfp4", simd ? "mxfp4 rows/" : "mxfp4 panel/", "mxfp4 panel/"},
   };
   for (const auto& [name, small, large] : cases) {
     Layer layer;

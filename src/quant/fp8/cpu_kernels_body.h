@@ -101,6 +101,13 @@ inline typename V<kIsa>::F half_vector(const uint16_t* h, int v) {
 // into the row's total. (Widening from registers needs a lane extraction per vector:
 // 19 instead of 17 vector ops per 64 codes, slower with the weight in L2; a whole
 // block decoded ahead made the reloads wait on the stores. benchmarks/RESULTS.md, "Measurements behind the CPU kernels' shapes".)
+// Cost at M = 1 (AVX-512, no NaN codes), per 64 codes of a row: 1 load, 1 shift + 2
+// arithmetic shifts + 2 ANDs (to_half), 2 stores into the ring, 4 VCVTPH2PS from it, 4
+// FMAs, and x's 4 vectors shared by the NR = 4 rows (1): 17, ~8.5 instructions per 32
+// weights for the 32 bytes they are read from; a Zen 4 core reads ~4 bytes a cycle of
+// DRAM (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 3), so the decode is not the
+// bound (an E4M3 -> bf16 decode for VDPBF16PS costs as much: the subnormal codes need a
+// table, the sign a merge).
 // The rows r0 + NR .. r0 + NR + ahead - 1 are prefetched block by block on the way:
 // each row is a page of its own at K = 4096, and the hardware prefetchers stop at page
 // boundaries, so without this every row would start with cold misses.

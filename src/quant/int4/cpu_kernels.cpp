@@ -8,6 +8,7 @@
 
 #include "cpu/bf16_dot.h"
 #include "cpu/bf16_panel_gemm.h"
+#include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 
@@ -176,6 +177,24 @@ void int4_prescale_x(const float* x, int64_t m, int64_t ld_x, int64_t k, int64_t
   }
 }
 
+void int4_pair_x_bf16(const uint16_t* x, int64_t m, int64_t ld_x, int64_t k, int64_t group, uint32_t* xq,
+                      float* sum_x) {
+  const int64_t groups = k / group;
+  for (int64_t r = 0; r < m; ++r) {
+    const uint16_t* xr = x + r * ld_x;
+    uint32_t* xqr = xq + r * (k / 2);
+    for (int64_t b = 0; b < k / 8; ++b)
+      for (int64_t i = 0; i < 4; ++i)
+        xqr[4 * b + i] = static_cast<uint32_t>(xr[8 * b + i]) | (static_cast<uint32_t>(xr[8 * b + 4 + i]) << 16);
+    for (int64_t g = 0; g < groups; ++g) {
+      double sum = 0;
+      for (int64_t kk = g * group; kk < (g + 1) * group; ++kk)
+        sum += static_cast<float>(c10::BFloat16(xr[kk], c10::BFloat16::from_bits()));
+      sum_x[r * groups + g] = static_cast<float>(sum);
+    }
+  }
+}
+
 void int4_cpu_linear(const float* x, int64_t m, int64_t ld_x, const Int4CpuWeight& w, float* y, int64_t ld_y,
                      cpu::Isa isa) {
   cpu::check_isa(isa, "int4_cpu_linear");
@@ -219,6 +238,27 @@ at::Tensor int4_cpu_linear(const at::Tensor& x, const Int4CpuWeight& w, cpu::Isa
     pw.decode = &int4_bf16_decode_avx512;
     pw.weight = &v;
     return cpu::bf16_panel_linear(x, pw, "int4_cpu_linear");
+  }
+  if (x.scalar_type() == at::kBFloat16 && isa == cpu::Isa::kAvx512 && cpu::features().avx512bf16 && w.codes.defined() &&
+      w.n > 0 && w.k > 0 && x.dim() >= 1 && x.size(-1) == w.k && x.numel() > 0 && x.numel() / w.k <= kInt4SmallM) {
+    // bf16 layers at M <= 4: the rows kernel on bf16 dot products (cpu_kernels.h).
+    cpu::check_isa(isa, "int4_cpu_linear");
+    cpu::count_kernel("int4 rows/avx512_bf16");  // the benchmarks' kernel column
+    const at::Tensor x2 = x.reshape({-1, w.k}).contiguous();
+    const int64_t m = x2.size(0), groups = w.k / w.group;
+    std::vector<uint32_t> xq(static_cast<size_t>(m * (w.k / 2)));
+    std::vector<float> sum_x(static_cast<size_t>(m * groups));
+    int4_pair_x_bf16(reinterpret_cast<const uint16_t*>(x2.const_data_ptr<at::BFloat16>()), m, w.k, w.k, w.group,
+                     xq.data(), sum_x.data());
+    at::Tensor y = at::empty({m, w.n}, x.options().dtype(at::kFloat));
+    float* out = y.data_ptr<float>();
+    const Int4CpuView v = int4_cpu_view(w);
+    cpu::parallel_over_panels(w.panels, m, w.k, 4, [&](int64_t p0, int64_t p1) {
+      int4_rows_bf16_avx512(xq.data(), m, w.k / 2, sum_x.data(), groups, v, out, w.n, p0, p1);
+    });
+    auto shape = x.sizes().vec();
+    shape.back() = w.n;
+    return y.to(at::kBFloat16).view(shape);
   }
   return cpu::linear_through_f32(x, w.n, w.k, "int4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     int4_cpu_linear(x2, m, w.k, w, y, w.n, isa);

@@ -17,9 +17,16 @@ namespace {
 template <cpu::Isa kIsa>
 using V = cpu::Vec<kIsa>;
 
-// Rows kernel: weight rows [n0, n0 + R) against M rows of x, all of K.
+// Rows kernel: weight rows [n0, n0 + R) against M rows of x, all of K. Cost at M = 1
+// (AVX-512, R = 8), per 16 k of a row: VPMOVSXBD + VCVTDQ2PS + FMA, and x's vector shared by
+// the 8 rows: ~3.1, ~6.25 instructions per 32 weights for their 32 bytes (a bf16 decode for
+// VDPBF16PS, two nibble lookups per byte, costs the same): below a core's ~4 bytes a cycle
+// of DRAM (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 3).
+// `prefetch`: rows n0 + R .. n0 + 2R - 1 exist, and each 64-byte line of theirs is asked
+// for while the same line of these rows is used: a row is its own page (or pages) at the
+// usual K, and the hardware prefetchers stop at page boundaries.
 template <cpu::Isa kIsa, int M, int R>
-void rows(const float* x, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_t ld_y, int64_t n0) {
+void rows(const float* x, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_t ld_y, int64_t n0, bool prefetch) {
   using Vf = V<kIsa>;
   using F = typename Vf::F;
   constexpr int L = Vf::kLanes;
@@ -45,6 +52,14 @@ void rows(const float* x, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_
     }
   };
   int64_t kk = 0;
+  if (prefetch) {
+    for (; kk + 64 <= k; kk += 64) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(row[r] + R * k + kk), _MM_HINT_T0);
+#pragma GCC unroll 4
+      for (int s = 0; s < 64; s += L) step(kk + s, L);
+    }
+  }
   for (; kk + L <= k; kk += L) step(kk, L);
   // The K tail: where loads can be masked (AVX-512), one more step of the lanes (zeros
   // past K); else (AVX2) after the lanes are summed, one k at a time.
@@ -64,7 +79,7 @@ void rows(const float* x, int64_t ld_x, const Int8WoCpuView& w, float* y, int64_
   }
 }
 
-using RowsFn = void (*)(const float*, int64_t, const Int8WoCpuView&, float*, int64_t, int64_t);
+using RowsFn = void (*)(const float*, int64_t, const Int8WoCpuView&, float*, int64_t, int64_t, bool);
 
 // The kernels for single leftover rows.
 template <cpu::Isa kIsa>
@@ -79,8 +94,8 @@ void rows_over_panels(const int (&kBlock)[kInt8WoSmallM + 1], const RowsFn (&kFu
   const int64_t n1 = p1 * cpu::kPanelWidth < w.n ? p1 * cpu::kPanelWidth : w.n;
   const int block = kBlock[m];
   int64_t n = p0 * cpu::kPanelWidth;
-  for (; n + block <= n1; n += block) kFull[m](x, ld_x, w, y, ld_y, n);
-  for (; n < n1; ++n) kOne<kIsa>[m](x, ld_x, w, y, ld_y, n);
+  for (; n + block <= n1; n += block) kFull[m](x, ld_x, w, y, ld_y, n, n + 2 * block <= n1);
+  for (; n < n1; ++n) kOne<kIsa>[m](x, ld_x, w, y, ld_y, n, false);
 }
 
 // The 16 x 16 byte transpose: v[j] holds 16 k of row j; afterwards t[kk] holds k = kk

@@ -16,6 +16,7 @@
 #include "cpu/parallel.h"
 #include "cpu/row_decoded_gemm.h"
 #include "quant/mxfp4/mxfp4.h"
+#include "quant/mxfp4/rows.h"
 
 namespace tp::detail {
 
@@ -82,8 +83,13 @@ at::Tensor bf16_rows_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
 
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
   const cpu::Isa isa = cpu::isa();
+  // Decode (M <= 4) on AVX2 / AVX-512: the rows kernels (rows.h), the weight streamed once.
+  if (isa != cpu::Isa::kScalar && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMxfp4RowsMaxM && x.size(1) == w.k &&
+      x.is_contiguous() && x.device().is_cpu() &&
+      (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf))
+    return mxfp4_rows_linear(x, w, isa);
   if (cpu::bf16_dot_applies(x, isa) && w.n > 0 && w.k > 0 && x.dim() == 2 && x.size(1) == w.k && bf16_exact_scales(w)) {
-    cpu::count_kernel("mxfp4 rows/avx512_bf16");  // the benchmarks' kernel column
+    cpu::count_kernel("mxfp4 gemm/avx512_bf16");  // the benchmarks' kernel column
     return bf16_rows_linear(x, w);
   }
   const int64_t panels = (w.n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;

@@ -42,8 +42,9 @@ struct Mxfp4CpuWeight {
 /// y = x W^T for x [M, K] (float32, bfloat16 or float16, CPU) through the panel GEMM
 /// over weights decoded exactly to float32 (cpu/panel_gemm.h): float32 products and
 /// sums, y rounded once to x's dtype. The kernel column names it "mxfp4 panel/<isa>".
+/// M <= kMxfp4RowsMaxM on AVX2 / AVX-512 takes the rows kernels (rows.h: "mxfp4 rows/<isa>").
 /// bf16 x where cpu/bf16_dot.h says so and the scales allow: the row-decoded GEMM's
-/// AVX-512 bf16 loop over the exact dequantized weight ("mxfp4 rows/avx512_bf16").
+/// AVX-512 bf16 loop over the exact dequantized weight ("mxfp4 gemm/avx512_bf16").
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w);
 
 /// Scale bytes for which every E2M1 value times the scale is a normal bf16 value (exact in the
