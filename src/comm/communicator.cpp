@@ -75,6 +75,12 @@ void init_settings(CommunicatorState& s) {
 
 }  // namespace
 
+void detail::check_settings(const CommunicatorOptions& options) {
+  CommunicatorState s;
+  s.options = options;
+  init_settings(s);
+}
+
 std::chrono::milliseconds CommunicatorOptions::default_timeout() {
   const auto v = detail::env_value("TP_COMM_TIMEOUT_MS");
   if (!v) return kDefaultTimeout;

@@ -47,4 +47,10 @@ struct CommunicatorState {
   mutable std::map<WirePrecision, int64_t> wire_counts;  // guarded by counts_mutex
 };
 
+/// Reads the settings a Communicator with these options would read (the environment,
+/// the tuning table) and throws what its constructor would throw. The group factories
+/// call it before connecting: a bad setting is then every rank's own error, raised
+/// before any rank opens a connection a failing peer would close under it.
+void check_settings(const CommunicatorOptions& options);
+
 }  // namespace tp::detail

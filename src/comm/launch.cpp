@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/communicator_state.h"
 #include "common/env.h"
 
 namespace tp {
@@ -54,6 +55,7 @@ void ignore_sigpipe_unless_handled() {
 Communicator make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank, int64_t world,
                        const CommunicatorOptions& options, const GlooDevice& device) {
   ignore_sigpipe_unless_handled();
+  detail::check_settings(options);
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices = {device};
   // Connects to every peer before returning (the full mesh is set up eagerly, unless

@@ -263,6 +263,7 @@ Communicator make_nccl_communicator(const c10::intrusive_ptr<c10d::Store>& store
   TORCH_CHECK_VALUE(options.timeout.count() > 0, fn, ": options.timeout=", options.timeout.count(),
                     " ms; expected a positive number of milliseconds");
   TORCH_CHECK(at::cuda::is_available(), fn, ": no CUDA device is visible; NCCL needs one GPU per rank");
+  detail::check_settings(options);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("tp_nccl/" + name, store);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(prefixed, static_cast<int>(rank), static_cast<int>(world));
   if (backend == NcclBackend::kProcessGroupNccl) {
