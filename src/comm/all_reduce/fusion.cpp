@@ -176,7 +176,11 @@ void finish_all(const FusionRows& rows, const at::Tensor& sum) {
   TORCH_INTERNAL_ASSERT(sum.is_cpu(), "all_reduce_fusion: a ", sum.device(), " tensor in a build without CUDA");
   // Row by row on this thread: no ATen op, so no OpenMP team spinning beside the ranks.
   const at::Tensor c = sum.contiguous();
-  for (int64_t r = 0; r < rows.rows; ++r) rows.finish_reduced(r, c.data_ptr());
+  const auto* base = static_cast<const char*>(c.data_ptr());
+  for (int64_t r = 0; r < rows.rows; ++r) {
+    const void* part = base + r * rows.hidden * c.element_size();
+    rows.finish(r, &part, 1, c.scalar_type());
+  }
 }
 
 // Contiguous, and with the bias kept out of the way of a parameter that records grad.

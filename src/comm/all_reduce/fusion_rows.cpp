@@ -11,6 +11,9 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include "comm/all_reduce/fusion_row_kernel.h"
+#include "cpu/features.h"
+
 namespace tp::detail {
 namespace {
 
@@ -198,36 +201,86 @@ void finish_typed(const FusionRows& f, int64_t row, const float* acc) {
   quantize_row(yf, n, f.quant, static_cast<int8_t*>(f.quant_out) + row * n, f.scale_out + row);
 }
 
-}  // namespace
-
-void FusionRows::finish_reduced(int64_t row, const void* sum) const {
-  thread_local std::vector<float> acc;
-  acc.resize(static_cast<size_t>(hidden));
-  const int64_t at = row * hidden;
-  switch (dtype) {
-    case c10::kFloat: finish(row, static_cast<const float*>(sum) + at); return;
-    case c10::kBFloat16: {
-      const auto* x = static_cast<const c10::BFloat16*>(sum) + at;
-      for (int64_t i = 0; i < hidden; ++i) acc[i] = static_cast<float>(x[i]);
-      break;
-    }
-    case c10::kHalf: {
-      const auto* x = static_cast<const c10::Half*>(sum) + at;
-      for (int64_t i = 0; i < hidden; ++i) acc[i] = static_cast<float>(x[i]);
-      break;
-    }
-    default: TORCH_INTERNAL_ASSERT(false, "all_reduce_fusion: unsupported dtype ", dtype);
+// The parts' sum in fp32, in rank order (the shared-memory strategies' sum_ranks).
+template <typename P>
+void sum_parts(const void* const* parts, int64_t count, int64_t n, float* acc) {
+  const P* __restrict first = static_cast<const P*>(parts[0]);
+  for (int64_t i = 0; i < n; ++i) acc[i] = static_cast<float>(first[i]);
+  for (int64_t r = 1; r < count; ++r) {
+    const P* __restrict src = static_cast<const P*>(parts[r]);
+    for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(src[i]);
   }
-  finish(row, acc.data());
 }
 
-void FusionRows::finish(int64_t row, const float* acc) const {
+static_assert(static_cast<int32_t>(AllReduceFusionNorm::kLayerNorm) == static_cast<int32_t>(RowNorm::kLayerNorm) &&
+                  static_cast<int32_t>(AllReduceFusionNorm::kRMSScaleFirst) ==
+                      static_cast<int32_t>(RowNorm::kRMSScaleFirst) &&
+                  static_cast<int32_t>(AllReduceFusionQuant::kInt8PerToken) ==
+                      static_cast<int32_t>(RowQuant::kInt8PerToken),
+              "RowNorm / RowQuant spell AllReduceFusionNorm / AllReduceFusionQuant value for value");
+
+RowType row_type(c10::ScalarType t) { return t == c10::kFloat ? RowType::kFloat : RowType::kBFloat16; }
+
+bool avx512_rows() {
+  static const bool yes = cpu::isa() >= cpu::Isa::kAvx512;
+  return yes;
+}
+
+}  // namespace
+
+void FusionRows::finish_portable(int64_t row, const void* const* parts, int64_t count,
+                                 c10::ScalarType part_dtype) const {
+  thread_local std::vector<float> acc;
+  if (static_cast<int64_t>(acc.size()) < hidden) acc.resize(static_cast<size_t>(hidden));
+  switch (part_dtype) {
+    case c10::kFloat: sum_parts<float>(parts, count, hidden, acc.data()); break;
+    case c10::kBFloat16: sum_parts<c10::BFloat16>(parts, count, hidden, acc.data()); break;
+    case c10::kHalf: sum_parts<c10::Half>(parts, count, hidden, acc.data()); break;
+    default: TORCH_INTERNAL_ASSERT(false, "all_reduce_fusion: unsupported dtype ", part_dtype);
+  }
   switch (dtype) {
-    case c10::kFloat: finish_typed<float>(*this, row, acc); return;
-    case c10::kBFloat16: finish_typed<c10::BFloat16>(*this, row, acc); return;
-    case c10::kHalf: finish_typed<c10::Half>(*this, row, acc); return;
+    case c10::kFloat: finish_typed<float>(*this, row, acc.data()); return;
+    case c10::kBFloat16: finish_typed<c10::BFloat16>(*this, row, acc.data()); return;
+    case c10::kHalf: finish_typed<c10::Half>(*this, row, acc.data()); return;
     default: TORCH_INTERNAL_ASSERT(false, "all_reduce_fusion: unsupported dtype ", dtype);
   }
+}
+
+void FusionRows::finish(int64_t row, const void* const* parts, int64_t count, c10::ScalarType part_dtype) const {
+  // The kernel's pairs: float32 rows (on a float32 or bf16 wire) and bf16 rows.
+  const bool kernel = (dtype == c10::kFloat && (part_dtype == c10::kFloat || part_dtype == c10::kBFloat16)) ||
+                      (dtype == c10::kBFloat16 && part_dtype == c10::kBFloat16);
+  if (!kernel || !avx512_rows()) {
+    finish_portable(row, parts, count, part_dtype);
+    return;
+  }
+  thread_local std::vector<float> h, y;
+  if (static_cast<int64_t>(h.size()) < hidden) {
+    h.resize(static_cast<size_t>(hidden));
+    y.resize(static_cast<size_t>(hidden));
+  }
+  const int64_t at = row * hidden * static_cast<int64_t>(c10::elementSize(dtype));
+  RowKernelArgs a;
+  a.hidden = hidden;
+  a.type = row_type(dtype);
+  a.part_type = row_type(part_dtype);
+  a.norm = static_cast<RowNorm>(static_cast<int32_t>(norm));
+  a.quant = static_cast<RowQuant>(static_cast<int32_t>(quant));
+  a.eps = eps;
+  a.parts = parts;
+  a.count = count;
+  a.residual_in = residual_in ? static_cast<const char*>(residual_in) + at : nullptr;
+  a.norm_weight = norm_weight;
+  a.norm_bias = norm_bias;
+  a.residual_out = static_cast<char*>(residual_out) + at;
+  if (norm != AllReduceFusionNorm::kNone) a.norm_out = static_cast<char*>(norm_out) + at;
+  if (quant != AllReduceFusionQuant::kNone) {
+    a.quant_out = static_cast<char*>(quant_out) + row * hidden;
+    a.scale_out = scale_out + row;
+  }
+  a.scratch_h = h.data();
+  a.scratch_y = y.data();
+  finish_row_avx512(a);
 }
 
 int64_t FusionRows::packed_row_bytes() const {

@@ -1,6 +1,6 @@
 #pragma once
-// The epilogue of all_reduce_fusion on CPU, one row (token) at a time: from the fp32
-// sum over ranks to residual_out, norm_out, quant_out and scale_out. The shared-memory
+// The epilogue of all_reduce_fusion on CPU, one row (token) at a time: from the ranks'
+// partial sums to residual_out, norm_out, quant_out and scale_out. The shared-memory
 // strategies call it in the pass that sums the peers' buffers; the composed fallback
 // calls it after its all-reduce, so both give the same bits for the same sum.
 // Private to the comm area.
@@ -30,14 +30,15 @@ struct FusionRows {
   void* quant_out = nullptr;          // [rows, hidden] 1-byte codes (a quant only)
   float* scale_out = nullptr;         // [rows] (a quant only)
 
-  /// Finishes row `row` from `acc`, its fp32 sum over ranks ([hidden]; read before any
-  /// output is written, so it may alias nothing but scratch): rounds it to T, adds
-  /// residual_in (the sum rounded to T), normalizes and quantizes. (The bias has joined
-  /// rank 0's partial sum before the reduction: fusion.cpp.)
-  void finish(int64_t row, const float* acc) const;
-  /// The same from an already reduced [rows, hidden] tensor of `dtype` (the composed
-  /// path): row `row` of `sum` widened to fp32, then finish.
-  void finish_reduced(int64_t row, const void* sum) const;
+  /// Finishes row `row` from its sum over ranks, parts[0] + ... + parts[count - 1] added
+  /// in fp32 in that order (each part that row's [hidden] elements of `part_dtype`:
+  /// `dtype`, or bfloat16 on a bf16 wire): rounds the sum to T, adds residual_in (the sum
+  /// rounded to T), normalizes and quantizes. (The bias has joined rank 0's partial sum
+  /// before the reduction: fusion.cpp.) On AVX-512 (cpu::isa()) float32 and bfloat16 rows
+  /// take fusion_row_kernel_avx512.cpp, bit for bit finish_portable.
+  void finish(int64_t row, const void* const* parts, int64_t count, c10::ScalarType part_dtype) const;
+  /// The same in the portable loops, whatever the CPU (the reference the kernels equal).
+  void finish_portable(int64_t row, const void* const* parts, int64_t count, c10::ScalarType part_dtype) const;
 
   /// Bytes a finished row's outputs take packed (residual_out, norm_out, codes, scale),
   /// a multiple of 64 so rows finished by different ranks never share a cache line.

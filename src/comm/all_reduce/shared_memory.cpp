@@ -316,25 +316,26 @@ void ShmAllReduce::run_fused_typed(const T* values, const FusionRows& rows, bool
   // Whole rows a step: their inputs fit one buffer, their packed outputs the result area.
   const int64_t per_step = std::min(kBufferBytes / (h * static_cast<int64_t>(sizeof(P))), kBufferBytes / packed);
   TORCH_INTERNAL_ASSERT(per_step >= 1, "ShmAllReduce::run_fused: a row of ", h, " elements does not fit a step");
-  thread_local std::vector<float> acc;
-  acc.resize(static_cast<size_t>(h));
+  const c10::ScalarType part_dtype = c10::CppTypeToScalarType<P>::value;
+  std::vector<const void*> parts(world_);
+  // Row r of the step: every rank's part, summed in rank order inside the epilogue.
+  const auto finish = [&](int64_t parity, int64_t first, int64_t r) {
+    for (int64_t q = 0; q < world_; ++q) parts[q] = static_cast<const P*>(data(q, parity)) + r * h;
+    rows.finish(first + r, parts.data(), world_, part_dtype);
+  };
   // At least one step, so the fingerprint is compared even for zero rows.
   for (int64_t first = 0; first == 0 || first < rows.rows; first += per_step) {
     const int64_t count = std::min(per_step, rows.rows - first);
     const int64_t parity = publish<T, P>(values + first * h, count * h, op, first == 0 ? fp : nullptr, on_mismatch);
     if (!two_shot) {
-      for (int64_t r = 0; r < count; ++r) {
-        sum_ranks<P, float>(parity, r * h, (r + 1) * h, acc.data());
-        rows.finish(first + r, acc.data());
-      }
+      for (int64_t r = 0; r < count; ++r) finish(parity, first, r);
     } else {
       // This rank's whole rows of the step; finished, packed into the shared result area.
       const int64_t share = (count + world_ - 1) / world_;
       const int64_t lo = std::min(count, rank_ * share), hi = std::min(count, lo + share);
       char* res = static_cast<char*>(result(parity));
       for (int64_t r = lo; r < hi; ++r) {
-        sum_ranks<P, float>(parity, r * h, (r + 1) * h, acc.data());
-        rows.finish(first + r, acc.data());
+        finish(parity, first, r);
         rows.pack(first + r, res + r * packed);
       }
       flag(rank_, kReduced).store(seq_, std::memory_order_release);

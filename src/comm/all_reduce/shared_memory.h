@@ -68,7 +68,7 @@ class ShmAllReduce {
 
   /// run() fused with all_reduce_fusion's epilogue: `in` ([rows.rows, rows.hidden],
   /// contiguous, rows.dtype) is summed over the ranks a row at a time, in the same
-  /// order as run(), and each row's fp32 sum handed to rows.finish. One-shot: every rank
+  /// order as run(), inside rows.finish (handed every rank's part of the row). One-shot: every rank
   /// sums and finishes every row. Two-shot: each chunk's rows are split among the ranks
   /// by whole rows (a rank normalizes whole tokens), each rank finishes its own and
   /// publishes them packed in the result area, and every rank copies the others'.
