@@ -35,6 +35,8 @@ struct RowKernelArgs {
   void* norm_out = nullptr;
   void* quant_out = nullptr;
   float* scale_out = nullptr;
+  /// The CPU has avx512_bf16 (VCVTNEPS2BF16 rounds the bf16 rows).
+  bool avx512_bf16 = false;
   /// Two fp32 scratch rows of `hidden` elements (the caller's thread-local buffers).
   float* scratch_h = nullptr;
   float* scratch_y = nullptr;

@@ -39,7 +39,7 @@ __m512 load(const void* p, int64_t i, RowType t, __mmask16 m) {
 }
 
 // bfloat16 round to nearest even, NaN -> 0x7fc0 (c10::BFloat16(float)), as a float.
-__m512 bf16_round(__m512 v) {
+__m512 bf16_round_int(__m512 v) {
   const __m512i u = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
@@ -49,7 +49,36 @@ __m512 bf16_round(__m512 v) {
   return _mm512_castsi512_ps(r);
 }
 
-__m512 rounded(__m512 v, RowType t) { return t == RowType::kFloat ? v : bf16_round(v); }
+// The bfloat16 bits of v rounded as above, 16 words. With kCvt (the CPU has
+// avx512_bf16) one VCVTNEPS2BF16, which rounds as c10 does except that it reads a
+// subnormal input as zero and keeps a NaN's sign and payload: a vector holding either
+// (VFPCLASSPS: QNaN, SNaN, denormal) takes the integer rounding instead.
+template <bool kCvt>
+__m256i bf16_bits(__m512 v) {
+  if constexpr (kCvt) {
+    if (_mm512_fpclass_ps_mask(v, 0x01 | 0x80 | 0x20) == 0) return (__m256i)_mm512_cvtneps_pbh(v);
+  }
+  // The high halves gathered by VPERMW (not VPMOVDW, whose memory form - GCC folds a
+  // register VPMOVDW and its store into it - is microcoded on Zen 4).
+  const __m512i odd_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
+                                             25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i hi = _mm512_permutexvar_epi16(odd_words, _mm512_castps_si512(bf16_round_int(v)));
+  return _mm512_castsi512_si256(hi);
+}
+
+__m512 widen(__m256i bits) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16)); }
+
+// v rounded to T, as a float.
+template <RowType T, bool kCvt>
+__m512 rounded(__m512 v) {
+  if constexpr (T == RowType::kFloat) {
+    return v;
+  } else if constexpr (kCvt) {
+    return widen(bf16_bits<kCvt>(v));
+  } else {
+    return bf16_round_int(v);
+  }
+}
 
 // Masked stores only for a row's last, partial vector: Zen 4 retires a masked store
 // several times slower than a plain one.
@@ -61,23 +90,21 @@ void store_f32(float* p, __m512 v, __mmask16 m) {
   }
 }
 
-// Stores a vector already rounded to t (exact).
-void store(void* p, int64_t i, __m512 v, RowType t, __mmask16 m) {
-  if (t == RowType::kFloat) {
+// Rounds v to T, stores it at p[i] and returns it as a float.
+template <RowType T, bool kCvt>
+__m512 round_store(void* p, int64_t i, __m512 v, __mmask16 m) {
+  if constexpr (T == RowType::kFloat) {
     store_f32(static_cast<float*>(p) + i, v, m);
+    return v;
   } else {
-    // The high halves gathered by VPERMW, then a plain store: VPMOVDW's memory form
-    // (which GCC folds a register VPMOVDW and its store into) is microcoded on Zen 4 and
-    // was this loop's bottleneck.
-    const __m512i odd_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
-                                               25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-    const __m512i hi = _mm512_permutexvar_epi16(odd_words, _mm512_castps_si512(v));
+    const __m256i bits = bf16_bits<kCvt>(v);
     auto* dst = static_cast<uint16_t*>(p) + i;
     if (m == 0xffff) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_castsi512_si256(hi));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bits);
     } else {
-      _mm256_mask_storeu_epi16(dst, m, _mm512_castsi512_si256(hi));
+      _mm256_mask_storeu_epi16(dst, m, bits);
     }
+    return widen(bits);
   }
 }
 
@@ -168,7 +195,7 @@ void quantize(const float* x, int64_t n, RowQuant quant, void* codes, float* sca
 
 // One row with T and the parts' type fixed (every field read once into a local, so
 // that the loops keep them in registers instead of rereading `a` after each store).
-template <RowType T, RowType P>
+template <RowType T, RowType P, bool kCvt>
 void finish_row(const RowKernelArgs& a) {
   const int64_t n = a.hidden, count = a.count;
   const void* const* parts = a.parts;
@@ -188,9 +215,8 @@ void finish_row(const RowKernelArgs& a) {
       v = _mm512_add_ps(v, load(p1, i, P, m));
       for (int64_t r = 2; r < count; ++r) v = _mm512_add_ps(v, load(parts[r], i, P, m));
     }
-    v = rounded(v, T);
-    if (residual_in != nullptr) v = rounded(_mm512_add_ps(v, load(residual_in, i, T, m)), T);
-    store(residual_out, i, v, T, m);
+    if (residual_in != nullptr) v = _mm512_add_ps(rounded<T, kCvt>(v), load(residual_in, i, T, m));
+    v = round_store<T, kCvt>(residual_out, i, v, m);
     store_f32(h + i, v, m);
     if (rms && m == 0xffff) sq = _mm512_add_ps(sq, _mm512_mul_ps(v, v));
   }
@@ -221,7 +247,7 @@ void finish_row(const RowKernelArgs& a) {
     const __m512 w = load(weight, i, T, m);
     __m512 y;
     switch (norm) {
-      case RowNorm::kRMS: y = _mm512_mul_ps(w, rounded(_mm512_mul_ps(x, vr), T)); break;
+      case RowNorm::kRMS: y = _mm512_mul_ps(w, rounded<T, kCvt>(_mm512_mul_ps(x, vr))); break;
       case RowNorm::kRMSUnitOffset: y = _mm512_mul_ps(_mm512_mul_ps(x, vr), _mm512_add_ps(w, one)); break;
       case RowNorm::kRMSScaleFirst: y = _mm512_mul_ps(w, _mm512_mul_ps(x, vr)); break;
       default:  // kLayerNorm
@@ -229,8 +255,7 @@ void finish_row(const RowKernelArgs& a) {
         if (bias != nullptr) y = _mm512_add_ps(y, load(bias, i, T, m));
         break;
     }
-    y = rounded(y, T);
-    store(norm_out, i, y, T, m);
+    y = round_store<T, kCvt>(norm_out, i, y, m);
     if (y_keep != nullptr) store_f32(y_keep + i, y, m);
   }
   // (3) Per-token quantization of norm_out.
@@ -241,12 +266,14 @@ void finish_row(const RowKernelArgs& a) {
 
 void finish_row_avx512(const RowKernelArgs& a) {
   const bool bf16 = a.type == RowType::kBFloat16, bf16_parts = a.part_type == RowType::kBFloat16;
-  if (bf16) {
-    finish_row<RowType::kBFloat16, RowType::kBFloat16>(a);  // bf16 rows travel as they are
+  if (bf16 && a.avx512_bf16) {
+    finish_row<RowType::kBFloat16, RowType::kBFloat16, true>(a);  // bf16 rows travel as they are
+  } else if (bf16) {
+    finish_row<RowType::kBFloat16, RowType::kBFloat16, false>(a);
   } else if (bf16_parts) {
-    finish_row<RowType::kFloat, RowType::kBFloat16>(a);  // float32 rows on a bf16 wire
+    finish_row<RowType::kFloat, RowType::kBFloat16, false>(a);  // float32 rows on a bf16 wire
   } else {
-    finish_row<RowType::kFloat, RowType::kFloat>(a);
+    finish_row<RowType::kFloat, RowType::kFloat, false>(a);
   }
 }
 

@@ -278,6 +278,7 @@ void FusionRows::finish(int64_t row, const void* const* parts, int64_t count, c1
     a.quant_out = static_cast<char*>(quant_out) + row * hidden;
     a.scale_out = scale_out + row;
   }
+  a.avx512_bf16 = cpu::features().avx512bf16;
   a.scratch_h = h.data();
   a.scratch_y = y.data();
   finish_row_avx512(a);
