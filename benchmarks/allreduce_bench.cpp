@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -329,18 +330,23 @@ std::string boundary_table(tp::Communicator& comm, const Config& c) {
           out.scale_out = at::empty({m, 1}, at::kFloat);
         }
         std::vector<double> bare, unfused, fused;
+        // Each call starts in step with the peers (an untimed one-element shared-memory
+        // all-reduce, which releases the ranks within a microsecond or so; Gloo's barrier
+        // releases them tens of microseconds apart): the unfused boundary ends with local
+        // work, and without it the next call would time a slower peer finishing that.
+        at::Tensor step = at::zeros({1});
+        const auto timed = [&](std::vector<double>& into, int64_t i, const std::function<void()>& call) {
+          comm.all_reduce(step, AllReduceStrategy::kSharedMemoryOneShot);
+          const auto t0 = std::chrono::steady_clock::now();
+          call();
+          if (i >= 0) into.push_back(seconds_since(t0));
+        };
         for (int64_t i = -5; i < iters; ++i) {  // 5 warm-up calls of each
           at::Tensor t = partial.clone();
-          auto t0 = std::chrono::steady_clock::now();
-          comm.all_reduce(t, strategy);
-          if (i >= 0) bare.push_back(seconds_since(t0));
+          timed(bare, i, [&] { comm.all_reduce(t, strategy); });
           t = partial.clone();
-          t0 = std::chrono::steady_clock::now();
-          unfused_boundary(comm, t, residual, weight, strategy, c.quant);
-          if (i >= 0) unfused.push_back(seconds_since(t0));
-          t0 = std::chrono::steady_clock::now();
-          (void)comm.all_reduce_fusion(partial, p, out);
-          if (i >= 0) fused.push_back(seconds_since(t0));
+          timed(unfused, i, [&] { unfused_boundary(comm, t, residual, weight, strategy, c.quant); });
+          timed(fused, i, [&] { (void)comm.all_reduce_fusion(partial, p, out); });
         }
         mine.push_back(median(bare));
         mine.push_back(median(unfused));

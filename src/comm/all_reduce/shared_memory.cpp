@@ -327,7 +327,10 @@ void ShmAllReduce::run_fused_typed(const T* values, const FusionRows& rows, bool
   for (int64_t first = 0; first == 0 || first < rows.rows; first += per_step) {
     const int64_t count = std::min(per_step, rows.rows - first);
     const int64_t parity = publish<T, P>(values + first * h, count * h, op, first == 0 ? fp : nullptr, on_mismatch);
-    if (!two_shot) {
+    // Two-shot splits a step's rows only when every rank gets at least two: with fewer,
+    // a rank finishing its row, publishing it and copying the others' takes longer than
+    // finishing them all (the same bits either way: the same parts, the same epilogue).
+    if (!two_shot || count < 2 * world_) {
       for (int64_t r = 0; r < count; ++r) finish(parity, first, r);
     } else {
       // This rank's whole rows of the step; finished, packed into the shared result area.

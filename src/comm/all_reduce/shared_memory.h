@@ -71,7 +71,8 @@ class ShmAllReduce {
   /// order as run(), inside rows.finish (handed every rank's part of the row). One-shot: every rank
   /// sums and finishes every row. Two-shot: each chunk's rows are split among the ranks
   /// by whole rows (a rank normalizes whole tokens), each rank finishes its own and
-  /// publishes them packed in the result area, and every rank copies the others'.
+  /// publishes them packed in the result area, and every rank copies the others' (a
+  /// step of fewer than 2 x world rows is finished whole by every rank, as one-shot).
   /// `bf16_wire`: a float32 input travels as bfloat16. Needs fits_fused(rows, bf16_wire).
   void run_fused(const at::Tensor& in, const FusionRows& rows, bool two_shot, bool bf16_wire, const char* op,
                  const Fingerprint* fingerprint = nullptr, const OnMismatch& on_mismatch = {});
