@@ -35,6 +35,7 @@
 
 #include "backward_bench.h"
 #include "bench_report.h"
+#include "boundary_bench.h"
 #include "machine_limits.h"
 #include "model_bench.h"
 #include "moe_bench.h"
@@ -67,6 +68,9 @@ const char* kUsage = R"(usage: tp-bench [options]
                      GEMMs, shared expert and all-reduce, expert bytes read per token, read bandwidth
                      or numerics alone: every layer and the block with numerics default and invariant side
                      by side (the mode's cost), and whether the invariant block has TP 1's bits
+                     or boundary alone: the layer boundary (the shape's hidden, --m tokens, each --dtype) per
+                     CPU strategy at each TP size > 1: the bare all-reduce, the unfused boundary (all-reduce,
+                     residual add, RMSNorm) and all_reduce_fusion, each the median of three runs
   --model-layers N   decoder layers of the model row                      (default 2)
   --model-vocab N    vocabulary of the model row                          (default 32000)
   --prefill N        prompt tokens of the model and moe rows              (default 256)
@@ -426,6 +430,39 @@ int model_main(const Args& args) {
   return run_model_rows(m);
 }
 
+// tp-bench --rows boundary: the layer boundary's table (boundary_bench.h) at each TP size.
+int boundary_main(const Args& args) {
+  const auto& config = args.config;
+  TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda(),
+                    "tp-bench --rows boundary: ranks as threads on the CPU, no --json / --csv");
+  std::cout << "tp-bench --rows boundary: the all-reduce between a row layer and the next layer's input, shape '"
+            << config.shape.name << "'\n  machine: " << machine_description()
+            << "\n  load average (1, 5, 15 min) at the start: " << load_average() << "\n";
+  tp::CommunicatorOptions options;
+  options.verify_calls = config.verify_calls;
+  for (const auto dtype : config.dtypes) {
+    BoundaryConfig b;
+    b.hidden = config.shape.hidden;
+    b.tokens = config.tokens;
+    b.dtype = dtype;
+    b.repeat = 3;
+    std::cout << "\n" << boundary_legend(b) << "\n" << std::flush;
+    for (const int64_t world : config.tp_sizes) {
+      if (world < 2) continue;  // nothing to reduce
+      run_ranks_in_threads(
+          world,
+          [&](tp::Communicator& comm) {
+            at::set_num_threads(1);  // the collectives' work is the ranks' own; ATen's pool would spin beside them
+            const std::string text = boundary_table(comm, b);
+            if (comm.rank() == 0) std::cout << "\n" << text << std::flush;
+          },
+          options);
+    }
+  }
+  std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
+  return 0;
+}
+
 // tp-bench --rows moe: one mixture-of-experts layer (moe_bench.h).
 int moe_main(const Args& args) {
   const auto& config = args.config;
@@ -451,6 +488,7 @@ int main(int argc, char** argv) {
     if (args.backward) return backward_main(argc, argv, args);
     if (args.config.rows == std::vector<std::string>{"model"}) return model_main(args);
     if (args.config.rows == std::vector<std::string>{"moe"}) return moe_main(args);
+    if (args.config.rows == std::vector<std::string>{"boundary"}) return boundary_main(args);
     if (args.config.rows == std::vector<std::string>{"numerics"}) {
       TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty(),
                         "tp-bench --rows numerics: ranks as threads, no --json / --csv");
