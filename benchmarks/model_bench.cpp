@@ -108,7 +108,9 @@ struct Row {
   std::string dtype;
   int64_t tp = 1;
   double prefill_s = 0, decode_s = 0, rel_err = 0;
-  bool tokens_equal = true;
+  double decode_unfused_s = 0;  // the same decode steps with DecoderLayer::fuse_boundary off
+  double decode_saved_s = 0;    // median over steps of (unfused - fused), slowest rank
+  bool tokens_equal = true, unfused_equal = true;
   at::Tensor logits, tokens;  // rank 0's (TP=1: the reference)
 };
 
@@ -116,7 +118,8 @@ Row run_one(const std::string& folder, const ModelBenchConfig& c, c10::ScalarTyp
   Row row;
   row.tp = world;
   std::mutex mutex;
-  std::vector<double> prefill(world), decode(world);
+  std::vector<double> prefill(world), decode(world), unfused(world), saved(world);
+  std::vector<char> unfused_equal(world, 1);
   const int total_threads = at::get_num_threads();
   const int per_rank = std::max<int>(1, total_threads / static_cast<int>(world));
   const auto prompt = at::randint(0, c.vocab, {1, c.prefill}, at::detail::createCPUGenerator(c.seed + 1), at::kLong);
@@ -124,8 +127,12 @@ Row run_one(const std::string& folder, const ModelBenchConfig& c, c10::ScalarTyp
     at::set_num_threads(per_rank);
     const auto model = CausalLMImpl::from_pretrained(folder, CausalLMOptions().dtype(dtype), comm);
     at::NoGradGuard no_grad;
-    std::vector<double> p_times, d_times;
+    std::vector<double> p_times, d_times, u_times, s_times;
     at::Tensor logits, tokens;
+    bool same_tokens = true;
+    const auto fuse = [&](bool on) {
+      for (auto& layer : model->layers) layer->fuse_boundary = on;
+    };
     const int rounds = std::max(1, c.timing.rounds);
     for (int round = -std::max(0, c.timing.warmup); round < rounds; ++round) {
       auto cache = model->make_cache(1, c.prefill + c.decode_steps);
@@ -135,22 +142,48 @@ Row run_one(const std::string& folder, const ModelBenchConfig& c, c10::ScalarTyp
       std::vector<at::Tensor> out{model->lm_head->argmax(local)};
       if (round >= 0) p_times.push_back(p);
       if (round == rounds - 1) logits = model->gather_logits(local).to(at::kDouble);
+      // A second cache, prefilled with the boundary unfused (untimed): each decode step then
+      // runs fused and unfused side by side on the same token, so both see the same machine.
+      fuse(false);
+      auto cache_u = model->make_cache(1, c.prefill + c.decode_steps);
+      (void)model->forward(prompt, &cache_u, 1);
       for (int64_t step = 0; step + 1 < c.decode_steps; ++step) {
+        fuse(true);
+        comm.barrier();
         t0 = std::chrono::steady_clock::now();
         local = model->forward(out.back(), &cache, 1);
-        out.push_back(model->lm_head->argmax(local));
-        if (round >= 0) d_times.push_back(seconds_since(t0));
+        const double fused_s = seconds_since(t0);
+        const at::Tensor next = model->lm_head->argmax(local);
+        fuse(false);
+        comm.barrier();
+        t0 = std::chrono::steady_clock::now();
+        const at::Tensor local_u = model->forward(out.back(), &cache_u, 1);
+        const double unfused_s = seconds_since(t0);
+        same_tokens = same_tokens && at::equal(model->lm_head->argmax(local_u), next);
+        out.push_back(next);
+        if (round >= 0) {
+          d_times.push_back(fused_s);
+          u_times.push_back(unfused_s);
+          s_times.push_back(unfused_s - fused_s);
+        }
       }
+      fuse(true);
       if (round == rounds - 1) tokens = at::cat(out, 1);
     }
     std::lock_guard<std::mutex> lock(mutex);
     prefill[comm.rank()] = median(p_times);
     decode[comm.rank()] = median(d_times);
+    unfused[comm.rank()] = median(u_times);
+    saved[comm.rank()] = median(s_times);
+    unfused_equal[comm.rank()] = same_tokens;
     if (comm.rank() == 0) row.logits = logits, row.tokens = tokens;
   });
   at::set_num_threads(total_threads);
   row.prefill_s = *std::max_element(prefill.begin(), prefill.end());
   row.decode_s = *std::max_element(decode.begin(), decode.end());
+  row.decode_unfused_s = *std::max_element(unfused.begin(), unfused.end());
+  row.decode_saved_s = *std::min_element(saved.begin(), saved.end());
+  row.unfused_equal = std::all_of(unfused_equal.begin(), unfused_equal.end(), [](char e) { return e != 0; });
   return row;
 }
 
@@ -176,12 +209,17 @@ int run_model_rows(const ModelBenchConfig& c) {
             << " tokens / time; x TP1 = tok/s over TP=1's\n"
             << "  rel_err = max |logits - TP=1 logits| / max |TP=1 logits| of the prefill's last position; tokens ="
             << " the greedy tokens equal TP=1's; '!' marks an error above the dtype's bound\n"
+            << "  unfused ms = the same decode steps with each layer's boundary unfused (DecoderLayer::fuse_boundary"
+            << " off: all-reduce, then bias, residual and norm as tensor operations), step by step beside the fused"
+            << " one on its own cache; saved us = median over steps of (unfused - fused), the rank that saved least;"
+            << " same = the unfused steps chose the fused steps' tokens\n"
             << std::flush;
   const std::string folder = write_folder(c);
   bool suspicious = false;
   std::ostringstream table;
   table
-      << "\nrow    dtype     TP  prefill ms  prefill tok/s  x TP1  decode ms  decode tok/s  x TP1  rel_err    tokens\n";
+      << "\nrow    dtype     TP  prefill ms  prefill tok/s  x TP1  decode ms  decode tok/s  x TP1  rel_err    tokens"
+         "  unfused ms  saved us  same\n";
   for (const auto dtype : c.dtypes) {
     std::vector<Row> rows;
     for (const auto tp : c.tp_sizes) {
@@ -199,10 +237,12 @@ int run_model_rows(const ModelBenchConfig& c) {
       const double p_tps = c.prefill / r.prefill_s, d_tps = 1.0 / r.decode_s;
       const double p_x = ref != rows.end() ? ref->prefill_s / r.prefill_s : NAN;
       const double d_x = ref != rows.end() ? ref->decode_s / r.decode_s : NAN;
-      table << format("model  %-8s  %2lld  %10.2f  %13.1f  %5.2f  %9.3f  %12.1f  %5.2f  %.2e%s  %s\n",
+      suspicious = suspicious || !r.unfused_equal;
+      table << format("model  %-8s  %2lld  %10.2f  %13.1f  %5.2f  %9.3f  %12.1f  %5.2f  %.2e%s  %-6s  %10.3f  %8.1f  %s\n",
                       dtype_name(dtype).c_str(), static_cast<long long>(r.tp), r.prefill_s * 1e3, p_tps, p_x,
                       r.decode_s * 1e3, d_tps, d_x, r.rel_err, bad ? "!" : " ",
-                      ref == rows.end() ? "-" : (r.tokens_equal ? "equal" : "differ"));
+                      ref == rows.end() ? "-" : (r.tokens_equal ? "equal" : "differ"), r.decode_unfused_s * 1e3,
+                      r.decode_saved_s * 1e6, r.unfused_equal ? "yes" : "no!");
     }
   }
   std::cout << table.str() << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
