@@ -3,8 +3,8 @@
 #include "boundary_bench.h"
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <vector>
 
@@ -21,8 +21,8 @@ std::string micros(double seconds) { return std::isnan(seconds) ? "-" : format("
 /// the residual add, tp::Norm's RMSNorm and quant's per-token quantization, each a
 /// tensor operation (the same operations as models/norm.cpp and quant's per-token
 /// models).
-void unfused_boundary(const Communicator& comm, at::Tensor& sum, const at::Tensor& residual,
-                      const at::Tensor& weight, AllReduceStrategy strategy, AllReduceFusionQuant quant) {
+void unfused_boundary(const Communicator& comm, at::Tensor& sum, const at::Tensor& residual, const at::Tensor& weight,
+                      AllReduceStrategy strategy, AllReduceFusionQuant quant) {
   comm.all_reduce(sum, strategy);
   const at::Tensor h = sum + residual;
   const at::Tensor f = h.to(at::kFloat);
@@ -81,8 +81,8 @@ std::string boundary_table(Communicator& comm, const BoundaryConfig& c) {
         out.residual_out = at::empty_like(partial);
         out.norm_out = at::empty_like(partial);
         if (c.quant != AllReduceFusionQuant::kNone) {
-          out.quant_out = at::empty({m, c.hidden},
-                                    c.quant == AllReduceFusionQuant::kFp8PerToken ? at::kFloat8_e4m3fn : at::kChar);
+          out.quant_out =
+              at::empty({m, c.hidden}, c.quant == AllReduceFusionQuant::kFp8PerToken ? at::kFloat8_e4m3fn : at::kChar);
           out.scale_out = at::empty({m, 1}, at::kFloat);
         }
         std::vector<double> bare, unfused, fused;

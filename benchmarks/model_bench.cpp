@@ -217,9 +217,8 @@ int run_model_rows(const ModelBenchConfig& c) {
   const std::string folder = write_folder(c);
   bool suspicious = false;
   std::ostringstream table;
-  table
-      << "\nrow    dtype     TP  prefill ms  prefill tok/s  x TP1  decode ms  decode tok/s  x TP1  rel_err    tokens"
-         "  unfused ms  saved us  same\n";
+  table << "\nrow    dtype     TP  prefill ms  prefill tok/s  x TP1  decode ms  decode tok/s  x TP1  rel_err    tokens"
+           "  unfused ms  saved us  same\n";
   for (const auto dtype : c.dtypes) {
     std::vector<Row> rows;
     for (const auto tp : c.tp_sizes) {
@@ -238,11 +237,11 @@ int run_model_rows(const ModelBenchConfig& c) {
       const double p_x = ref != rows.end() ? ref->prefill_s / r.prefill_s : NAN;
       const double d_x = ref != rows.end() ? ref->decode_s / r.decode_s : NAN;
       suspicious = suspicious || !r.unfused_equal;
-      table << format("model  %-8s  %2lld  %10.2f  %13.1f  %5.2f  %9.3f  %12.1f  %5.2f  %.2e%s  %-6s  %10.3f  %8.1f  %s\n",
-                      dtype_name(dtype).c_str(), static_cast<long long>(r.tp), r.prefill_s * 1e3, p_tps, p_x,
-                      r.decode_s * 1e3, d_tps, d_x, r.rel_err, bad ? "!" : " ",
-                      ref == rows.end() ? "-" : (r.tokens_equal ? "equal" : "differ"), r.decode_unfused_s * 1e3,
-                      r.decode_saved_s * 1e6, r.unfused_equal ? "yes" : "no!");
+      table << format(
+          "model  %-8s  %2lld  %10.2f  %13.1f  %5.2f  %9.3f  %12.1f  %5.2f  %.2e%s  %-6s  %10.3f  %8.1f  %s\n",
+          dtype_name(dtype).c_str(), static_cast<long long>(r.tp), r.prefill_s * 1e3, p_tps, p_x, r.decode_s * 1e3,
+          d_tps, d_x, r.rel_err, bad ? "!" : " ", ref == rows.end() ? "-" : (r.tokens_equal ? "equal" : "differ"),
+          r.decode_unfused_s * 1e3, r.decode_saved_s * 1e6, r.unfused_equal ? "yes" : "no!");
     }
   }
   std::cout << table.str() << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cpu/features.h"
+#include "cpu/invariant_rows.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
 
@@ -85,6 +86,30 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   if (m == 0 || n == 0 || spans.empty()) return out;
 
   count_kernel(std::string("invariant/") + to_string(isa));  // the benchmarks' kernel column
+  if (m <= 4 && isa == Isa::kAvx512) {
+    // A few rows (decode): invariant_rows_avx512, the same steps arranged for them.
+    InvariantRowsArgs args;
+    args.a = a.data_ptr<float>();
+    args.m = m;
+    args.lda = r;
+    args.panels = b_packed.data_ptr();
+    args.bf16 = b_packed.scalar_type() == at::kBFloat16;
+    args.r = r;
+    args.n = n;
+    args.first_chunk = first_chunk;
+    args.chunk = chunk;
+    args.out = out.data_ptr<float>();
+    int64_t levels = 2;
+    while ((int64_t{1} << (levels - 2)) < chunks) ++levels;
+    parallel_over_panels(panels, m, r, kMaxRowsGroup, [&](int64_t p0, int64_t p1) {
+      std::vector<float> scratch(static_cast<size_t>(levels * m * kMaxRowsGroup * kPanelWidth));
+      std::vector<int64_t> lo(static_cast<size_t>(levels)), size(static_cast<size_t>(levels));
+      const int64_t pieces = invariant_rows_avx512(args, p0, p1, scratch.data(), lo.data(), size.data());
+      TORCH_INTERNAL_ASSERT(pieces == static_cast<int64_t>(spans.size()),
+                            "invariant_gemm_pieces: the counter's subtrees are not the dyadic pieces");
+    });
+    return out;
+  }
   // Each chunk of a packed for the microkernels once, shared by every thread.
   std::vector<std::vector<float>> xp(chunks);
   for (int64_t c = 0; c < chunks; ++c)

@@ -60,8 +60,8 @@ __m256i bf16_bits(__m512 v) {
   }
   // The high halves gathered by VPERMW (not VPMOVDW, whose memory form - GCC folds a
   // register VPMOVDW and its store into it - is microcoded on Zen 4).
-  const __m512i odd_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27,
-                                             25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512i odd_words = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27, 25,
+                                             23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   const __m512i hi = _mm512_permutexvar_epi16(odd_words, _mm512_castps_si512(bf16_round_int(v)));
   return _mm512_castsi512_si256(hi);
 }
@@ -139,7 +139,8 @@ __m512i e4m3_bits(__m512 f) {
   const __m512 denorm_f = _mm512_add_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(16384.0f));
   const __m512i subnormal = _mm512_sub_epi32(_mm512_castps_si512(denorm_f), _mm512_set1_epi32(141 << 23));
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 20), _mm512_set1_epi32(1));
-  __m512i normal = _mm512_add_epi32(bits, _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(7 - 127) << 23)));
+  __m512i normal =
+      _mm512_add_epi32(bits, _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(7 - 127) << 23)));
   normal = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(normal, _mm512_set1_epi32(0x7ffff)), odd), 20);
   __m512i r = _mm512_mask_mov_epi32(normal, _mm512_cmplt_epu32_mask(bits, _mm512_set1_epi32(121 << 23)), subnormal);
   r = _mm512_mask_mov_epi32(r, _mm512_cmpge_epu32_mask(bits, _mm512_set1_epi32(1087 << 20)), _mm512_set1_epi32(0x7f));
@@ -148,7 +149,7 @@ __m512i e4m3_bits(__m512 f) {
 
 // v < -bound ? -bound : v, then v > bound ? bound : v (NaN passes through), as the portable clamp.
 __m512 clamp(__m512 v, float bound) {
-  v = _mm512_max_ps(_mm512_set1_ps(-bound), v);  // -bound > v ? -bound : v
+  v = _mm512_max_ps(_mm512_set1_ps(-bound), v);    // -bound > v ? -bound : v
   return _mm512_min_ps(_mm512_set1_ps(bound), v);  // bound < v ? bound : v
 }
 
@@ -183,7 +184,8 @@ void quantize(const float* x, int64_t n, RowQuant quant, void* codes, float* sca
     // dwords together (not VPMOVDB's memory form, as in `store`).
     const __m512i low_bytes = _mm512_set4_epi32(-1, -1, -1, 0x0c080400);
     const __m512i lanes = _mm512_shuffle_epi8(c, low_bytes);
-    const __m512i first = _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), lanes);
+    const __m512i first =
+        _mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), lanes);
     if (m == 0xffff) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_castsi512_si128(first));
     } else {

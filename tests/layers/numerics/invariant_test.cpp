@@ -64,25 +64,29 @@ TEST_CASE("invariant: the canonical GEMM gives a row the same bits alone and in 
 
 TEST_CASE("invariant: pieces of a reduction split over ranks rebuild one device's sum bit for bit", "[invariant]") {
   const int64_t chunk = 16, chunks = 11, k = chunks * chunk - 5;  // a short last chunk
-  const at::Tensor a = randn({5, k}, 1).to(at::kFloat), b = randn({9, k}, 2).to(at::kFloat);
-  const at::Tensor whole = gemm(a, b, chunk);
-  for (const auto& split :
-       std::vector<std::vector<int64_t>>{{0, 11}, {0, 3, 7, 11}, {0, 1, 2, 11}, {0, 5, 5, 10, 11}}) {
-    std::vector<cpu::ChunkSpan> spans;
-    std::vector<at::Tensor> values;
-    for (size_t r = 0; r + 1 < split.size(); ++r) {
-      const int64_t c0 = split[r], c1 = split[r + 1];
-      const int64_t k0 = c0 * chunk, k1 = std::min(k, c1 * chunk);
-      const at::Tensor pieces = cpu::invariant_gemm_pieces(a.narrow(1, k0, k1 - k0).contiguous(),
-                                                           cpu::invariant_pack(b.narrow(1, k0, k1 - k0)), 9, c0, chunk);
-      const auto mine = cpu::dyadic_pieces(c0, c1);
-      REQUIRE(pieces.size(0) == static_cast<int64_t>(mine.size()));
-      for (size_t i = 0; i < mine.size(); ++i) {
-        spans.push_back(mine[i]);
-        values.push_back(pieces[static_cast<int64_t>(i)]);
+  // 5 rows: the panel microkernels; 2 rows: the few-rows kernel where the CPU has AVX-512.
+  for (const int64_t m : {5, 2}) {
+    INFO("M=" << m);
+    const at::Tensor a = randn({m, k}, 1).to(at::kFloat), b = randn({9, k}, 2).to(at::kFloat);
+    const at::Tensor whole = gemm(a, b, chunk);
+    for (const auto& split :
+         std::vector<std::vector<int64_t>>{{0, 11}, {0, 3, 7, 11}, {0, 1, 2, 11}, {0, 5, 5, 10, 11}}) {
+      std::vector<cpu::ChunkSpan> spans;
+      std::vector<at::Tensor> values;
+      for (size_t r = 0; r + 1 < split.size(); ++r) {
+        const int64_t c0 = split[r], c1 = split[r + 1];
+        const int64_t k0 = c0 * chunk, k1 = std::min(k, c1 * chunk);
+        const at::Tensor pieces = cpu::invariant_gemm_pieces(
+            a.narrow(1, k0, k1 - k0).contiguous(), cpu::invariant_pack(b.narrow(1, k0, k1 - k0)), 9, c0, chunk);
+        const auto mine = cpu::dyadic_pieces(c0, c1);
+        REQUIRE(pieces.size(0) == static_cast<int64_t>(mine.size()));
+        for (size_t i = 0; i < mine.size(); ++i) {
+          spans.push_back(mine[i]);
+          values.push_back(pieces[static_cast<int64_t>(i)]);
+        }
       }
+      CHECK(at::equal(tp::detail::evaluate_tree(chunks, spans, values), whole));
     }
-    CHECK(at::equal(tp::detail::evaluate_tree(chunks, spans, values), whole));
   }
 }
 
@@ -503,8 +507,11 @@ TEST_CASE("invariant: the canonical GEMM gives the same bits on every ISA this C
   if (cpu::max_isa() >= cpu::Isa::kAvx512) isas.push_back(cpu::Isa::kAvx512);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     for (const int64_t chunk : {16, 64}) {
-      for (const int64_t m : {1, 7, 37}) {
-        const int64_t k = 1000, n = 45;
+      // M <= 4 take the few-rows kernel on AVX-512 (cpu/invariant_rows.h); n = 300 is two
+      // groups of 8 panels and a partial group with a partial last panel.
+      for (const auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 45}, {3, 45}, {4, 45}, {7, 45}, {37, 45}, {1, 300}, {2, 300}, {4, 300}}) {
+        const int64_t k = 1000;
         const at::Tensor a = randn({m, k}, 30 + m).to(at::kFloat).contiguous();
         const at::Tensor b = cpu::invariant_pack(randn({n, k}, 31).to(dtype));
         const at::Tensor want = cpu::invariant_gemm_pieces(a, b, n, 0, chunk, cpu::Isa::kScalar);
