@@ -66,12 +66,12 @@ using ChunkFn = void (*)(const float*, int64_t, const void*, bool, int64_t, int6
 constexpr int64_t kGroup[5] = {0, 8, 8, 4, 4};
 
 ChunkFn chunk_fn(int64_t m, int64_t g) {
-  static constexpr ChunkFn k1[9] = {nullptr,          chunk_tile<1, 1>, chunk_tile<1, 2>, chunk_tile<1, 3>,
-                                    chunk_tile<1, 4>, chunk_tile<1, 5>, chunk_tile<1, 6>, chunk_tile<1, 7>,
-                                    chunk_tile<1, 8>};
-  static constexpr ChunkFn k2[9] = {nullptr,          chunk_tile<2, 1>, chunk_tile<2, 2>, chunk_tile<2, 3>,
-                                    chunk_tile<2, 4>, chunk_tile<2, 5>, chunk_tile<2, 6>, chunk_tile<2, 7>,
-                                    chunk_tile<2, 8>};
+  static constexpr ChunkFn k1[9] = {nullptr,          chunk_tile<1, 1>, chunk_tile<1, 2>,
+                                    chunk_tile<1, 3>, chunk_tile<1, 4>, chunk_tile<1, 5>,
+                                    chunk_tile<1, 6>, chunk_tile<1, 7>, chunk_tile<1, 8>};
+  static constexpr ChunkFn k2[9] = {nullptr,          chunk_tile<2, 1>, chunk_tile<2, 2>,
+                                    chunk_tile<2, 3>, chunk_tile<2, 4>, chunk_tile<2, 5>,
+                                    chunk_tile<2, 6>, chunk_tile<2, 7>, chunk_tile<2, 8>};
   static constexpr ChunkFn k3[5] = {nullptr, chunk_tile<3, 1>, chunk_tile<3, 2>, chunk_tile<3, 3>, chunk_tile<3, 4>};
   static constexpr ChunkFn k4[5] = {nullptr, chunk_tile<4, 1>, chunk_tile<4, 2>, chunk_tile<4, 3>, chunk_tile<4, 4>};
   switch (m) {
