@@ -11,7 +11,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
-#include "comm/all_reduce/fusion_row_kernel.h"
+#include "comm/all_reduce/shm_kernels.h"
 #include "cpu/features.h"
 
 namespace tp::detail {

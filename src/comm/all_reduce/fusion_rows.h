@@ -35,7 +35,7 @@ struct FusionRows {
   /// `dtype`, or bfloat16 on a bf16 wire): rounds the sum to T, adds residual_in (the sum
   /// rounded to T), normalizes and quantizes. (The bias has joined rank 0's partial sum
   /// before the reduction: fusion.cpp.) On AVX-512 (cpu::isa()) float32 and bfloat16 rows
-  /// take fusion_row_kernel_avx512.cpp, bit for bit finish_portable.
+  /// take shm_kernels_avx512.cpp, bit for bit finish_portable.
   void finish(int64_t row, const void* const* parts, int64_t count, c10::ScalarType part_dtype) const;
   /// The same in the portable loops, whatever the CPU (the reference the kernels equal).
   void finish_portable(int64_t row, const void* const* parts, int64_t count, c10::ScalarType part_dtype) const;

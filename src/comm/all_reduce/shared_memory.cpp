@@ -20,6 +20,8 @@
 #include <c10/util/Half.h>
 
 #include "comm/all_reduce/fusion_rows.h"
+#include "comm/all_reduce/shm_kernels.h"
+#include "cpu/features.h"
 
 namespace tp::detail {
 namespace {
@@ -54,6 +56,16 @@ std::string unique_name() {
   name << "/tp-" << ::getpid() << "-" << std::hex << ((uint64_t{rd()} << 32) | rd()) << std::dec << "-"
        << counter.fetch_add(1);
   return name.str();
+}
+
+template <typename T>
+constexpr bool is_row_type = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+template <typename T>
+constexpr RowType row_type = std::is_same_v<T, float> ? RowType::kFloat : RowType::kBFloat16;
+
+bool avx512_sums() {
+  static const bool yes = cpu::isa() >= cpu::Isa::kAvx512;
+  return yes;
 }
 
 std::string errno_text(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
@@ -268,6 +280,15 @@ template <typename P, typename Acc, typename Out>
 void ShmAllReduce::sum_ranks(int64_t parity, int64_t lo, int64_t hi, Out* out) const {
   std::vector<const P*> in(world_);
   for (int64_t r = 0; r < world_; ++r) in[r] = static_cast<const P*>(data(r, parity));
+  // float32 / bf16 summed in float32: the AVX-512 kernel (the same bits) where the CPU has it.
+  constexpr bool kVector = std::is_same_v<Acc, float> && is_row_type<P> && is_row_type<Out>;
+  if constexpr (kVector) {
+    if (avx512_sums()) {
+      sum_parts_avx512(reinterpret_cast<const void* const*>(in.data()), world_, lo, hi - lo, row_type<P>, out,
+                       row_type<Out>, cpu::features().avx512bf16);
+      return;
+    }
+  }
   // Ranks 0..world-1 in that order for every element, on every rank: the results are
   // bitwise identical whichever rank computes them.
   Acc acc[kBlock];

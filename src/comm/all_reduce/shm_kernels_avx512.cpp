@@ -1,11 +1,13 @@
-// all_reduce_fusion's row epilogue on AVX-512 (fusion_row_kernel.h): the portable loops of
-// fusion_rows.cpp, operation for operation, 16 floats a vector, in three passes over the
-// row instead of eight - (1) sum the ranks' parts, round, add the residual, store
-// residual_out and square-sum; (2) normalize, round, store norm_out, take |max|;
-// (3) quantize. Bit for bit the portable result: no FMA (this file is compiled with
-// -ffp-contract=off, src/CMakeLists.txt), every sum in the portable loops' lane order
-// (16 lanes, then the tail, then the lanes in order), the same bfloat16 rounding and
-// float8 / int8 conversions.
+// The shared-memory strategies' AVX-512 kernels (shm_kernels.h), bit for bit their
+// portable loops: no FMA (this file is compiled with -ffp-contract=off, src/CMakeLists.txt),
+// every sum in the portable loops' order, the same bfloat16 rounding and float8 / int8
+// conversions.
+//  - sum_parts_avx512: the ranks' buffers summed element by element in rank order.
+//  - finish_row_avx512: all_reduce_fusion's row epilogue (fusion_rows.cpp's loops) in three
+//    passes over the row instead of eight - (1) sum the ranks' parts, round, add the
+//    residual, store residual_out and square-sum; (2) normalize, round, store norm_out,
+//    take |max|; (3) quantize - with the variance summed in the portable loops' lane order
+//    (16 lanes, then the tail, then the lanes in order).
 
 // GCC 12 reports its own _mm512_undefined_* placeholders inside the intrinsics as
 // "(may be) used uninitialized" (a known false positive).
@@ -16,7 +18,7 @@
 
 #include <cstdint>
 
-#include "comm/all_reduce/fusion_row_kernel.h"
+#include "comm/all_reduce/shm_kernels.h"
 
 // No templates or inline functions shared with other translation units here (no
 // std::min, no <cmath>): the linker could keep this file's AVX-512 copy for every caller.
@@ -265,6 +267,22 @@ void finish_row(const RowKernelArgs& a) {
 }
 
 }  // namespace
+
+void sum_parts_avx512(const void* const* parts, int64_t count, int64_t lo, int64_t n, RowType part_type, void* out,
+                      RowType out_type, bool avx512_bf16) {
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const __mmask16 m = tail_mask(n - i);
+    __m512 v = load(parts[0], lo + i, part_type, m);
+    for (int64_t r = 1; r < count; ++r) v = _mm512_add_ps(v, load(parts[r], lo + i, part_type, m));
+    if (out_type == RowType::kFloat) {
+      store_f32(static_cast<float*>(out) + i, v, m);
+    } else if (avx512_bf16) {
+      (void)round_store<RowType::kBFloat16, true>(out, i, v, m);
+    } else {
+      (void)round_store<RowType::kBFloat16, false>(out, i, v, m);
+    }
+  }
+}
 
 void finish_row_avx512(const RowKernelArgs& a) {
   const bool bf16 = a.type == RowType::kBFloat16, bf16_parts = a.part_type == RowType::kBFloat16;

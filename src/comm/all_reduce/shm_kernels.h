@@ -1,10 +1,11 @@
 #pragma once
-// One row of all_reduce_fusion's CPU epilogue as a plain call, for the per-ISA kernels
-// (fusion_row_kernel_avx512.cpp): nothing here includes c10 or the standard library's
-// templates, so the AVX-512 translation unit shares no inline function with the rest
-// of libtp (the linker could otherwise keep its AVX-512 copy for every caller).
-// FusionRows (fusion_rows.h) fills it in and chooses the kernel; the portable loops in
-// fusion_rows.cpp are the reference these kernels equal bit for bit.
+// The shared-memory strategies' vector kernels as plain calls: the sum over the ranks'
+// buffers (ShmAllReduce::sum_ranks) and the fused boundary's row epilogue (FusionRows::
+// finish, which the composed path calls too). Nothing here includes c10 or the standard
+// library's templates, so the AVX-512 translation unit (shm_kernels_avx512.cpp) shares no
+// inline function with the rest of libtp (the linker could otherwise keep its AVX-512
+// copy for every caller). The callers choose the kernel at run time (cpu::isa()); their
+// portable loops are the reference these kernels equal bit for bit.
 // Private to the comm area.
 
 #include <cstdint>
@@ -44,5 +45,11 @@ struct RowKernelArgs {
 
 /// The AVX-512 (F, BW, VL, DQ) row epilogue; entered only where cpu::isa() says so.
 void finish_row_avx512(const RowKernelArgs& a);
+
+/// out[i] = parts[0][lo + i] + ... + parts[count - 1][lo + i] for i < n, added in fp32 in
+/// that order and rounded to out_type (bfloat16: to nearest even, NaN -> 0x7fc0, as
+/// c10::BFloat16(float)); AVX-512, with VCVTNEPS2BF16 where `avx512_bf16`.
+void sum_parts_avx512(const void* const* parts, int64_t count, int64_t lo, int64_t n, RowType part_type, void* out,
+                      RowType out_type, bool avx512_bf16);
 
 }  // namespace tp::detail

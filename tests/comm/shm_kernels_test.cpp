@@ -1,8 +1,9 @@
-// all_reduce_fusion's CPU row epilogue: the AVX-512 kernel (comm/all_reduce/
-// fusion_row_kernel_avx512.cpp) against the portable loops it replaces, bit for bit, on
-// every norm, quantization, dtype and wire, hidden sizes around the vector width, 1-4
-// ranks' parts, and rows holding zeros, subnormals, infinities and NaN. (Where the CPU
-// has no AVX-512 both calls take the portable loops, and the test says so.)
+// The shared-memory strategies' AVX-512 kernels (comm/all_reduce/shm_kernels.h) against the
+// portable loops they replace, bit for bit: the ranks' sum, float32 and bf16 in and out,
+// and the fused boundary's row epilogue on every norm, quantization, dtype and wire,
+// hidden sizes around the vector width, 1-4 ranks' parts, and rows holding zeros,
+// subnormals, infinities and NaN. (Where the CPU has no AVX-512 both sides take the
+// portable loops, and the test says so.)
 
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 #include <catch2/catch.hpp>
 
 #include "comm/all_reduce/fusion_rows.h"
+#include "comm/all_reduce/shm_kernels.h"
 #include "cpu/features.h"
 #include "support/test_util.h"
 
@@ -130,4 +132,49 @@ TEST_CASE("the fused boundary's AVX-512 row epilogue equals its portable loops b
     }
   }
   CHECK(compared == 3 * 6 * 4 * 13);
+}
+
+TEST_CASE("the shared-memory sum's AVX-512 kernel equals c10's float32 sum and bf16 rounding bit for bit",
+          "[comm][fusion]") {
+  if (tp::cpu::isa() < tp::cpu::Isa::kAvx512) {
+    WARN("this CPU (or TP_CPU_ISA) has no AVX-512: the kernel is not run here");
+    return;
+  }
+  using tp::detail::RowType;
+  const bool bf16_cvt = tp::cpu::features().avx512bf16;
+  for (auto in_type : {at::kFloat, at::kBFloat16}) {
+    for (auto out_type : {at::kFloat, at::kBFloat16}) {
+      for (int64_t world : {1, 2, 3, 4}) {
+        for (int64_t width : {1, 15, 16, 17, 1000}) {
+          for (bool cvt : {false, true}) {
+            if (cvt && !bf16_cvt) continue;
+            // 8 rows of `width` (rows 1-7 with special values) flattened, summed from element 3.
+            const int64_t lo = 3, n = 8 * width - lo;
+            INFO("in " << in_type << " out " << out_type << " world " << world << " n " << n << " cvt " << cvt);
+            std::vector<at::Tensor> parts;
+            std::vector<const void*> ptrs;
+            for (int64_t q = 0; q < world; ++q) {
+              parts.push_back(values(8, width, in_type, 50 + q + width, /*specials=*/true).view({-1}));
+              ptrs.push_back(parts.back().data_ptr());
+            }
+            // The portable loop: a float32 accumulator in rank order, then c10's conversion.
+            at::Tensor want = at::empty({n}, out_type);
+            for (int64_t i = 0; i < n; ++i) {
+              float acc = parts[0][lo + i].item<float>();
+              for (int64_t q = 1; q < world; ++q) acc += parts[q][lo + i].item<float>();
+              if (out_type == at::kFloat) {
+                want.data_ptr<float>()[i] = acc;
+              } else {
+                want.data_ptr<c10::BFloat16>()[i] = static_cast<c10::BFloat16>(acc);
+              }
+            }
+            at::Tensor got = at::full({n}, 7, out_type);
+            const auto row = [](at::ScalarType t) { return t == at::kFloat ? RowType::kFloat : RowType::kBFloat16; };
+            tp::detail::sum_parts_avx512(ptrs.data(), world, lo, n, row(in_type), got.data_ptr(), row(out_type), cvt);
+            CHECK(same_bits(got, want));
+          }
+        }
+      }
+    }
+  }
 }
