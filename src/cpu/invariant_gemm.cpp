@@ -86,8 +86,8 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
   if (m == 0 || n == 0 || spans.empty()) return out;
 
   count_kernel(std::string("invariant/") + to_string(isa));  // the benchmarks' kernel column
-  if (m <= 4 && isa == Isa::kAvx512) {
-    // A few rows (decode): invariant_rows_avx512, the same steps arranged for them.
+  if (isa == Isa::kAvx512) {
+    // invariant_rows_avx512: the same steps, arranged around the FMA chains (every M).
     InvariantRowsArgs args;
     args.a = a.data_ptr<float>();
     args.m = m;
@@ -102,7 +102,7 @@ at::Tensor invariant_gemm_pieces(const at::Tensor& a, const at::Tensor& b_packed
     int64_t levels = 2;
     while ((int64_t{1} << (levels - 2)) < chunks) ++levels;
     parallel_over_panels(panels, m, r, kMaxRowsGroup, [&](int64_t p0, int64_t p1) {
-      std::vector<float> scratch(static_cast<size_t>(levels * m * kMaxRowsGroup * kPanelWidth));
+      std::vector<float> scratch(static_cast<size_t>(levels * 4 * kMaxRowsGroup * kPanelWidth));
       std::vector<int64_t> lo(static_cast<size_t>(levels)), size(static_cast<size_t>(levels));
       const int64_t pieces = invariant_rows_avx512(args, p0, p1, scratch.data(), lo.data(), size.data());
       TORCH_INTERNAL_ASSERT(pieces == static_cast<int64_t>(spans.size()),

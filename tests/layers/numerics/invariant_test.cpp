@@ -64,7 +64,7 @@ TEST_CASE("invariant: the canonical GEMM gives a row the same bits alone and in 
 
 TEST_CASE("invariant: pieces of a reduction split over ranks rebuild one device's sum bit for bit", "[invariant]") {
   const int64_t chunk = 16, chunks = 11, k = chunks * chunk - 5;  // a short last chunk
-  // 5 rows: the panel microkernels; 2 rows: the few-rows kernel where the CPU has AVX-512.
+  // 5 rows (a full and a partial block of 4 on AVX-512) and 2.
   for (const int64_t m : {5, 2}) {
     INFO("M=" << m);
     const at::Tensor a = randn({m, k}, 1).to(at::kFloat), b = randn({9, k}, 2).to(at::kFloat);
@@ -507,8 +507,9 @@ TEST_CASE("invariant: the canonical GEMM gives the same bits on every ISA this C
   if (cpu::max_isa() >= cpu::Isa::kAvx512) isas.push_back(cpu::Isa::kAvx512);
   for (const auto dtype : {at::kFloat, at::kBFloat16}) {
     for (const int64_t chunk : {16, 64}) {
-      // M <= 4 take the few-rows kernel on AVX-512 (cpu/invariant_rows.h); n = 300 is two
-      // groups of 8 panels and a partial group with a partial last panel.
+      // On AVX-512 (cpu/invariant_rows.h: rows 4 at a time, 4 or 8 panels side by side) M = 1,
+      // 3, 7 and 37 leave partial row blocks; n = 300 is two groups of 8 panels and a partial
+      // group with a partial last panel.
       for (const auto [m, n] : std::vector<std::pair<int64_t, int64_t>>{
                {1, 45}, {3, 45}, {4, 45}, {7, 45}, {37, 45}, {1, 300}, {2, 300}, {4, 300}}) {
         const int64_t k = 1000;
