@@ -59,6 +59,10 @@ void init_loader(py::module_& m) {
           "The checkpoint to load from; every tensor read through it is recorded in this session.")
       .def("read", &LoadSession::read)
       .def("unread", &LoadSession::unread)
+      .def("expect_filled",
+           py::overload_cast<const std::vector<std::pair<std::string, at::Tensor>>&>(&LoadSession::expect_filled),
+           py::arg("tensors"))
+      .def("unfilled", &LoadSession::unfilled)
       .def("finish", &LoadSession::finish, py::call_guard<py::gil_scoped_release>(),
            "ValueError on every rank if a tensor is unread on any rank (a collective).");
   m.attr("default_allow_unread") = LoadSessionOptions::default_allow_unread();

@@ -58,8 +58,26 @@ class LoadSession:
         """Names nothing has read and no allow_unread pattern matches, sorted."""
         return self._impl.unread()
 
+    def expect_filled(self, module: "torch.nn.Module") -> None:
+        """Watches every parameter and buffer of ``module``: ``finish()`` then fails naming each
+        one no load has written since this call (a module built with ``init_weights=False`` is
+        never used unfilled). Call it after building the module and before loading it::
+
+            layer = tp.ColumnParallelLinear(4096, 11008, init_weights=False)
+            with tp.LoadSession(checkpoint) as session:
+                session.expect_filled(layer)
+                layer.load_weights(session.checkpoint, "model.layers.0.mlp.up_proj")
+        """
+        named = list(module.named_parameters()) + list(module.named_buffers())
+        self._impl.expect_filled([(name, t) for name, t in named])
+
+    def unfilled(self) -> list:
+        """Names of the watched tensors no load has written yet, in the module's order."""
+        return self._impl.unfilled()
+
     def finish(self) -> None:
-        """Raises ValueError on every rank if any rank has unread tensors (a collective)."""
+        """Raises ValueError on every rank if any rank has unread tensors or unfilled watched
+        ones (a collective)."""
         self._impl.finish()
 
     def __enter__(self) -> "LoadSession":

@@ -108,3 +108,33 @@ def load_session_llama(rank, world, folder, spec, skip):
     result = _outcome(step)
     result["unread"] = out.get("unread")
     return result
+
+
+def expect_filled_layer(rank, world, load_bias):
+    """A column layer built uninitialized (init_weights=False) and watched by its session:
+    its weight loaded, its bias only when `load_bias`; then finish()."""
+    comm = _comm()
+    out = {}
+
+    def step():
+        torch.manual_seed(0)  # the same checkpoint on every rank
+        ckpt = {"fc.weight": torch.randn(12, 8), "fc.bias": torch.randn(12)}
+        layer = tp.ColumnParallelLinear(8, 12, bias=True, init_weights=False, communicator=comm)
+        session = tp.LoadSession(ckpt if load_bias else {"fc.weight": ckpt["fc.weight"]}, communicator=comm)
+        session.expect_filled(layer)
+        out["before"] = session.unfilled()
+        if load_bias:
+            layer.load_weights(session, "fc")
+        else:
+            # Only the weight, the way a custom loader would write it (load_weights itself would
+            # refuse a checkpoint without the bias); the bias is left as built.
+            session.checkpoint["fc.weight"]
+            with torch.no_grad():
+                layer.weight.fill_(1.0)
+        out["after"] = session.unfilled()
+        session.finish()
+
+    result = _outcome(step)
+    result["before"] = out.get("before")
+    result["after"] = out.get("after")
+    return result

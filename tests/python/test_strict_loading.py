@@ -224,3 +224,16 @@ def test_load_session_in_one_process():
             layer.load_weights(s3, "fc")
     with pytest.raises(KeyError):
         ckpt["nope"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_expect_filled_names_a_parameter_no_load_wrote_on_every_rank(world):
+    filled = launcher.run(world, strict_checks.expect_filled_layer, True)
+    for res in filled:
+        assert res["error"] is None, res["error"]
+        assert res["before"] == ["weight", "bias"] and res["after"] == []
+    missed = launcher.run(world, strict_checks.expect_filled_layer, False)
+    for res in missed:
+        assert res["after"] == ["bias"]
+    needles = ["'bias'"] + ([f"every rank ({world} of {world})"] if world > 1 else [])
+    _check_every_rank(missed, "ValueError", *needles)

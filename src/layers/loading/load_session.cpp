@@ -26,15 +26,20 @@ std::vector<std::string> LoadSession::unread() const {
 }
 
 void LoadSession::expect_filled(const torch::nn::Module& module) {
-  auto watch = [&](const std::string& name, const at::Tensor& t) {
-    if (!t.defined() || t.numel() == 0) return;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) tensors.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) tensors.emplace_back(b.key(), b.value());
+  expect_filled(tensors);
+}
+
+void LoadSession::expect_filled(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
     TORCH_CHECK_VALUE(!t.is_inference(), "LoadSession::expect_filled: '", name,
                       "' is an inference tensor (built under c10::InferenceMode / torch.inference_mode), whose "
                       "writes cannot be observed; build the module outside inference mode and load it there");
     watched_.push_back({name, t, static_cast<int64_t>(t._version()), t.storage().data()});
-  };
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) watch(p.key(), p.value());
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) watch(b.key(), b.value());
+  }
 }
 
 std::vector<std::string> LoadSession::unfilled() const {

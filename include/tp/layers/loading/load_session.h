@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -61,6 +62,9 @@ class LoadSession {
   /// module and before loading it.
   /// Example: session.expect_filled(*model); model->load_weights(session.checkpoint()); session.finish();
   void expect_filled(const torch::nn::Module& module);
+  /// The same for named tensors (Python's LoadSession.expect_filled passes a module's
+  /// named_parameters() and named_buffers()).
+  void expect_filled(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
   /// Names of the watched tensors that no load has written yet, in the module's order.
   std::vector<std::string> unfilled() const;
   /// Throws (c10::ValueError) on every rank if unread() or unfilled() is not empty on
