@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <iostream>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "bench_util.h"
+#include "tp/comm/launch.h"
 
 namespace tp::bench {
 namespace {
@@ -135,6 +138,32 @@ std::string boundary_table(Communicator& comm, const BoundaryConfig& c) {
     }
   }
   return table.str();
+}
+
+int run_boundary_rows(const std::string& shape, BoundaryConfig base, const std::vector<int64_t>& tp_sizes,
+                      const std::vector<c10::ScalarType>& dtypes, bool verify_calls) {
+  std::cout << "tp-bench --rows boundary: the all-reduce between a row layer and the next layer's input, shape '"
+            << shape << "'\n  machine: " << machine_description()
+            << "\n  load average (1, 5, 15 min) at the start: " << load_average() << "\n";
+  CommunicatorOptions options;
+  options.verify_calls = verify_calls;
+  for (const auto dtype : dtypes) {
+    base.dtype = dtype;
+    std::cout << "\n" << boundary_legend(base) << "\n" << std::flush;
+    for (const int64_t world : tp_sizes) {
+      if (world < 2) continue;  // nothing to reduce
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            at::set_num_threads(1);  // the collectives' work is the ranks' own; ATen's pool would spin beside them
+            const std::string text = boundary_table(comm, base);
+            if (comm.rank() == 0) std::cout << "\n" << text << std::flush;
+          },
+          options);
+    }
+  }
+  std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
+  return 0;
 }
 
 }  // namespace tp::bench

@@ -30,4 +30,10 @@ std::string boundary_legend(const BoundaryConfig& c);
 /// Every rank calls it; the table (the slowest rank's numbers) is the same on every rank.
 std::string boundary_table(Communicator& comm, const BoundaryConfig& c);
 
+/// tp-bench --rows boundary: the table of `base` for each dtype at each TP size > 1 (ranks
+/// as threads, one intra-op thread each), with the machine and the load around it. `shape`
+/// names the preset the hidden size came from.
+int run_boundary_rows(const std::string& shape, BoundaryConfig base, const std::vector<int64_t>& tp_sizes,
+                      const std::vector<c10::ScalarType>& dtypes, bool verify_calls);
+
 }  // namespace tp::bench

@@ -435,32 +435,11 @@ int boundary_main(const Args& args) {
   const auto& config = args.config;
   TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda(),
                     "tp-bench --rows boundary: ranks as threads on the CPU, no --json / --csv");
-  std::cout << "tp-bench --rows boundary: the all-reduce between a row layer and the next layer's input, shape '"
-            << config.shape.name << "'\n  machine: " << machine_description()
-            << "\n  load average (1, 5, 15 min) at the start: " << load_average() << "\n";
-  tp::CommunicatorOptions options;
-  options.verify_calls = config.verify_calls;
-  for (const auto dtype : config.dtypes) {
-    BoundaryConfig b;
-    b.hidden = config.shape.hidden;
-    b.tokens = config.tokens;
-    b.dtype = dtype;
-    b.repeat = 3;
-    std::cout << "\n" << boundary_legend(b) << "\n" << std::flush;
-    for (const int64_t world : config.tp_sizes) {
-      if (world < 2) continue;  // nothing to reduce
-      run_ranks_in_threads(
-          world,
-          [&](tp::Communicator& comm) {
-            at::set_num_threads(1);  // the collectives' work is the ranks' own; ATen's pool would spin beside them
-            const std::string text = boundary_table(comm, b);
-            if (comm.rank() == 0) std::cout << "\n" << text << std::flush;
-          },
-          options);
-    }
-  }
-  std::cout << "load average (1, 5, 15 min) at the end: " << load_average() << "\n";
-  return 0;
+  BoundaryConfig b;
+  b.hidden = config.shape.hidden;
+  b.tokens = config.tokens;
+  b.repeat = 3;
+  return run_boundary_rows(config.shape.name, b, config.tp_sizes, config.dtypes, config.verify_calls);
 }
 
 // tp-bench --rows moe: one mixture-of-experts layer (moe_bench.h).

@@ -6,9 +6,8 @@
 // independent chains cover the FMA latency that one 16-column chain per row leaves
 // exposed), the G panels' weights reread from L2 by each block of rows, bf16 weights
 // widened in registers instead of through a buffer, and the tree's partial sums in a
-// small stack of G panels' width instead of vectors moved per chunk. On a 2-core Zen 4
-// it took the float32 block from 1.97x / 1.34x / 1.14x the default numerics' time to
-// 1.37x / 1.07x / 1.08x at M = 16 / 64 / 256, and under 1x at M = 1 (RESULTS, 2026-12-07).
+// small stack of G panels' width instead of vectors moved per chunk. Its cost against the
+// default numerics, before and after: benchmarks/RESULTS.md, 2026-12-07, "issue 45".
 
 // GCC 12 warns about _mm512_undefined_ps() inside its own intrinsics (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
