@@ -27,6 +27,8 @@
 #include "cpu/kernel_counts.h"
 #include "guarded_main.h"
 #include "machine_limits.h"
+#include "tp/comm/all_reduce_fusion.h"
+#include "tp/comm/communicator.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/quant/quantize.h"
 
@@ -137,6 +139,16 @@ std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, d
   return out;
 }
 
+// x's per-token codes as the fused boundary makes them (all_reduce_fusion at TP 1 with an
+// RMSNorm of unit weight): norm_out, and norm_out's quant_out / scale_out.
+AllReduceFusionResult token_codes(const at::Tensor& x, TokenQuant quant) {
+  AllReduceFusionParams p;
+  p.norm = AllReduceFusionNorm::kRMS;
+  p.norm_weight = at::ones({x.size(-1)}, x.options());
+  p.quant_out = quant == TokenQuant::kInt8 ? AllReduceFusionQuant::kInt8PerToken : AllReduceFusionQuant::kFp8PerToken;
+  return Communicator().all_reduce_fusion(x, p);
+}
+
 // Bytes of weight a call reads: every stored tensor of the format.
 int64_t stored_bytes(const QuantizedTensors& tensors) {
   int64_t bytes = 0;
@@ -168,7 +180,9 @@ int run(int argc, char** argv) {
       "row's fraction of the limit that binds it (mem: weight + activation bytes / time over the read\n"
       "bandwidth; fp32 / bf16: GFLOP/s over the GEMM peak; int8_w8a8 multiplies in int8, so its compute\n"
       "fraction is against the fp32 peak and can pass 100%%); kernel: the CPU kernel the layer's forward ran\n"
-      "(family/ISA: rows or gemv for small M, panel or gemm above; '-': none reported).\n\n",
+      "(family/ISA: rows or gemv for small M, panel or gemm above; '-': none reported); from codes: for a\n"
+      "format whose GEMM quantizes x per token (int8_w8a8, fp8_channel), ms per forward_quantized of the\n"
+      "codes the fused boundary hands over, and how many times faster than forward of the same input.\n\n",
       args.seconds);
 
   const auto w = at::randn({args.n, args.k}, at::kDouble) / std::sqrt(static_cast<double>(args.k));
@@ -178,7 +192,7 @@ int run(int argc, char** argv) {
   constexpr double kModelErrorBound = 0.1;
   int wrong = 0;
   bench::Table table({"format", "dtype", "M", "ms", "fp32 ms", "x fp32", "x bf16", "weight MB", "GB/s", "limit",
-                      "kernel", "err float", "err model"});
+                      "kernel", "from codes", "err float", "err model"});
   // The limit a row is held to: its bytes (weights as stored, x in, y out) and flops.
   auto limit = [&](double weight_bytes, int64_t m, at::ScalarType dtype, double ms) {
     const double bytes = weight_bytes + static_cast<double>(m) * (args.k + args.n) * c10::elementSize(dtype);
@@ -200,9 +214,27 @@ int run(int argc, char** argv) {
         const auto x64 = at::randn({m, args.k}, at::kDouble);
         const auto x = x64.to(dtype), x32 = x64.to(at::kFloat), x16 = x64.to(at::kBFloat16);
         at::Tensor y;
-        const auto ms =
-            median_ms({[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); }, [&] { y = layer->forward(x); }},
-                      args.seconds);
+        // Formats whose GEMM quantizes x per token also run from x's codes as the fused
+        // boundary hands them over (forward_quantized): the same output without that pass.
+        const TokenQuant token_quant = layer->input_quant(x);
+        AllReduceFusionResult codes;
+        if (token_quant != TokenQuant::kNone) codes = token_codes(x, token_quant);
+        std::vector<std::function<void()>> sides = {[&] { at::linear(x32, w32); }, [&] { at::linear(x16, w16); },
+                                                    [&] { y = layer->forward(x); }};
+        if (codes.quant_out.defined()) {
+          sides.push_back([&] { (void)layer->forward(codes.norm_out); });
+          sides.push_back([&] { (void)layer->forward_quantized(codes.quant_out, codes.scale_out); });
+        }
+        const auto ms = median_ms(sides, args.seconds);
+        std::string from_codes = "-";
+        if (codes.quant_out.defined()) {
+          if (!at::equal(layer->forward_quantized(codes.quant_out, codes.scale_out), layer->forward(codes.norm_out))) {
+            std::fprintf(stderr, "tp-quant-bench: %s %s M=%lld: forward_quantized differs from forward\n", fmt.c_str(),
+                         dtype_name.c_str(), static_cast<long long>(m));
+            ++wrong;
+          }
+          from_codes = format("%.3f (%.2fx)", ms[4], ms[3] / ms[4]);
+        }
         const auto ref_float = at::matmul(x.to(at::kDouble), w.t());
         const auto ref_model = at::matmul(quantize_activation(x, stored, config).to(at::kDouble), w_model.t());
         // Format none keeps the weight in the layer's dtype (the checkpoint holds float32).
@@ -220,18 +252,18 @@ int run(int argc, char** argv) {
         }
         table.add({to_string(config), dtype_name, std::to_string(m), format("%.3f", ms[2]), format("%.3f", ms[0]),
                    format("%.2f", ms[0] / ms[2]), format("%.2f", ms[1] / ms[2]), format("%.1f", mb),
-                   format("%.1f", mb / ms[2]), limit(mb * 1e6, m, dtype, ms[2]), kernel,
+                   format("%.1f", mb / ms[2]), limit(mb * 1e6, m, dtype, ms[2]), kernel, from_codes,
                    format("%.1e", rel_error(y, ref_float)), format("%.1e", err_model)});
         if (fmt == args.formats.front() && dtype_name == args.dtypes.front()) {
           // The baselines once per M, for reference (each row's own are its fp32 ms and ratios).
           table.add({"at::linear", "float32", std::to_string(m), format("%.3f", ms[0]), "", "1.00",
                      format("%.2f", ms[1] / ms[0]), format("%.1f", 4e-6 * args.n * args.k),
                      format("%.1f", 4e-6 * args.n * args.k / ms[0]), limit(4.0 * args.n * args.k, m, at::kFloat, ms[0]),
-                     "at::linear", "", ""});
+                     "at::linear", "", "", ""});
           table.add({"at::linear", "bfloat16", std::to_string(m), format("%.3f", ms[1]), "",
                      format("%.2f", ms[0] / ms[1]), "1.00", format("%.1f", 2e-6 * args.n * args.k),
                      format("%.1f", 2e-6 * args.n * args.k / ms[1]),
-                     limit(2.0 * args.n * args.k, m, at::kBFloat16, ms[1]), "at::linear", "", ""});
+                     limit(2.0 * args.n * args.k, m, at::kBFloat16, ms[1]), "at::linear", "", "", ""});
         }
       }
     }

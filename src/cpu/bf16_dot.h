@@ -22,12 +22,16 @@ namespace tp::cpu {
 /// benchmarks/RESULTS.md, 2026-12-07 ("issue 47: bf16 dot products").
 inline constexpr int64_t kBf16DotMinM = 5;
 
-/// Whether a layer's forward on x takes them: x bfloat16 on the CPU with at least
+/// Whether a layer's forward on x (or on `rows` rows of `dtype` activations) takes them: x bfloat16 on the CPU with at least
 /// kBf16DotMinM rows, `isa` (the level the caller dispatches at: cpu::isa(), so TP_CPU_ISA
 /// can turn it off) AVX-512, the CPU has avx512_bf16 and the AMX tiles are not usable.
+inline bool bf16_dot_applies(at::ScalarType dtype, int64_t rows, Isa isa) {
+  return dtype == at::kBFloat16 && isa == Isa::kAvx512 && features().avx512bf16 && rows >= kBf16DotMinM &&
+         !amx_status().usable;
+}
 inline bool bf16_dot_applies(const at::Tensor& x, Isa isa) {
-  return x.scalar_type() == at::kBFloat16 && x.device().is_cpu() && x.dim() >= 1 && isa == Isa::kAvx512 &&
-         features().avx512bf16 && x.numel() / std::max<int64_t>(x.size(-1), 1) >= kBf16DotMinM && !amx_status().usable;
+  return x.device().is_cpu() && x.dim() >= 1 &&
+         bf16_dot_applies(x.scalar_type(), x.numel() / std::max<int64_t>(x.size(-1), 1), isa);
 }
 
 }  // namespace tp::cpu

@@ -103,6 +103,19 @@ at::Tensor ColumnCore::forward(const at::Tensor& x) const {
   return exit_.op == ReduceOp::kAllGather ? gather(y, exit_.dim) : y;
 }
 
+TokenQuant ColumnCore::input_quant(const at::Tensor& x) const {
+  const bool takes = step_->name() == "default/column" && entry_.op == ReduceOp::kNone;
+  return takes && x.defined() ? method_->token_quant(x) : TokenQuant::kNone;
+}
+
+at::Tensor ColumnCore::forward_quantized(const at::Tensor& codes, const at::Tensor& scales) const {
+  TORCH_CHECK_VALUE(codes.defined() && codes.dim() >= 1 && codes.size(-1) == in_features_, layer_,
+                    ": pre-quantized input must be [..., in_features = ", in_features_, "]; got ",
+                    codes.defined() ? codes.sizes() : c10::IntArrayRef{});
+  const at::Tensor y = step_->forward_quantized(codes, scales, bias_);
+  return exit_.op == ReduceOp::kAllGather ? gather(y, exit_.dim) : y;
+}
+
 at::Tensor ColumnCore::gather(const at::Tensor& y_local, int64_t dim) const {
   if (comm_.world_size() == 1) return y_local;
   std::vector<int64_t> sizes;

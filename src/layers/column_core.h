@@ -60,6 +60,12 @@ class ColumnCore {
   /// tokens and enters through it (the gradient is reduce-scattered back). The GEMM and
   /// the entry are the layer's step (layers/step.h).
   at::Tensor forward(const at::Tensor& x) const;
+  /// The per-token quantization the layer's GEMM gives an input like x first, when
+  /// forward_quantized takes it done already (the default step, a mirrored input); kNone otherwise.
+  TokenQuant input_quant(const at::Tensor& x) const;
+  /// forward of the input whose input_quant() quantization is codes [..., in] and
+  /// scales [..., 1]: the same output, bit for bit, without a backward.
+  at::Tensor forward_quantized(const at::Tensor& codes, const at::Tensor& scales) const;
   /// How the input enters (none: mirrored; all_gather: sequence parallelism) and what
   /// the output gets (none: this rank's columns; all_gather: gather_output).
   const Reduction& input_reduction() const { return entry_; }

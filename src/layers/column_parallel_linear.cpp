@@ -56,6 +56,12 @@ void ColumnParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
+TokenQuant ColumnParallelLinearImpl::input_quant(const at::Tensor& x) const { return core_->input_quant(x); }
+
+at::Tensor ColumnParallelLinearImpl::forward_quantized(const at::Tensor& codes, const at::Tensor& scales) {
+  return core_->forward_quantized(codes, scales);
+}
+
 void ColumnParallelLinearImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
   core_->load(checkpoint, {prefix});
 }

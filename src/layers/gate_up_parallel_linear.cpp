@@ -62,6 +62,12 @@ void GateUpParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor GateUpParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
+TokenQuant GateUpParallelLinearImpl::input_quant(const at::Tensor& x) const { return core_->input_quant(x); }
+
+at::Tensor GateUpParallelLinearImpl::forward_quantized(const at::Tensor& codes, const at::Tensor& scales) {
+  return core_->forward_quantized(codes, scales);
+}
+
 std::tuple<at::Tensor, at::Tensor> GateUpParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
   return {parts[0], parts[1]};

@@ -69,6 +69,12 @@ void QKVParallelLinearImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor QKVParallelLinearImpl::forward(const at::Tensor& x) { return core_->forward(x); }
 
+TokenQuant QKVParallelLinearImpl::input_quant(const at::Tensor& x) const { return core_->input_quant(x); }
+
+at::Tensor QKVParallelLinearImpl::forward_quantized(const at::Tensor& codes, const at::Tensor& scales) {
+  return core_->forward_quantized(codes, scales);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> QKVParallelLinearImpl::split(const at::Tensor& y) const {
   auto parts = core_->split(y, options.gather_output());
   return {parts[0], parts[1], parts[2]};

@@ -14,6 +14,12 @@ at::Tensor LinearStep::partial(const at::Tensor& x, const at::Tensor& weight) co
                     "is canonical, taken whole; use forward");
 }
 
+at::Tensor LinearStep::forward_quantized(const at::Tensor&, const at::Tensor&, const at::Tensor&) const {
+  TORCH_CHECK_VALUE(false, "this layer's step (", name(),
+                    ") takes no pre-quantized input: only a column layer under the default numerics with a mirrored "
+                    "input (no sequence parallelism) does; use forward");
+}
+
 namespace {
 
 class DefaultColumnStep final : public LinearStep {
@@ -34,6 +40,24 @@ class DefaultColumnStep final : public LinearStep {
     // units) but stays in the graph: its backward still takes part in the collectives.
     if (!s_.method) return at::linear(xin, weight, bias);
     return parallel_linear(s_.method, xin, bias, /*add_bias=*/true, s_.out_local, s_.in_features, s_.replicas);
+  }
+  at::Tensor forward_quantized(const at::Tensor& codes, const at::Tensor& scales,
+                               const at::Tensor& bias) const override {
+    // Megatron's f is the identity forward: the codes are the layer's input as they are.
+    // No backward: the codes are not differentiable, so neither weight nor bias may record.
+    TORCH_CHECK_VALUE(s_.entry.op == ReduceOp::kNone, s_.layer,
+                      ": a pre-quantized input is not taken under sequence parallelism (the input's all-gather); "
+                      "use forward");
+    TORCH_CHECK_VALUE(s_.method, s_.layer, ": this layer has no quantization method to take a pre-quantized input");
+    TORCH_CHECK_VALUE(!records_grad(at::Tensor(), s_.method->weight(), bias), s_.layer,
+                      ": forward_quantized has no backward; call it under torch.no_grad / at::NoGradGuard");
+    if (s_.out_local == 0 || s_.in_features == 0) {
+      auto shape = codes.sizes().vec();
+      shape.back() = s_.out_local;
+      at::Tensor y = at::zeros(shape, codes.options().dtype(s_.method->activation_dtype()));
+      return bias.defined() ? y.add_(bias) : y;
+    }
+    return s_.method->apply_quantized(codes, scales, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
   }
   std::string name() const override { return "default/column"; }
 

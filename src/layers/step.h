@@ -38,6 +38,11 @@ class LinearStep {
   /// boundary, Communicator::all_reduce_fusion). Only the default row step has one; the
   /// others refuse, naming the layer (an invariant sum is taken whole).
   virtual at::Tensor partial(const at::Tensor& x, const at::Tensor& weight) const;
+  /// A column layer's local output from its input already quantized per token as the
+  /// method's token_quant() says (codes [..., in], scales [..., 1]): what forward gives the
+  /// activations they quantize, bit for bit, without a backward. Only the default column
+  /// step with a mirrored input has one; the others refuse, naming the layer.
+  virtual at::Tensor forward_quantized(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& bias) const;
   /// "default/column", "invariant/row", ...: what pretty_print and the tests see.
   virtual std::string name() const = 0;
 };

@@ -101,13 +101,21 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& ids, KVCache* cache, int64_t 
   // Gemma: the embeddings times sqrt(hidden) rounded to the model's dtype, as transformers does.
   if (config.scale_embeddings)
     h = h * at::scalar_tensor(std::sqrt(static_cast<double>(config.hidden_size)), h.options());
+  // Each block hands the next its output and, where its last boundary is fused, that
+  // output's next norm (the next block's input_layernorm, quantized for its QKV GEMM when
+  // that takes codes; the final norm after the last block).
+  LayerStream stream(h);
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& [cos, sin] = tables[static_cast<size_t>(rotary_table_of(static_cast<int64_t>(i)))];
-    h = layers[i]->forward(h, cos, sin, cache);
+    const bool last = i + 1 == layers.size();
+    const NextNorm next{last ? norm : layers[i + 1]->input_layernorm,
+                        last ? TokenQuant::kNone : layers[i + 1]->input_quant(stream.hidden)};
+    stream = layers[i]->forward(stream, next, cos, sin, cache);
   }
   if (cache) cache->length += s;
-  if (logits_to_keep > 0 && logits_to_keep < s) h = h.narrow(1, s - logits_to_keep, logits_to_keep);
-  return finish_logits(lm_head->forward(norm->forward(h)));
+  at::Tensor normed = stream.normed.defined() ? stream.normed : norm->forward(stream.hidden);
+  if (logits_to_keep > 0 && logits_to_keep < s) normed = normed.narrow(1, s - logits_to_keep, logits_to_keep);
+  return finish_logits(lm_head->forward(normed));
 }
 
 std::vector<std::pair<at::Tensor, at::Tensor>> CausalLMImpl::rotary_tables(const at::Tensor& positions) const {

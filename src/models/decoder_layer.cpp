@@ -236,19 +236,6 @@ at::Tensor grouped_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return at::scaled_dot_product_attention(q, kh, vh, mask, 0.0, false, scale);
 }
 
-at::Tensor activation(Activation act, const at::Tensor& x) {
-  switch (act) {
-    case Activation::kGelu: return at::gelu(x);
-    case Activation::kGeluTanh: return at::gelu(x, "tanh");
-    // transformers' NewGELUActivation and FastGELUActivation, operation for operation.
-    case Activation::kGeluNew:
-      return 0.5 * x * (1.0 + at::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * at::pow(x, 3.0))));
-    case Activation::kGeluFast: return 0.5 * x * (1.0 + at::tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)));
-    case Activation::kSilu: break;
-  }
-  return at::silu(x);
-}
-
 }  // namespace
 
 void DecoderLayerImpl::use_invariant_heads() {
@@ -300,7 +287,7 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
   // of the intermediate dimension ends (models/invariant_activation.h).
   const auto act = [&](const at::Tensor& h) {
     return config.numerics == Numerics::kInvariant ? detail::invariant_activation(config.hidden_act, h)
-                                                   : activation(config.hidden_act, h);
+                                                   : detail::activation(config.hidden_act, h);
   };
   if (!config.gated_mlp) return down_proj->forward(act(up_proj->forward(x)));
   auto [gate, up] = gate_up->split(gate_up->forward(x));
@@ -309,96 +296,19 @@ at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
 
 at::Tensor DecoderLayerImpl::mlp_partial(const at::Tensor& x) {
   if (!moe.is_empty()) return moe->forward_partial(x);
-  if (!config.gated_mlp) return down_proj->forward_partial(activation(config.hidden_act, up_proj->forward(x)));
+  if (!config.gated_mlp) return down_proj->forward_partial(detail::activation(config.hidden_act, up_proj->forward(x)));
   auto [gate, up] = gate_up->split(gate_up->forward(x));
-  return down_proj->forward_partial(activation(config.hidden_act, gate) * up);
+  return down_proj->forward_partial(detail::activation(config.hidden_act, gate) * up);
 }
 
 at::Tensor DecoderLayerImpl::mlp_bias() const { return moe.is_empty() ? down_proj->bias : at::Tensor(); }
 
-namespace {
-
-// A norm the fused collective computes as tp::Norm does: its kinds in float32, no
-// canonical scale (invariant numerics keeps its own path).
-bool fusable(const Norm& n) { return !n->scale && n->options.compute_dtype() == at::kFloat; }
-
-// The norm half of a fused boundary's parameters.
-AllReduceFusionParams with_norm(const Norm& n) {
-  AllReduceFusionParams p;
-  switch (n->options.kind()) {
-    case NormKind::kRMS: p.norm = AllReduceFusionNorm::kRMS; break;
-    case NormKind::kRMSUnitOffset: p.norm = AllReduceFusionNorm::kRMSUnitOffset; break;
-    case NormKind::kRMSScaleFirst: p.norm = AllReduceFusionNorm::kRMSScaleFirst; break;
-    case NormKind::kLayerNorm: p.norm = AllReduceFusionNorm::kLayerNorm; break;
-  }
-  p.norm_weight = n->weight;
-  p.norm_bias = n->bias;
-  p.eps = n->options.eps();
-  return p;
-}
-
-// The sum of two row layers' biases (either may be undefined), added once by one reduction.
-at::Tensor bias_sum(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined()) return b;
-  if (!b.defined()) return a;
-  return a + b;
-}
-
-}  // namespace
-
-bool DecoderLayerImpl::fuses(const at::Tensor& x) const {
-  const auto t = x.scalar_type();
-  // Invariant numerics keeps its own path (its sums are canonical, taken whole), as the
-  // row layers resolve it.
-  if (!fuse_boundary || at::GradMode::is_enabled() || resolve_numerics(config.numerics) == Numerics::kInvariant)
-    return false;
-  if (!(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) || !(x.is_cpu() || x.is_cuda())) return false;
-  bool ok = fusable(post_attention_layernorm);
-  if (config.sandwich_norms) ok = ok && fusable(post_feedforward_layernorm);
-  return ok;
-}
-
-at::Tensor DecoderLayerImpl::forward_fused(const at::Tensor& x, const at::Tensor& a) {
-  // The row layers hand on their partial sums without their biases; each boundary's one
-  // collective adds the bias once, then the residual, then the next norm, with the
-  // strategy and wire the row layer's own reduction would take.
-  const auto by = [](const RowParallelLinear& row, AllReduceFusionParams p) {
-    p.strategy = row->options.all_reduce();
-    p.wire = row->options.wire();
-    return p;
-  };
-  const auto mlp_params = [&](AllReduceFusionParams p) { return moe.is_empty() ? by(down_proj, std::move(p)) : p; };
-  const at::Tensor attn = o_proj->forward_partial(a);
-  if (config.parallel_residual) {
-    AllReduceFusionParams p = by(o_proj, {});
-    p.bias = bias_sum(o_proj->bias, mlp_bias());
-    p.residual_in = x;
-    return comm.all_reduce_fusion(attn + mlp_partial(post_attention_layernorm->forward(x)), p).residual_out;
-  }
-  if (config.sandwich_norms) {
-    // Gemma: the norm of the reduced output, then the residual add.
-    AllReduceFusionParams p = by(o_proj, with_norm(post_attention_layernorm));
-    p.bias = o_proj->bias;
-    const at::Tensor h = x + comm.all_reduce_fusion(attn, p).norm_out;
-    AllReduceFusionParams q = mlp_params(with_norm(post_feedforward_layernorm));
-    q.bias = mlp_bias();
-    return h + comm.all_reduce_fusion(mlp_partial(pre_feedforward_layernorm->forward(h)), q).norm_out;
-  }
-  AllReduceFusionParams p = by(o_proj, with_norm(post_attention_layernorm));
-  p.bias = o_proj->bias;
-  p.residual_in = x;
-  const AllReduceFusionResult r = comm.all_reduce_fusion(attn, p);
-  AllReduceFusionParams q = mlp_params({});
-  q.bias = mlp_bias();
-  q.residual_in = r.residual_out;
-  return comm.all_reduce_fusion(mlp_partial(r.norm_out), q).residual_out;
-}
-
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      KVCache* cache) {
-  auto [q, k, v] = qkv->split(qkv->forward(input_layernorm->forward(x)));
-  const at::Tensor a = attention(q, k, v, cos, sin, cache);
-  if (fuses(x)) return forward_fused(x, a);
+  return forward(LayerStream(x), NextNorm{}, cos, sin, cache).hidden;
+}
+
+at::Tensor DecoderLayerImpl::forward_unfused(const at::Tensor& x, const at::Tensor& a) {
   at::Tensor attn = o_proj->forward(a);
   if (config.parallel_residual) {
     // O and down hand on partial sums (their output reductions are none): one all-reduce

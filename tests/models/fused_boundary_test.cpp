@@ -116,6 +116,22 @@ TEST_CASE("the fused boundary's norm is tp::Norm's and its quantizer is quantize
 
 namespace {
 
+// A tiny Llama whose linear layers (not the LM head) are compressed-tensors' W8A8:
+// per-channel weights and dynamic per-token activations of `type` "int" (INT8) or "float" (FP8).
+std::string quantized_llama(const std::string& type) {
+  const std::string scheme = R"({"num_bits": 8, "type": ")" + type + R"(", "symmetric": true, "strategy": ")";
+  const std::string format = type == "int" ? "int-quantized" : "float-quantized";
+  return R"({"model_type": "llama", "hidden_size": 192, "intermediate_size": 320, "num_hidden_layers": 2,
+    "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 96, "rms_norm_eps": 1e-05,
+    "hidden_act": "silu", "tie_word_embeddings": false,
+    "quantization_config": {"quant_method": "compressed-tensors", "format": ")" +
+         format + R"(", "quantization_status": "compressed",
+      "config_groups": {"group_0": {"targets": ["Linear"], "weights": )" +
+         scheme + R"(channel", "dynamic": false}, "input_activations": )" + scheme +
+         R"(token", "dynamic": true}, "output_activations": null, "format": ")" + format + R"("}},
+      "ignore": ["lm_head"]}})";
+}
+
 // Tiny configs of each family variant: hidden 192 (not a power of two), 12 heads (even
 // at TP 3 and 4), biases where the family has them.
 std::vector<std::pair<std::string, std::string>> family_configs() {
@@ -138,6 +154,9 @@ std::vector<std::pair<std::string, std::string>> family_configs() {
        R"({"model_type": "gpt_neox", "hidden_size": 192, "intermediate_size": 320, "num_hidden_layers": 2,
          "num_attention_heads": 12, "vocab_size": 96, "hidden_act": "gelu", "layer_norm_eps": 1e-05,
          "use_parallel_residual": false, "attention_bias": true, "tie_word_embeddings": false})"},
+      // The boundaries hand their norm to the next GEMM quantized (W8A8's int8 codes, fp8_channel's E4M3).
+      {"llama int8_w8a8 (compressed-tensors; quantized handoff)", quantized_llama("int")},
+      {"llama fp8_channel (compressed-tensors; quantized handoff)", quantized_llama("float")},
       {"mixtral (MoE blocks)",
        R"({"model_type": "mixtral", "hidden_size": 192, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 16, "vocab_size": 96,
@@ -188,6 +207,51 @@ TEST_CASE("DecoderLayer's fused boundary gives the unfused path's logits in ever
         CHECK(diff <= tol);
         CHECK(same_bits(graded[0], unfused[0]));
         for (int64_t r = 1; r < world; ++r) CHECK(same_bits(fused[r], fused[0]));
+      }
+    }
+  }
+}
+
+TEST_CASE("a block takes the stream's norm and codes as its own input norm, bit for bit, at TP 1-4",
+          "[models][fusion]") {
+  // The W8A8 Llama: a stream carrying input_layernorm(x) and its int8 codes gives the block's
+  // output of x alone bit for bit, so the codes were the ones its QKV would have made; and
+  // the codes are what it reads (other codes, another output).
+  const ModelConfig config = ModelConfig::from_json(quantized_llama("int"));
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    for (int64_t world = 1; world <= 4; ++world) {
+      std::vector<int> equal(world), normed_equal(world), codes_read(world), quant(world);
+      run_ranks_in_threads(world, [&](Communicator& comm) {
+        at::NoGradGuard no_grad;
+        CausalLM model(config, CausalLMOptions().dtype(dtype), comm);
+        auto& block = model->layers[1];
+        const at::Tensor x = randn(5, {1, 7, config.hidden_size}, dtype);
+        const auto positions = at::arange(7, at::kLong).unsqueeze(0);
+        const auto [cos, sin] = model->rotary_tables(positions)[0];
+        const at::Tensor normed = block->input_layernorm->forward(x);
+        AllReduceFusionParams p;
+        p.norm = fusion_norm(block->input_layernorm->options.kind());
+        p.norm_weight = block->input_layernorm->weight;
+        p.eps = block->input_layernorm->options.eps();
+        p.quant_out = AllReduceFusionQuant::kInt8PerToken;
+        const auto r = comm.all_reduce_fusion(comm.rank() == 0 ? x : at::zeros_like(x), p);
+        quant[comm.rank()] = block->input_quant(x) == TokenQuant::kInt8;
+        const at::Tensor streamed =
+            block->forward(LayerStream(x, r.norm_out, r.quant_out, r.scale_out), {}, cos, sin).hidden;
+        const at::Tensor by_norm = block->forward(LayerStream(x, r.norm_out), {}, cos, sin).hidden;
+        equal[comm.rank()] = same_bits(streamed, by_norm);
+        // Where the fused norm has input_layernorm's bits, the stream is x alone.
+        normed_equal[comm.rank()] = !same_bits(r.norm_out, normed) || same_bits(by_norm, block->forward(x, cos, sin));
+        const at::Tensor other =
+            block->forward(LayerStream(x, r.norm_out, at::zeros_like(r.quant_out), r.scale_out), {}, cos, sin).hidden;
+        codes_read[comm.rank()] = !same_bits(other, by_norm);
+      });
+      INFO(dtype << ", TP " << world);
+      for (int64_t r = 0; r < world; ++r) {
+        CHECK(quant[r]);
+        CHECK(equal[r]);
+        CHECK(codes_read[r]);
+        CHECK(normed_equal[r]);
       }
     }
   }

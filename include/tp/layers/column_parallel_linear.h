@@ -20,6 +20,7 @@
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
 #include "tp/shard/segments.h"
 #include "tp/shard/split.h"
 
@@ -74,6 +75,16 @@ class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinea
 
   /// x: [..., in_features] -> [..., local out] (or [..., out_features] with gather_output).
   at::Tensor forward(const at::Tensor& x);
+  /// The per-token quantization this layer's GEMM applies to an input like x before it
+  /// multiplies (int8_w8a8's, fp8_channel's on the CPU under the default numerics, a
+  /// mirrored input), which forward_quantized takes done already; kNone when there is none
+  /// to take (then use forward).
+  TokenQuant input_quant(const at::Tensor& x) const;
+  /// forward of the input x whose input_quant(x) quantization is `codes` [..., in] and
+  /// `scales` [..., 1] float32 (Communicator::all_reduce_fusion's quant_out and
+  /// scale_out): forward(x)'s output bit for bit, without the quantization pass and
+  /// without a backward (refused while autograd would record).
+  at::Tensor forward_quantized(const at::Tensor& codes, const at::Tensor& scales);
 
   /// Loads `prefix + ".weight"` (and ".bias") from the checkpoint, reading only this
   /// rank's rows. Example: fc->load_weights(ckpt, "model.layers.0.mlp.up_proj").

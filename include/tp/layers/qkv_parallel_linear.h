@@ -22,6 +22,7 @@
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
 #include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
 #include "tp/shard/heads.h"
 #include "tp/shard/split.h"
 
@@ -78,6 +79,16 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   /// x: [..., hidden_size] -> [..., (local_q_heads + 2 * local_kv_heads) * head_dim],
   /// or the whole [..., (num_heads + 2 * num_kv_heads) * head_dim] with gather_output.
   at::Tensor forward(const at::Tensor& x);
+  /// The per-token quantization this layer's GEMM applies to an input like x before it
+  /// multiplies (int8_w8a8's, fp8_channel's on the CPU under the default numerics, a
+  /// mirrored input), which forward_quantized takes done already; kNone when there is none
+  /// to take (then use forward).
+  TokenQuant input_quant(const at::Tensor& x) const;
+  /// forward of the input x whose input_quant(x) quantization is `codes` [..., in] and
+  /// `scales` [..., 1] float32 (Communicator::all_reduce_fusion's quant_out and
+  /// scale_out): forward(x)'s output bit for bit, without the quantization pass and
+  /// without a backward (refused while autograd would record).
+  at::Tensor forward_quantized(const at::Tensor& codes, const at::Tensor& scales);
   /// Splits a forward output into (q, k, v), each [..., heads * head_dim].
   std::tuple<at::Tensor, at::Tensor, at::Tensor> split(const at::Tensor& y) const;
 

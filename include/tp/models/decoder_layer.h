@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include <functional>
 
@@ -36,8 +37,31 @@
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
 #include "tp/models/norm.h"
+#include "tp/quant/quant_method.h"
 
 namespace tp {
+
+/// The residual stream between decoder blocks, as one block hands it to the next: the
+/// hidden state, and (when the block's last boundary was fused with it) the norm the next
+/// block applies first, and that norm quantized per token for the next block's first GEMM.
+/// A consumer given no `normed` normalizes `hidden` itself.
+struct LayerStream {
+  LayerStream() = default;
+  explicit LayerStream(at::Tensor hidden_, at::Tensor normed_ = {}, at::Tensor codes_ = {}, at::Tensor scales_ = {})
+      : hidden(std::move(hidden_)), normed(std::move(normed_)), codes(std::move(codes_)), scales(std::move(scales_)) {}
+  at::Tensor hidden;  // [batch, seq, hidden], mirrored
+  at::Tensor normed;  // next.norm(hidden), or undefined
+  at::Tensor codes;   // normed quantized per token as next.quant says, or undefined
+  at::Tensor scales;  // [batch, seq, 1] float32: normed ~= codes * scales
+};
+
+/// What follows a block: the norm its output goes through first (the next block's
+/// input_layernorm, or the model's final norm; null: none to fuse) and the per-token
+/// quantization the GEMM after that norm applies to its input (kNone: none).
+struct NextNorm {
+  Norm norm{nullptr};
+  TokenQuant quant = TokenQuant::kNone;
+};
 
 /// The module of layer `index` of a decoder. Sizes, biases and every projection's
 /// format come from `config` (tp::decoder_layer_options); weights are created in
@@ -56,6 +80,17 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   /// cache->length (not advanced here) and attention reads every cached position;
   /// without one the sequence attends causally to itself.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, KVCache* cache = nullptr);
+  /// The same on a stream: in.hidden is x, and in.normed / in.codes, when given, are
+  /// input_layernorm(x) (quantized as input_quant(x) says) computed by the block before.
+  /// Where the boundary is fused (fuse_boundary), the block's last collective also applies
+  /// `next.norm` (and next.quant) to the output, so the stream returned carries them; Gemma's
+  /// sandwich norms and the unfused path return the hidden state alone. CausalLM chains
+  /// its blocks this way; equal to forward up to the dtype's rounding of the norms.
+  LayerStream forward(const LayerStream& in, const NextNorm& next, const at::Tensor& cos, const at::Tensor& sin,
+                      KVCache* cache = nullptr);
+  /// The per-token quantization this block's first GEMM (qkv) gives an input like x, for
+  /// the block before to hand over in its stream (QKVParallelLinear::input_quant).
+  TokenQuant input_quant(const at::Tensor& x) const;
 
   /// The attention between QKV and O, as forward runs it: q, k, v are qkv's split
   /// pieces [batch, seq, local heads * head_dim] (the q/k norms, RoPE, the cache and
@@ -117,9 +152,16 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   std::function<at::Tensor(const at::Tensor& kv)> expand_kv;
 
  private:
-  // forward's boundaries through all_reduce_fusion; `a` is attention's output, O's input.
-  at::Tensor forward_fused(const at::Tensor& x, const at::Tensor& a);
+  // forward's boundaries after attention (`a`, O's input): each row layer's reduction
+  // fused with its bias, the residual and the next norm (models/decoder_boundary.cpp), or
+  // each a separate pass.
+  LayerStream forward_fused(const at::Tensor& x, const at::Tensor& a, const NextNorm& next);
+  at::Tensor forward_unfused(const at::Tensor& x, const at::Tensor& a);
   bool fuses(const at::Tensor& x) const;
+  // The MLP's first GEMM's per-token quantization (none for MoE blocks), and its partial
+  // sum from a boundary's stream (its codes when it has them).
+  TokenQuant mlp_input_quant(const at::Tensor& x) const;
+  at::Tensor mlp_partial_from(const LayerStream& in);
   // Sets expand_kv and the norms' canonical scale (invariant numerics).
   void use_invariant_heads();
 };

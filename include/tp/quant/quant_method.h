@@ -24,6 +24,15 @@ class Module;
 
 namespace tp {
 
+/// A per-token activation quantization a caller can do before a layer's GEMM (the fused
+/// boundary's quant_out, tp/comm/all_reduce_fusion.h) and hand it the result instead of
+/// the activations: codes [..., K] and one float32 scale per token, x ~= codes * scale,
+/// scale = amax / qmax (1 for a row of zeros).
+///   kNone      none the caller can do: the layer takes x itself
+///   kFp8E4m3   float8_e4m3fn codes, qmax 448 (fp8_channel's activations)
+///   kInt8      int8 codes, round half to even, clamped to +-127 (int8_w8a8's)
+enum class TokenQuant { kNone, kFp8E4m3, kInt8 };
+
 class QuantMethod {
  public:
   virtual ~QuantMethod() = default;
@@ -78,6 +87,17 @@ class QuantMethod {
     TORCH_CHECK_NOT_IMPLEMENTED(false, name(),
                                 ": this format has no dequantized weight, so its layers give no "
                                 "input gradient");
+  }
+  /// The per-token quantization apply() gives an input like `x` (its dtype, device and
+  /// shape) first, when apply_quantized() can take it done already; kNone otherwise.
+  virtual TokenQuant token_quant(const at::Tensor& x) const { return TokenQuant::kNone; }
+  /// apply() of the activations whose token_quant() quantization is `codes` [..., in_local]
+  /// and `scales` [..., 1] float32: bit for bit what apply() gives those activations (it
+  /// would quantize them to the same codes and scales). The output is in
+  /// activation_dtype(). Refused by name for a format whose token_quant() is kNone.
+  virtual at::Tensor apply_quantized(const at::Tensor& codes, const at::Tensor& scales,
+                                     const std::optional<at::Tensor>& bias) const {
+    TORCH_CHECK_VALUE(false, name(), ": this format takes no pre-quantized activations (token_quant is none)");
   }
   /// The dtype activations must have.
   virtual at::ScalarType activation_dtype() const = 0;

@@ -10,6 +10,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
+#include <c10/util/bit_cast.h>
 
 #include "comm/all_reduce/shm_kernels.h"
 #include "cpu/features.h"
@@ -31,7 +32,6 @@ inline float clamp(float v, float bound) {
   v = v < -bound ? -bound : v;
   return v > bound ? bound : v;
 }
-inline float larger(float a, float b) { return b > a ? b : a; }
 
 // Conversions written so that the row loops vectorize, with the bits of c10's:
 // bfloat16 rounds to nearest even (NaN -> 0x7fc0), as c10::BFloat16(float) does.
@@ -120,14 +120,23 @@ float plain_sum(const float* x, int64_t n) {
 // amax / qmax (1 for an all-zero row), then x / scale (a division, as theirs), saturated,
 // rounded to the code.
 void quantize_row(const float* x, int64_t n, AllReduceFusionQuant quant, void* codes, float* scale_out) {
-  float part[kLanes] = {};
+  // |max| on the magnitudes' bits (non-NaN magnitudes order as their bits): NaN when an
+  // element is NaN, as at::amax, so a row holding a NaN takes scale 1 as quant's does.
+  uint32_t part[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) part[j] = larger(part[j], std::fabs(x[i + j]));
+    for (int64_t j = 0; j < kLanes; ++j) {
+      const uint32_t a = c10::bit_cast<uint32_t>(x[i + j]) & 0x7fffffffu;
+      part[j] = a > part[j] ? a : part[j];
+    }
   }
-  float amax = 0.0f;
-  for (; i < n; ++i) amax = larger(amax, std::fabs(x[i]));
-  for (int64_t j = 0; j < kLanes; ++j) amax = larger(amax, part[j]);
+  uint32_t top = 0;
+  for (; i < n; ++i) {
+    const uint32_t a = c10::bit_cast<uint32_t>(x[i]) & 0x7fffffffu;
+    top = a > top ? a : top;
+  }
+  for (int64_t j = 0; j < kLanes; ++j) top = part[j] > top ? part[j] : top;
+  const float amax = top > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(top);
   if (quant == AllReduceFusionQuant::kFp8PerToken) {
     const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
     auto* q = static_cast<uint8_t*>(codes);
@@ -143,7 +152,8 @@ void quantize_row(const float* x, int64_t n, AllReduceFusionQuant quant, void* c
   constexpr float kMagic = 12582912.0f;
   for (int64_t k = 0; k < n; ++k) {
     const float v = clamp(x[k] / scale, kInt8Max);
-    q[k] = static_cast<int8_t>((v + kMagic) - kMagic);
+    const float r = (v + kMagic) - kMagic;
+    q[k] = static_cast<int8_t>(r == r ? r : 0.0f);  // a NaN's code is 0, as quant's conversion
   }
   *scale_out = scale;
 }

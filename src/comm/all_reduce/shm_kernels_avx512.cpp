@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "comm/all_reduce/shm_kernels.h"
 
@@ -155,17 +156,23 @@ __m512 clamp(__m512 v, float bound) {
   return _mm512_min_ps(_mm512_set1_ps(bound), v);  // bound < v ? bound : v
 }
 
+float float_of_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 void quantize(const float* x, int64_t n, RowQuant quant, void* codes, float* scale_out) {
-  __m512 part = _mm512_setzero_ps();
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  // |max| on the magnitudes' bits (non-NaN magnitudes order as their bits): NaN when a
+  // lane is NaN, as at::amax and quant's abs_max, so a NaN row takes scale 1.
+  __m512i part = _mm512_setzero_si512();
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   for (int64_t i = 0; i < n; i += kLanes) {
-    const __m512 v = _mm512_and_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i), abs_mask);
-    part = _mm512_max_ps(v, part);  // v > part ? v : part: a NaN never wins, as `larger`
+    const __m512i v = _mm512_and_si512(_mm512_maskz_loadu_epi32(tail_mask(n - i), x + i), abs_mask);
+    part = _mm512_max_epu32(v, part);
   }
-  alignas(64) float lanes[kLanes];
-  _mm512_store_ps(lanes, part);
-  float amax = 0.0f;
-  for (int64_t j = 0; j < kLanes; ++j) amax = lanes[j] > amax ? lanes[j] : amax;
+  const uint32_t top = static_cast<uint32_t>(_mm512_reduce_max_epu32(part));
+  const float amax = float_of_bits(top > 0x7f800000u ? 0x7fc00000u : top);
   const bool fp8 = quant == RowQuant::kFp8PerToken;
   const float qmax = fp8 ? kE4m3Max : kInt8Max;
   const float scale = amax > 0.0f ? amax / qmax : 1.0f;
@@ -180,7 +187,9 @@ void quantize(const float* x, int64_t n, RowQuant quant, void* codes, float* sca
     } else {
       // Round half to even by adding and subtracting 1.5 * 2^23, then truncate (exact).
       const __m512 magic = _mm512_set1_ps(12582912.0f);
-      c = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(v, magic), magic));
+      // A NaN lane's code is 0 (as quant's int8 conversion), not the conversion's 0x80000000.
+      const __mmask16 ordered = _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q);
+      c = _mm512_maskz_cvttps_epi32(ordered, _mm512_sub_ps(_mm512_add_ps(v, magic), magic));
     }
     // Each dword's low byte: to the front of its 128-bit lane, then the lanes' first
     // dwords together (not VPMOVDB's memory form, as in `store`).

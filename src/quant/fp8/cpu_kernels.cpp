@@ -238,6 +238,34 @@ std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp
   return {q, scale};
 }
 
+std::pair<at::Tensor, at::Tensor> fp8_codes_from_e4m3(const at::Tensor& codes, const at::Tensor& scales) {
+  TORCH_CHECK_VALUE(codes.dim() == 2 && codes.scalar_type() == at::kFloat8_e4m3fn && codes.device().is_cpu() &&
+                        scales.scalar_type() == at::kFloat && scales.numel() == codes.size(0),
+                    "fp8_codes_from_e4m3: expected float8_e4m3fn codes [M, K] and float32 scales [M, 1]; got ",
+                    codes.sizes(), " ", codes.scalar_type(), " and ", scales.sizes(), " ", scales.scalar_type());
+  // Each E4M3 code's value as bf16 bits (exact), as quant_span_codes writes them (a NaN
+  // code as the quiet NaN with its sign).
+  static const std::array<uint16_t, 256> table = [] {
+    std::array<uint16_t, 256> t{};
+    for (int c = 0; c < 256; ++c) {
+      const float v = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits()));
+      const uint32_t bits = c10::bit_cast<uint32_t>(v);
+      t[static_cast<size_t>(c)] = (bits & 0x7FFFFFFFu) > 0x7F800000u ? static_cast<uint16_t>((bits >> 16) | 0x7FC0u)
+                                                                     : static_cast<uint16_t>(bits >> 16);
+    }
+    return t;
+  }();
+  const at::Tensor cc = codes.contiguous(), sc = scales.reshape({-1}).contiguous();
+  const int64_t m = cc.size(0), k = cc.size(1), m_pad = cpu::round_up(std::max<int64_t>(m, 1), 16);
+  at::Tensor q = at::empty({m, k}, cc.options().dtype(at::kShort));
+  at::Tensor scale = at::zeros({1, m_pad}, cc.options().dtype(at::kFloat));
+  const auto* src = static_cast<const uint8_t*>(cc.data_ptr());
+  auto* dst = reinterpret_cast<uint16_t*>(q.data_ptr<int16_t>());
+  for (int64_t i = 0; i < m * k; ++i) dst[i] = table[src[i]];
+  std::copy_n(sc.data_ptr<float>(), m, scale.data_ptr<float>());
+  return {q, scale};
+}
+
 namespace {
 
 // The arguments of the two codes-times-codes GEMMs (fp8_linear_amx, fp8_linear_bf16dot),

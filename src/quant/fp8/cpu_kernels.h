@@ -128,6 +128,11 @@ constexpr int64_t kFp8AmxMinM = 5;
 std::pair<at::Tensor, at::Tensor> fp8_quantize_codes_cpu(const at::Tensor& x, Fp8Activation kind,
                                                          float input_scale = 1.0f);
 
+/// fp8_quantize_codes_cpu's (q, x_scale) for kPerToken from activations quantized already
+/// (the fused boundary's quant_out): codes [M, K] float8_e4m3fn, scales [M, 1] float32.
+/// The same bits fp8_quantize_codes_cpu gives the activations they quantize.
+std::pair<at::Tensor, at::Tensor> fp8_codes_from_e4m3(const at::Tensor& codes, const at::Tensor& scales);
+
 /// y = sum over scale groups of (x_scale * w_scale) * (q . e4m3(w)) on AMX bf16 tiles
 /// (cpu/row_decoded_gemm.h with fp8_decode_row_bf16): exact products, float32 sums, one group per row (group >= K)
 /// or 128-k groups (fp8_block: x_scale then has ceil(K / 128) rows). q, x_scale from

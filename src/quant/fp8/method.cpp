@@ -43,6 +43,7 @@
 #include "cpu/bf16_dot.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/fp8/fp8.h"
+#include "quant/linear_2d.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
 
@@ -293,6 +294,46 @@ class Fp8Method final : public QuantMethod {
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();
+    shape.back() = weight_.size(0);
+    return y.to(dtype_).reshape(shape);
+  }
+
+  // fp8_channel quantizes x per token first on the CPU, so a caller may hand the codes over.
+  TokenQuant token_quant(const at::Tensor& x) const override {
+    const auto xt = x.scalar_type();
+    const bool widened = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;
+    return config_.format == QuantFormat::kFp8PerChannel && x.device().is_cpu() && weight_.is_cpu() && widened
+               ? TokenQuant::kFp8E4m3
+               : TokenQuant::kNone;
+  }
+
+  // apply()'s kernels, each fed the codes in its own form: the bf16 bit patterns and
+  // transposed scales of fp8_quantize_codes_cpu, or the quantized-dequantized float32.
+  at::Tensor apply_quantized(const at::Tensor& codes, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& bias) const override {
+    TORCH_CHECK_VALUE(config_.format == QuantFormat::kFp8PerChannel && weight_.is_cpu(), name(),
+                      ": pre-quantized activations are taken by fp8_channel on the CPU only");
+    check_token_codes(codes, scales, at::kFloat8_e4m3fn, in_local_, name());
+    const at::Tensor c2 = codes.reshape({-1, in_local_});
+    const at::Tensor s2 = scales.reshape({-1, 1});
+    const int64_t m = c2.size(0);
+    const bool nan_codes = weight_nan_codes();
+    const int64_t group = std::max<int64_t>(in_local_, 1);
+    at::Tensor y;
+    if (m == 0 || weight_.size(0) == 0 || in_local_ == 0) {
+      y = at::zeros({m, weight_.size(0)}, codes.options().dtype(at::kFloat));
+    } else if (dtype_ == at::kBFloat16 && m >= kFp8AmxMinM && !nan_codes && cpu::amx_status().usable) {
+      const auto [q, x_scale] = fp8_codes_from_e4m3(c2, s2);
+      y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
+    } else if (!nan_codes && cpu::bf16_dot_applies(dtype_, m, cpu::isa())) {
+      const auto [q, x_scale] = fp8_codes_from_e4m3(c2, s2);
+      y = fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
+    } else {
+      // q * scale in float32: fake_quant_span's e4m3(x / scale) * scale, bit for bit.
+      y = fp8_linear_cpu((c2.to(at::kFloat) * s2).contiguous(), weight_, scale_, group, nan_codes);
+    }
+    if (bias) y.add_(bias->to(at::kFloat));
+    auto shape = codes.sizes().vec();
     shape.back() = weight_.size(0);
     return y.to(dtype_).reshape(shape);
   }

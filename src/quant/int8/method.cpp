@@ -165,6 +165,37 @@ class Int8Method final : public QuantMethod {
     });
   }
 
+  // W8A8 on the CPU quantizes x per token first (w8a8_quantize_per_token and
+  // quantize_per_token give the same bits), so a caller may hand the codes over.
+  TokenQuant token_quant(const at::Tensor& x) const override {
+    const auto xt = x.scalar_type();
+    const bool widened = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;
+    return w8a8_ && x.device().is_cpu() && weight_.is_cpu() && widened ? TokenQuant::kInt8 : TokenQuant::kNone;
+  }
+
+  at::Tensor apply_quantized(const at::Tensor& codes, const at::Tensor& scales,
+                             const std::optional<at::Tensor>& bias) const override {
+    check_stored();
+    TORCH_CHECK_VALUE(w8a8_ && codes.device().is_cpu() && weight_.is_cpu(), name(),
+                      ": pre-quantized activations are taken by int8_w8a8 on the CPU only");
+    check_token_codes(codes, scales, at::kChar, k_, name());
+    const auto kernel = current_kernel();
+    auto shape = codes.sizes().vec();
+    shape.back() = n_;
+    const at::Tensor q = codes.reshape({-1, k_}).contiguous();
+    const at::Tensor x_scale = scales.reshape({-1, 1}).contiguous();
+    at::Tensor y;
+    if (q.size(0) == 0 || n_ == 0) {
+      y = at::zeros({q.size(0), n_}, q.options().dtype(dtype_));
+    } else if (k_ <= kW8a8MaxK) {
+      y = w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums).to(dtype_);
+    } else {
+      y = (at::_int_mm(q, weight_.t()).to(at::kFloat) * x_scale * kernel->row_scale).to(dtype_);
+    }
+    if (bias) y = y + *bias;
+    return y.view(shape);
+  }
+
   // weight * weight_scale per output channel (dequantize_int8), not the kernels' bfloat16 scales.
   at::Tensor dequantized_weight() const override {
     check_stored();
