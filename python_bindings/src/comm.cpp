@@ -1,4 +1,5 @@
-// Bindings: AllReduceStrategy, CommunicatorOptions, Communicator.
+// Bindings: AllReduceStrategy, CommunicatorOptions, Communicator (its fused boundary:
+// AllReduceFusionNorm / Quant / Result).
 //
 // A torch.distributed process group crosses by NAME (group.group_name), resolved
 // here with c10d::resolve_process_group: no pybind11 holder of torch's crosses into
@@ -17,6 +18,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
+#include "tp/comm/all_reduce_fusion.h"
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
 
@@ -75,6 +77,27 @@ void init_comm(py::module_& m) {
   m.def("parse_wire_precision", &parse_wire_precision, py::arg("name"),
         "The wire precision named `name` ('default', 'native', 'bf16'; case-insensitive); ValueError otherwise.");
 
+  py::enum_<AllReduceFusionNorm>(m, "AllReduceFusionNorm",
+                                 "The norm all_reduce_fusion applies after the residual add (tp::Norm's kinds).")
+      .value("none", AllReduceFusionNorm::kNone)
+      .value("rms", AllReduceFusionNorm::kRMS)
+      .value("rms_unit_offset", AllReduceFusionNorm::kRMSUnitOffset)
+      .value("rms_scale_first", AllReduceFusionNorm::kRMSScaleFirst)
+      .value("layer_norm", AllReduceFusionNorm::kLayerNorm);
+  py::enum_<AllReduceFusionQuant>(m, "AllReduceFusionQuant",
+                                  "The per-token quantization of norm_out all_reduce_fusion adds (quant_out, "
+                                  "scale_out): the next GEMM's activation format.")
+      .value("none", AllReduceFusionQuant::kNone)
+      .value("fp8_per_token", AllReduceFusionQuant::kFp8PerToken)
+      .value("int8_per_token", AllReduceFusionQuant::kInt8PerToken);
+  const auto or_none = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+  py::class_<AllReduceFusionResult>(m, "AllReduceFusionResult",
+                                    "all_reduce_fusion's outputs; None where not asked for.")
+      .def_property_readonly("residual_out", [=](const AllReduceFusionResult& r) { return or_none(r.residual_out); })
+      .def_property_readonly("norm_out", [=](const AllReduceFusionResult& r) { return or_none(r.norm_out); })
+      .def_property_readonly("quant_out", [=](const AllReduceFusionResult& r) { return or_none(r.quant_out); })
+      .def_property_readonly("scale_out", [=](const AllReduceFusionResult& r) { return or_none(r.scale_out); });
+
   py::class_<CommunicatorOptions>(m, "CommunicatorOptions", "Settings shared by every collective of a communicator.")
       .def(py::init([](std::optional<double> timeout_s, AllReduceStrategy all_reduce, std::optional<bool> verify_calls,
                        WirePrecision wire, std::optional<std::string> all_reduce_table,
@@ -127,6 +150,31 @@ void init_comm(py::module_& m) {
           },
           py::arg("tensor"), py::arg("strategy") = AllReduceStrategy::kAuto, py::arg("wire") = WirePrecision::kDefault,
           Release(), "Sums `tensor` over all ranks in place (accumulating in at least fp32) and returns it.")
+      .def(
+          "all_reduce_fusion",
+          [](const Communicator& c, const at::Tensor& allreduce_in, std::optional<at::Tensor> bias,
+             std::optional<at::Tensor> residual_in, AllReduceFusionNorm norm, std::optional<at::Tensor> norm_weight,
+             std::optional<at::Tensor> norm_bias, double eps, AllReduceFusionQuant quant_out,
+             AllReduceStrategy strategy, WirePrecision wire) {
+            AllReduceFusionParams p;
+            p.bias = bias.value_or(at::Tensor());
+            p.residual_in = residual_in.value_or(at::Tensor());
+            p.norm = norm;
+            p.norm_weight = norm_weight.value_or(at::Tensor());
+            p.norm_bias = norm_bias.value_or(at::Tensor());
+            p.eps = eps;
+            p.quant_out = quant_out;
+            p.strategy = strategy;
+            p.wire = wire;
+            return c.all_reduce_fusion(allreduce_in, p);
+          },
+          py::arg("allreduce_in"), py::kw_only(), py::arg("bias") = py::none(), py::arg("residual_in") = py::none(),
+          py::arg("norm") = AllReduceFusionNorm::kNone, py::arg("norm_weight") = py::none(),
+          py::arg("norm_bias") = py::none(), py::arg("eps") = 1e-6, py::arg("quant_out") = AllReduceFusionQuant::kNone,
+          py::arg("strategy") = AllReduceStrategy::kAuto, py::arg("wire") = WirePrecision::kDefault, Release(),
+          "The layer boundary as one collective (FlashInfer's allreduce_fusion): sums allreduce_in over ranks, "
+          "adds bias once, then residual_in (residual_out), the norm (norm_out) and its per-token quantization "
+          "(quant_out, scale_out). Not differentiable. Returns an AllReduceFusionResult.")
       .def("all_gather", &Communicator::all_gather, py::arg("tensor"), py::arg("dim"), py::arg("sizes"), Release(),
            "Concatenates every rank's tensor along `dim`; sizes[r] is rank r's extent.")
       .def("reduce_scatter", &Communicator::reduce_scatter, py::arg("tensor"), py::arg("dim"), py::arg("sizes"),

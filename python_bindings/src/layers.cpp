@@ -24,6 +24,7 @@
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
+#include "tp/quant/quant_method.h"
 #include "tp/shard/split.h"
 
 namespace py = pybind11;
@@ -96,6 +97,17 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
   return cls;
 }
 
+/// The column layers' pre-quantized input (the fused boundary's codes).
+template <class Impl>
+void bind_quantized_input(py::class_<Impl, std::shared_ptr<Impl>>& cls) {
+  cls.def("input_quant", &Impl::input_quant, py::arg("input"),
+          "The per-token quantization the layer's GEMM applies to an input like this (TokenQuant.none when "
+          "forward_quantized takes no codes).")
+      .def("forward_quantized", &Impl::forward_quantized, py::arg("codes"), py::arg("scales"), Release(),
+           "forward of the input whose input_quant() quantization is codes [..., in] and scales [..., 1] "
+           "(all_reduce_fusion's quant_out, scale_out): forward's bits, no backward.");
+}
+
 void bind_column(py::module_& m) {
   auto opts = bind_options<ColumnParallelLinearOptions>(m, "ColumnParallelLinearOptions",
                                                         "Options of ColumnParallelLinear; sizes are GLOBAL.");
@@ -104,13 +116,14 @@ void bind_column(py::module_& m) {
   TP_OPTION(opts, ColumnParallelLinearOptions, out_features);
   TP_OPTION(opts, ColumnParallelLinearOptions, gather_output);
 
-  bind_layer<ColumnParallelLinearImpl, ColumnParallelLinearOptions>(
+  auto cls = bind_layer<ColumnParallelLinearImpl, ColumnParallelLinearOptions>(
       m, "ColumnParallelLinear",
       "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
       .def("local_range", &ColumnParallelLinearImpl::local_range)
       .def("ranges", &ColumnParallelLinearImpl::ranges)
       .def("gather_weights", &ColumnParallelLinearImpl::gather_weights, py::arg("prefix"), Release(),
            "The whole weight (and bias) under prefix + '.weight' / '.bias', on every rank (all-gathers).");
+  bind_quantized_input(cls);
 }
 
 void bind_row(py::module_& m) {
@@ -143,7 +156,7 @@ void bind_qkv(py::module_& m) {
   TP_OPTION(opts, QKVParallelLinearOptions, num_kv_heads);
   TP_OPTION(opts, QKVParallelLinearOptions, gather_output);
 
-  bind_layer<QKVParallelLinearImpl, QKVParallelLinearOptions>(
+  auto cls = bind_layer<QKVParallelLinearImpl, QKVParallelLinearOptions>(
       m, "QKVParallelLinear", "Fused [Q | K | V] projection, column-parallel by whole heads (GQA, KV replication).")
       .def("split", &QKVParallelLinearImpl::split, py::arg("output"), "(q, k, v) views of a forward output.")
       .def_property_readonly("head_plan", &QKVParallelLinearImpl::head_plan)
@@ -156,6 +169,7 @@ void bind_qkv(py::module_& m) {
           [](const QKVParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
           py::arg("prefix"), Release(),
           "The whole q_proj, k_proj, v_proj weights (and biases) under prefix, replicated KV heads once; every rank.");
+  bind_quantized_input(cls);
 }
 
 void bind_gate_up(py::module_& m) {
@@ -166,7 +180,7 @@ void bind_gate_up(py::module_& m) {
   TP_OPTION(opts, GateUpParallelLinearOptions, intermediate_size);
   TP_OPTION(opts, GateUpParallelLinearOptions, gather_output);
 
-  bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
+  auto cls = bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
       m, "GateUpParallelLinear", "Fused [gate | up] projection of a gated MLP, column-parallel.")
       .def("split", &GateUpParallelLinearImpl::split, py::arg("output"), "(gate, up) views of a forward output.")
       .def("local_range", &GateUpParallelLinearImpl::local_range)
@@ -175,6 +189,7 @@ void bind_gate_up(py::module_& m) {
           [](const GateUpParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
           py::arg("prefix"), Release(),
           "The whole gate_proj and up_proj weights (and biases) under prefix; every rank.");
+  bind_quantized_input(cls);
 }
 
 #undef TP_OPTION
@@ -182,6 +197,12 @@ void bind_gate_up(py::module_& m) {
 }  // namespace
 
 void init_layers(py::module_& m) {
+  py::enum_<TokenQuant>(m, "TokenQuant",
+                        "A per-token activation quantization a layer's GEMM applies first, which "
+                        "forward_quantized takes done already (tp/quant/quant_method.h).")
+      .value("none", TokenQuant::kNone)
+      .value("fp8_e4m3", TokenQuant::kFp8E4m3)
+      .value("int8", TokenQuant::kInt8);
   py::enum_<Numerics>(m, "Numerics",
                       "How a layer orders its sums (tp/layers/numerics/numerics.h): auto (TP_NUMERICS), default "
                       "(fastest), invariant (one canonical order: TP 1's bits at every TP size and batch).")

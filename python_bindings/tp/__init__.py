@@ -31,6 +31,9 @@ import torch  # noqa: F401  (loads libtorch and torch's pybind11 casters before 
 
 from . import _C
 from ._C import (
+    AllReduceFusionNorm,
+    AllReduceFusionQuant,
+    AllReduceFusionResult,
     AllReduceStrategy,
     BlockScaleName,
     Checkpoint,
@@ -52,6 +55,7 @@ from ._C import (
     RopeParameters,
     RopeType,
     SplitPolicy,
+    TokenQuant,
     WirePrecision,
     model_families,
     open_checkpoint,
@@ -86,6 +90,9 @@ from .vocab import ParallelLMHead, VocabParallelEmbedding, vocab_parallel_argmax
 from ._C import VocabPartition, partition_vocab
 
 __all__ = [
+    "AllReduceFusionNorm",
+    "AllReduceFusionQuant",
+    "AllReduceFusionResult",
     "AllReduceStrategy",
     "BlockScaleName",
     "CausalLM",
@@ -117,6 +124,7 @@ __all__ = [
     "RowParallelLinear",
     "ShardedParameter",
     "SplitPolicy",
+    "TokenQuant",
     "VocabParallelEmbedding",
     "VocabPartition",
     "WirePrecision",

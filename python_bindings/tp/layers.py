@@ -324,7 +324,24 @@ def _column_output(layer, gathered_features: int, local_features: int) -> int:
     return gathered_features if layer._impl.options.gather_output else local_features
 
 
-class _FusedColumn(_ParallelLinear):
+class _QuantizedInput:
+    """The column layers' input handed over quantized: the fused boundary's codes
+    (``Communicator.all_reduce_fusion(..., quant_out=...)``) instead of the activations."""
+
+    def input_quant(self, input: torch.Tensor) -> "_C.TokenQuant":
+        """The per-token quantization this layer's GEMM applies to an input like ``input``
+        (int8_w8a8's, fp8_channel's on the CPU under the default numerics), which
+        ``forward_quantized`` takes done already; ``TokenQuant.none`` when there is none."""
+        return self._impl.input_quant(input)
+
+    def forward_quantized(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """``forward`` of the input whose ``input_quant`` quantization is ``codes`` [..., in]
+        and ``scales`` [..., 1] float32: the same output bit for bit, without the
+        quantization pass. No backward (call it under ``torch.no_grad()``)."""
+        return self._impl.forward_quantized(codes, scales)
+
+
+class _FusedColumn(_QuantizedInput, _ParallelLinear):
     """QKV and GateUp: one column GEMM whose output holds several pieces."""
 
     def _op_setup(self) -> None:
@@ -338,7 +355,7 @@ class _FusedColumn(_ParallelLinear):
         return tuple(output.narrow(-1, offset, size) for offset, size in self._split_pieces)
 
 
-class ColumnParallelLinear(_SplitLinear):
+class ColumnParallelLinear(_QuantizedInput, _SplitLinear):
     """y = x W^T + b with W's rows (output features) split over ranks.
 
     Input [..., in_features] (the same on every rank); output [..., local out] (this
