@@ -117,12 +117,12 @@ void bind_column(py::module_& m) {
   TP_OPTION(opts, ColumnParallelLinearOptions, gather_output);
 
   auto cls = bind_layer<ColumnParallelLinearImpl, ColumnParallelLinearOptions>(
-      m, "ColumnParallelLinear",
-      "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
-      .def("local_range", &ColumnParallelLinearImpl::local_range)
-      .def("ranges", &ColumnParallelLinearImpl::ranges)
-      .def("gather_weights", &ColumnParallelLinearImpl::gather_weights, py::arg("prefix"), Release(),
-           "The whole weight (and bias) under prefix + '.weight' / '.bias', on every rank (all-gathers).");
+                 m, "ColumnParallelLinear",
+                 "y = x W^T + b with W's rows sharded; y is this rank's slice (or all of it, gathered).")
+                 .def("local_range", &ColumnParallelLinearImpl::local_range)
+                 .def("ranges", &ColumnParallelLinearImpl::ranges)
+                 .def("gather_weights", &ColumnParallelLinearImpl::gather_weights, py::arg("prefix"), Release(),
+                      "The whole weight (and bias) under prefix + '.weight' / '.bias', on every rank (all-gathers).");
   bind_quantized_input(cls);
 }
 
@@ -156,19 +156,21 @@ void bind_qkv(py::module_& m) {
   TP_OPTION(opts, QKVParallelLinearOptions, num_kv_heads);
   TP_OPTION(opts, QKVParallelLinearOptions, gather_output);
 
-  auto cls = bind_layer<QKVParallelLinearImpl, QKVParallelLinearOptions>(
-      m, "QKVParallelLinear", "Fused [Q | K | V] projection, column-parallel by whole heads (GQA, KV replication).")
-      .def("split", &QKVParallelLinearImpl::split, py::arg("output"), "(q, k, v) views of a forward output.")
-      .def_property_readonly("head_plan", &QKVParallelLinearImpl::head_plan)
-      .def_property_readonly("local_q_heads", &QKVParallelLinearImpl::local_q_heads)
-      .def_property_readonly("local_kv_heads", &QKVParallelLinearImpl::local_kv_heads)
-      .def("attention_output_split", &QKVParallelLinearImpl::attention_output_split,
-           "The SplitPolicy that gives the O projection (RowParallelLinear) exactly this rank's query heads.")
-      .def(
-          "gather_weights",
-          [](const QKVParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
-          py::arg("prefix"), Release(),
-          "The whole q_proj, k_proj, v_proj weights (and biases) under prefix, replicated KV heads once; every rank.");
+  auto cls =
+      bind_layer<QKVParallelLinearImpl, QKVParallelLinearOptions>(
+          m, "QKVParallelLinear", "Fused [Q | K | V] projection, column-parallel by whole heads (GQA, KV replication).")
+          .def("split", &QKVParallelLinearImpl::split, py::arg("output"), "(q, k, v) views of a forward output.")
+          .def_property_readonly("head_plan", &QKVParallelLinearImpl::head_plan)
+          .def_property_readonly("local_q_heads", &QKVParallelLinearImpl::local_q_heads)
+          .def_property_readonly("local_kv_heads", &QKVParallelLinearImpl::local_kv_heads)
+          .def("attention_output_split", &QKVParallelLinearImpl::attention_output_split,
+               "The SplitPolicy that gives the O projection (RowParallelLinear) exactly this rank's query heads.")
+          .def(
+              "gather_weights",
+              [](const QKVParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
+              py::arg("prefix"), Release(),
+              "The whole q_proj, k_proj, v_proj weights (and biases) under prefix, replicated KV heads once; every "
+              "rank.");
   bind_quantized_input(cls);
 }
 
@@ -180,15 +182,16 @@ void bind_gate_up(py::module_& m) {
   TP_OPTION(opts, GateUpParallelLinearOptions, intermediate_size);
   TP_OPTION(opts, GateUpParallelLinearOptions, gather_output);
 
-  auto cls = bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
-      m, "GateUpParallelLinear", "Fused [gate | up] projection of a gated MLP, column-parallel.")
-      .def("split", &GateUpParallelLinearImpl::split, py::arg("output"), "(gate, up) views of a forward output.")
-      .def("local_range", &GateUpParallelLinearImpl::local_range)
-      .def(
-          "gather_weights",
-          [](const GateUpParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
-          py::arg("prefix"), Release(),
-          "The whole gate_proj and up_proj weights (and biases) under prefix; every rank.");
+  auto cls =
+      bind_layer<GateUpParallelLinearImpl, GateUpParallelLinearOptions>(
+          m, "GateUpParallelLinear", "Fused [gate | up] projection of a gated MLP, column-parallel.")
+          .def("split", &GateUpParallelLinearImpl::split, py::arg("output"), "(gate, up) views of a forward output.")
+          .def("local_range", &GateUpParallelLinearImpl::local_range)
+          .def(
+              "gather_weights",
+              [](const GateUpParallelLinearImpl& l, const std::string& prefix) { return l.gather_weights(prefix); },
+              py::arg("prefix"), Release(),
+              "The whole gate_proj and up_proj weights (and biases) under prefix; every rank.");
   bind_quantized_input(cls);
 }
 

@@ -81,7 +81,8 @@ TokenQuant DecoderLayerImpl::mlp_input_quant(const at::Tensor& x) const {
 at::Tensor DecoderLayerImpl::mlp_partial_from(const LayerStream& in) {
   if (!in.codes.defined()) return mlp_partial(in.normed);
   if (!config.gated_mlp)
-    return down_proj->forward_partial(detail::activation(config.hidden_act, up_proj->forward_quantized(in.codes, in.scales)));
+    return down_proj->forward_partial(
+        detail::activation(config.hidden_act, up_proj->forward_quantized(in.codes, in.scales)));
   auto [gate, up] = gate_up->split(gate_up->forward_quantized(in.codes, in.scales));
   return down_proj->forward_partial(detail::activation(config.hidden_act, gate) * up);
 }

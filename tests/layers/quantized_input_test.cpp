@@ -58,8 +58,8 @@ TEST_CASE("forward_quantized of the fused boundary's codes is forward of its nor
           auto& failed = failures[static_cast<size_t>(comm.rank())];
           ColumnParallelLinear column(
               ColumnParallelLinearOptions(hidden, 90).quant(QuantConfig{format}).dtype(dtype).bias(true), comm);
-          GateUpParallelLinear gate_up(
-              GateUpParallelLinearOptions(hidden, 130).quant(QuantConfig{format}).dtype(dtype), comm);
+          GateUpParallelLinear gate_up(GateUpParallelLinearOptions(hidden, 130).quant(QuantConfig{format}).dtype(dtype),
+                                       comm);
           // 12 heads of 8 and one KV head (its rows replicated on every rank).
           QKVParallelLinear qkv(
               QKVParallelLinearOptions(hidden, 8, 12, 1).quant(QuantConfig{format}).dtype(dtype).bias(true), comm);
@@ -134,8 +134,7 @@ TEST_CASE("a layer that cannot take pre-quantized input says so, by name", "[lay
   at::NoGradGuard no_grad;
   CHECK(layer->input_quant(x) == TokenQuant::kInt8);
   CHECK_THROWS_WITH(layer->forward_quantized(codes.to(at::kFloat8_e4m3fn), scales), Contains("Char"));
-  CHECK_THROWS_WITH(layer->forward_quantized(at::zeros({3, 32}, at::kChar), scales),
-                    Contains("in_features = 64"));
+  CHECK_THROWS_WITH(layer->forward_quantized(at::zeros({3, 32}, at::kChar), scales), Contains("in_features = 64"));
   CHECK_THROWS_WITH(layer->forward_quantized(codes, at::ones({2, 1})), Contains("one float32 scale per token"));
 }
 
