@@ -244,12 +244,9 @@ class Fp8Method final : public QuantMethod {
 
       LoadOptions options;
       options.logical_size = part.logical_size;
-      const auto w = load_shard(wsrc, mode, part.range, options, layer);
-      if (column) {
-        weight_.narrow(0, part.local_offset, part.range.size()).copy_(w);
-      } else {
-        weight_.copy_(w);
-      }
+      // The codes straight from the file into their rows (load_shard_into).
+      load_shard_into(wsrc, mode, part.range,
+                      column ? weight_.narrow(0, part.local_offset, part.range.size()) : weight_, options, layer);
 
       if (block()) {
         options.scale_span = kBlock;  // one scale per 128 weight elements of the split dimension

@@ -380,11 +380,16 @@ class Int4Method final : public QuantMethod {
     const int64_t div = options.scale_span * options.elm_packing;
     TORCH_INTERNAL_ASSERT(part.local_offset % div == 0 && part.range.size() % div == 0, layer, ": part '", part.prefix,
                           "' at ", part.local_offset, " is not aligned to ", div);
-    const auto shard = load_shard(source, mode, part.range, options, layer);
     auto slot = dst.narrow(dim, part.local_offset / div, part.range.size() / div);
+    if (!scale) {
+      // Packed codes and zero points: straight from the file into their slot (load_shard_into).
+      load_shard_into(source, mode, part.range, slot, options, layer);
+      return;
+    }
+    const auto shard = load_shard(source, mode, part.range, options, layer);
     TORCH_INTERNAL_ASSERT(shard.sizes() == slot.sizes(), layer, ": tensor '", source.name(), "' shard ", shard.sizes(),
                           " does not fit its local slot ", slot.sizes());
-    if (scale) check_finite(shard, source, layer);
+    check_finite(shard, source, layer);
     slot.copy_(shard);
   }
 

@@ -114,8 +114,8 @@ class Int8Method final : public QuantMethod {
                        " stores the weight as int8");
       TORCH_CHECK_VALUE(w.shape() == std::vector<int64_t>({n, k}), layer, ": tensor '", w.name(), "' has shape ",
                         shape_str(w.shape()), "; expected [", n, ", ", k, "] (weight is [out_features, in_features])");
-      if (!empty)
-        weight_.narrow(split, part.local_offset, part.range.size()).copy_(load_shard(w, mode, part.range, {}, layer));
+      if (!empty)  // the codes straight from the file into their place
+        load_shard_into(w, mode, part.range, weight_.narrow(split, part.local_offset, part.range.size()), {}, layer);
 
       const auto& s = checkpoint.get(part.prefix + ".weight_scale", layer);
       const auto sd = s.dtype();

@@ -106,7 +106,7 @@ class Mxfp4Method final : public QuantMethod {
       TORCH_CHECK_VALUE(!scales.eq(255).any().item<bool>(), layer, ": tensor '", s.name(),
                         "' holds the E8M0 code 255, which is NaN: the scales are corrupt");
       scales_.narrow(split, offset, size).copy_(scales);
-      blocks_.narrow(split, offset, size).copy_(load_shard(b, mode, part.range, options, layer));
+      load_shard_into(b, mode, part.range, blocks_.narrow(split, offset, size), options, layer);  // codes in place
     }
   }
 
