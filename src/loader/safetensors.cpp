@@ -144,49 +144,26 @@ class SafetensorsSource final : public TensorSource {
 
   at::Tensor read_region(const std::vector<Range>& region) const override {
     check_region_args(*this, region);
-    const auto& shape = entry_.shape;
-    if (shape.empty()) return read(0, {0, 1});
-    const size_t ndim = shape.size(), item = static_cast<size_t>(detail::st_dtype_size(entry_.dtype));
+    if (entry_.shape.empty()) return read(0, {0, 1});
     std::vector<int64_t> out_shape;
     for (const auto& r : region) out_shape.push_back(r.size());
     at::Tensor out = at::empty(out_shape, at::TensorOptions().dtype(dtype_));
-    if (out.numel() == 0) return out;
-    // The dimensions after the last one the region cuts are taken whole, so each run of
-    // contiguous bytes is region[last].size() rows of everything after it; the runs are
-    // visited in file order (an odometer over the dimensions before `last`).
-    size_t last = ndim - 1;
-    while (last > 0 && region[last].begin == 0 && region[last].end == shape[last]) --last;
-    std::vector<size_t> stride(ndim, item);  // bytes between neighbours along each dim
-    for (size_t d = ndim - 1; d-- > 0;) stride[d] = stride[d + 1] * static_cast<size_t>(shape[d + 1]);
-    const size_t run = static_cast<size_t>(region[last].size()) * stride[last];
-    const uint8_t* tensor = file_->mapping->data() + file_->header.data_offset + entry_.begin;
-    const uint8_t* base = tensor + static_cast<size_t>(region[last].begin) * stride[last];
-    std::vector<int64_t> index(last);
-    for (size_t d = 0; d < last; ++d) index[d] = region[d].begin;
-    auto* dst = static_cast<uint8_t*>(out.data_ptr());
-    const Mapping& map = *file_->mapping;
-    const uint8_t* span = nullptr;  // the first mapped byte copied and not yet released
-    const uint8_t* done = nullptr;  // the end of the last run copied
-    while (true) {
-      const uint8_t* src = base;
-      for (size_t d = 0; d < last; ++d) src += static_cast<size_t>(index[d]) * stride[d];
-      std::memcpy(dst, src, run);
-      dst += run;
-      done = src + run;
-      if (!span) span = src;
-      if (static_cast<size_t>(done - span) >= kChunkBytes) {
-        map.release(span, static_cast<size_t>(done - span));
-        span = nullptr;
-      }
-      size_t d = last;
-      while (d > 0 && ++index[d - 1] == region[d - 1].end) {
-        index[d - 1] = region[d - 1].begin;
-        --d;
-      }
-      if (d == 0) break;
-    }
-    if (span) map.release(span, static_cast<size_t>(done - span));
+    copy_region(region, static_cast<uint8_t*>(out.data_ptr()));
     return out;
+  }
+
+  // The box's bytes straight into a contiguous CPU destination of the tensor's dtype;
+  // any other destination takes read_region and a copy (converting on the way).
+  void read_region_into(const std::vector<Range>& region, const at::Tensor& dst) const override {
+    check_region_into_args(*this, region, dst);
+    if (entry_.shape.empty() || !dst.is_cpu() || !dst.is_contiguous() || dst.scalar_type() != dtype_) {
+      dst.copy_(read_region(region));
+      return;
+    }
+    copy_region(region, static_cast<uint8_t*>(dst.data_ptr()));
+    // Written behind ATen's back: bump the version counter as an in-place write does, so
+    // whoever watches it (LoadSession's unfilled check, the kernels' packed copies) sees it.
+    if (!dst.is_inference()) dst.unsafeGetTensorImpl()->bump_version();
   }
 
   // From the mapped file into `dst` through a tensor over the mapped bytes (at::from_blob:
@@ -235,6 +212,49 @@ class SafetensorsSource final : public TensorSource {
   }
 
  private:
+  // The box `region` of a non-0-d tensor, its bytes in row-major order, into `dst`.
+  void copy_region(const std::vector<Range>& region, uint8_t* dst) const {
+    const auto& shape = entry_.shape;
+    const size_t ndim = shape.size(), item = static_cast<size_t>(detail::st_dtype_size(entry_.dtype));
+    for (const auto& r : region) {
+      if (r.size() == 0) return;
+    }
+    // The dimensions after the last one the region cuts are taken whole, so each run of
+    // contiguous bytes is region[last].size() rows of everything after it; the runs are
+    // visited in file order (an odometer over the dimensions before `last`).
+    size_t last = ndim - 1;
+    while (last > 0 && region[last].begin == 0 && region[last].end == shape[last]) --last;
+    std::vector<size_t> stride(ndim, item);  // bytes between neighbours along each dim
+    for (size_t d = ndim - 1; d-- > 0;) stride[d] = stride[d + 1] * static_cast<size_t>(shape[d + 1]);
+    const size_t run = static_cast<size_t>(region[last].size()) * stride[last];
+    const uint8_t* tensor = file_->mapping->data() + file_->header.data_offset + entry_.begin;
+    const uint8_t* base = tensor + static_cast<size_t>(region[last].begin) * stride[last];
+    std::vector<int64_t> index(last);
+    for (size_t d = 0; d < last; ++d) index[d] = region[d].begin;
+    const Mapping& map = *file_->mapping;
+    const uint8_t* span = nullptr;  // the first mapped byte copied and not yet released
+    const uint8_t* done = nullptr;  // the end of the last run copied
+    while (true) {
+      const uint8_t* src = base;
+      for (size_t d = 0; d < last; ++d) src += static_cast<size_t>(index[d]) * stride[d];
+      std::memcpy(dst, src, run);
+      dst += run;
+      done = src + run;
+      if (!span) span = src;
+      if (static_cast<size_t>(done - span) >= kChunkBytes) {
+        map.release(span, static_cast<size_t>(done - span));
+        span = nullptr;
+      }
+      size_t d = last;
+      while (d > 0 && ++index[d - 1] == region[d - 1].end) {
+        index[d - 1] = region[d - 1].begin;
+        --d;
+      }
+      if (d == 0) break;
+    }
+    if (span) map.release(span, static_cast<size_t>(done - span));
+  }
+
   // `count` runs of `run` bytes, `stride` apart, into dst back to back; the mapped
   // span already copied is released every kChunkBytes.
   void copy_runs(const uint8_t* src, size_t count, size_t stride, size_t run, uint8_t* dst) const {

@@ -55,6 +55,21 @@ void check_region_args(const TensorSource& source, const std::vector<Range>& reg
   for (size_t d = 0; d < s.size(); ++d) check_read_args(source, static_cast<int64_t>(d), region[d]);
 }
 
+void check_region_into_args(const TensorSource& source, const std::vector<Range>& region, const at::Tensor& dst) {
+  check_region_args(source, region);
+  std::vector<int64_t> want;
+  for (const auto& r : region) want.push_back(r.size());
+  TORCH_CHECK_VALUE(dst.defined() && dst.sizes() == c10::IntArrayRef(want), "reading tensor '", source.name(),
+                    "' of shape ", shape_str(source.shape()), ": the region is ", shape_str(want),
+                    " but the destination is ", dst.defined() ? shape_str(dst.sizes().vec()) : std::string("undefined"),
+                    "; read_region_into writes a tensor of the region's shape");
+}
+
+void TensorSource::read_region_into(const std::vector<Range>& region, const at::Tensor& dst) const {
+  check_region_into_args(*this, region, dst);
+  dst.copy_(read_region(region));
+}
+
 at::Tensor TensorSource::read_region(const std::vector<Range>& region) const {
   check_region_args(*this, region);
   const auto s = shape();

@@ -137,8 +137,10 @@ TEST_CASE("read_into writes read()'s slice into its destination, converting the 
   }
 }
 
-TEST_CASE("safetensors regions equal the narrowed whole tensor, and the in-memory and default readers agree",
-          "[loader]") {
+TEST_CASE(
+    "safetensors regions equal the narrowed whole tensor, read or written into place, and the in-memory and default "
+    "readers agree",
+    "[loader]") {
   TempDir dir;
   const auto path = dir.file("r.safetensors");
   std::map<std::string, at::Tensor> tensors;
@@ -179,8 +181,25 @@ TEST_CASE("safetensors regions equal the narrowed whole tensor, and the in-memor
         CHECK(got.is_contiguous());
         CHECK(got.storage().nbytes() == static_cast<size_t>(got.numel()) * got.element_size());
         CHECK(bit_equal(got, want));
+        // read_region_into: into a contiguous destination of the dtype (the file's bytes
+        // straight in), a view of a larger tensor, and another dtype (converted).
+        const at::Tensor into = at::full(want.sizes(), 7, want.options());
+        const auto version = into._version();
+        s->read_region_into(region, into);
+        CHECK(bit_equal(into, want));
+        CHECK(into._version() > version);  // an in-place write, as LoadSession sees it
+        const at::Tensor wide =
+            at::full({want.size(0), want.size(1) + 2, want.size(2), want.size(3)}, 7, want.options());
+        s->read_region_into(region, wide.narrow(1, 1, want.size(1)));
+        CHECK(bit_equal(wide.narrow(1, 1, want.size(1)), want));
+        CHECK(bit_equal(wide.narrow(1, 0, 1), at::full_like(wide.narrow(1, 0, 1), 7)));
+        const at::Tensor as_double = at::empty(want.sizes(), want.options().dtype(at::kDouble));
+        s->read_region_into(region, as_double);
+        CHECK(bit_equal(as_double, want.to(at::kDouble)));
       }
     }
+    REQUIRE_THROWS_WITH(src->read_region_into({{0, 5}, {0, 6}, {0, 4}, {0, 3}}, at::empty({5, 6, 4, 2}, t.options())),
+                        Contains(name) && Contains("destination"));
     REQUIRE_THROWS_WITH(src->read_region({{0, 5}, {0, 7}, {0, 4}, {0, 3}}), Contains(name) && Contains("[0,7)"));
     REQUIRE_THROWS_WITH(src->read_region({{0, 5}, {0, 6}}), Contains(name) && Contains("one per dimension"));
   }

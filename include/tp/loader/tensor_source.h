@@ -37,6 +37,11 @@ class TensorSource {
   /// narrows the rest (transiently more than the box); sources over files override it to
   /// copy only the box's bytes. A 0-d tensor takes an empty region.
   virtual at::Tensor read_region(const std::vector<Range>& region) const;
+  /// read_region(region) written into `dst` (a tensor of the box's shape, in any dtype, on
+  /// any device; e.g. a view of the parameter it belongs to). The default reads, then
+  /// copies; sources over files override it to copy the box's bytes from the mapped file
+  /// straight into a contiguous CPU `dst` of the tensor's dtype.
+  virtual void read_region_into(const std::vector<Range>& region, const at::Tensor& dst) const;
   /// read(dim, range) written into `dst` (a tensor of the slice's shape, in any dtype:
   /// converted on the way; on any device), e.g. a narrow of the parameter it belongs to.
   /// The default reads, then copies; sources over files override it to copy from the
@@ -73,5 +78,7 @@ void check_read_args(const TensorSource& source, int64_t dim, Range range);
 void check_read_into_args(const TensorSource& source, int64_t dim, Range range, const at::Tensor& dst);
 /// The same for a region: one range per dimension, each inside it.
 void check_region_args(const TensorSource& source, const std::vector<Range>& region);
+/// The same for read_region_into's destination: a defined tensor of the box's shape.
+void check_region_into_args(const TensorSource& source, const std::vector<Range>& region, const at::Tensor& dst);
 
 }  // namespace tp

@@ -84,6 +84,24 @@ class FusedExpertSource final : public TensorSource {
     return t.contiguous();
   }
 
+  // An expert's contiguous rows (stride 1, stored [out, ...]) go from the fused tensor's
+  // file straight into `dst` (read_region_into); interleaved parts (read once for all of
+  // them) and transposed storage read, then copy.
+  void read_into(int64_t dim, Range range, const at::Tensor& dst) const override {
+    check_read_into_args(*this, dim, range, dst);
+    if (spec_.stride != 1 || spec_.transposed) {
+      dst.copy_(read(dim, range));
+      return;
+    }
+    const auto s = source().shape();
+    std::vector<Range> region;
+    for (const int64_t n : s) region.push_back({0, n});
+    region[0] = {spec_.expert, spec_.expert + 1};
+    region[1] = (dim == 0 ? range : Range{0, spec_.rows}).shifted(spec_.offset);
+    if (dim != 0) region[static_cast<size_t>(dim) + 1] = range;
+    source().read_region_into(region, dst.unsqueeze(0));
+  }
+
  private:
   // The fused tensor, looked up (and so recorded as read) on first use, its shape checked.
   const TensorSource& source() const {
