@@ -201,7 +201,13 @@ TEST_CASE("DecoderLayer's fused boundary gives the unfused path's logits in ever
         INFO(family << ", " << dtype << ", TP " << world);
         const at::Tensor ref = unfused[0].to(at::kDouble);
         const double scale = ref.abs().max().item<double>();
-        const double tol = (dtype == at::kFloat ? 1e-5 : 4e-2) * std::max(1.0, scale);
+        // Per-token activation quantization (the quantized families) turns a one-ulp
+        // difference of a norm (its variance summed in another order, fused or not) into a
+        // whole code step of that element, an FP8 step being 1/8 of its value: there the
+        // bound is bfloat16's at either dtype. (The handoff itself is bitwise: the codes
+        // are forward's, tests/layers/quantized_input_test.cpp and the block test below.)
+        const bool quantized = config.quantization.quantized();
+        const double tol = (dtype == at::kFloat && !quantized ? 1e-5 : 4e-2) * std::max(1.0, scale);
         const double diff = (fused[0].to(at::kDouble) - ref).abs().max().item<double>();
         INFO("max |fused - unfused| = " << diff << ", tolerance " << tol);
         CHECK(diff <= tol);
