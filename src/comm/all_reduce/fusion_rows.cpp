@@ -10,9 +10,9 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
-#include <c10/util/bit_cast.h>
 
 #include "comm/all_reduce/shm_kernels.h"
+#include "cpu/abs_max.h"
 #include "cpu/features.h"
 
 namespace tp::detail {
@@ -120,23 +120,8 @@ float plain_sum(const float* x, int64_t n) {
 // amax / qmax (1 for an all-zero row), then x / scale (a division, as theirs), saturated,
 // rounded to the code.
 void quantize_row(const float* x, int64_t n, AllReduceFusionQuant quant, void* codes, float* scale_out) {
-  // |max| on the magnitudes' bits (non-NaN magnitudes order as their bits): NaN when an
-  // element is NaN, as at::amax, so a row holding a NaN takes scale 1 as quant's does.
-  uint32_t part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) {
-      const uint32_t a = c10::bit_cast<uint32_t>(x[i + j]) & 0x7fffffffu;
-      part[j] = a > part[j] ? a : part[j];
-    }
-  }
-  uint32_t top = 0;
-  for (; i < n; ++i) {
-    const uint32_t a = c10::bit_cast<uint32_t>(x[i]) & 0x7fffffffu;
-    top = a > top ? a : top;
-  }
-  for (int64_t j = 0; j < kLanes; ++j) top = part[j] > top ? part[j] : top;
-  const float amax = top > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(top);
+  // NaN when an element is NaN, as at::amax: a row holding a NaN takes scale 1 as quant's does.
+  const float amax = cpu::abs_max(x, n);
   if (quant == AllReduceFusionQuant::kFp8PerToken) {
     const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
     auto* q = static_cast<uint8_t*>(codes);

@@ -55,13 +55,9 @@ class FusedExpertSource final : public TensorSource {
 
   at::Tensor read(int64_t dim, Range range) const override {
     check_read_args(*this, dim, range);
-    const auto s = source().shape();
-    std::vector<Range> region;
-    for (const int64_t n : s) region.push_back({0, n});
-    region[0] = {spec_.expert, spec_.expert + 1};
+    std::vector<Range> region = expert_region(dim, range);
     const int64_t rows_dim = spec_.transposed ? 2 : 1;  // the output dimension in the fused tensor
     const Range rows = dim == 0 ? range : Range{0, spec_.rows};
-    if (dim != 0) region[spec_.transposed ? 1 : dim + 1] = range;
     at::Tensor t;
     if (spec_.stride == 1) {
       region[rows_dim] = rows.shifted(spec_.offset);
@@ -93,16 +89,22 @@ class FusedExpertSource final : public TensorSource {
       dst.copy_(read(dim, range));
       return;
     }
-    const auto s = source().shape();
-    std::vector<Range> region;
-    for (const int64_t n : s) region.push_back({0, n});
-    region[0] = {spec_.expert, spec_.expert + 1};
+    std::vector<Range> region = expert_region(dim, range);
     region[1] = (dim == 0 ? range : Range{0, spec_.rows}).shifted(spec_.offset);
-    if (dim != 0) region[static_cast<size_t>(dim) + 1] = range;
     source().read_region_into(region, dst.unsqueeze(0));
   }
 
  private:
+  // The fused tensor's box for read(dim, range) of this view: expert e, `range` along a
+  // dimension other than the rows (dim > 0), the rest whole; the rows' range is the caller's.
+  std::vector<Range> expert_region(int64_t dim, Range range) const {
+    std::vector<Range> region;
+    for (const int64_t n : source().shape()) region.push_back({0, n});
+    region[0] = {spec_.expert, spec_.expert + 1};
+    if (dim != 0) region[static_cast<size_t>(spec_.transposed ? 1 : dim + 1)] = range;
+    return region;
+  }
+
   // The fused tensor, looked up (and so recorded as read) on first use, its shape checked.
   const TensorSource& source() const {
     std::call_once(resolved_, [&] {

@@ -17,12 +17,12 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/abs_max.h"
 #include "cpu/amx.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
 #include "cpu/row_decoded_gemm.h"
-#include "quant/abs_max.h"
 
 namespace tp::detail {
 
@@ -171,11 +171,11 @@ void for_each_scale_span(const at::Tensor& xc, Fp8Activation kind, float input_s
   cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
     switch (kind) {
       case Fp8Activation::kStatic: f(i, 0, k, input_scale, xi); break;
-      case Fp8Activation::kPerToken: f(i, 0, k, scale_of(abs_max(xi, k)), xi); break;
+      case Fp8Activation::kPerToken: f(i, 0, k, scale_of(cpu::abs_max(xi, k)), xi); break;
       case Fp8Activation::kGroup128:
         for (int64_t c = 0; c < k; c += 128) {
           const int64_t len = std::min<int64_t>(128, k - c);
-          f(i, c, len, scale_of(abs_max(xi + c, len)), xi);
+          f(i, c, len, scale_of(cpu::abs_max(xi + c, len)), xi);
         }
         break;
     }

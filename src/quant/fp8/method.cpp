@@ -274,20 +274,10 @@ class Fp8Method final : public QuantMethod {
     // write, so a written layer takes the kernels a fresh one with its values takes).
     const bool nan_codes = weight_nan_codes();
     const int64_t group = block() ? kBlock : std::max<int64_t>(in_local_, 1);
-    at::Tensor y;
-    if (xt == at::kBFloat16 && x2d.size(0) >= kFp8AmxMinM && !nan_codes && weight_.is_cpu() &&
-        cpu::amx_status().usable) {
-      // bf16 layers on AMX: the same quantized activations, as E4M3 values and scales.
-      const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
-      y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
-    } else if (!nan_codes && weight_.is_cpu() && cpu::bf16_dot_applies(x2d, cpu::isa())) {
-      // bf16 layers on AVX-512 bf16 dot products (no AMX): the same codes and scales.
-      const auto [q, x_scale] = fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale);
-      y = fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
-    } else {
-      const at::Tensor xq = fp8_fake_quant_cpu(x2d, activation_kind(), input_scale);
-      y = fp8_linear_cpu(xq, weight_, scale_, group, nan_codes);
-    }
+    at::Tensor y = cpu_gemm(
+        x2d.size(0), xt, x2d.device().is_cpu(), nan_codes, group,
+        [&] { return fp8_quantize_codes_cpu(x2d, activation_kind(), input_scale); },
+        [&] { return fp8_fake_quant_cpu(x2d, activation_kind(), input_scale); });
     // Bias in float32, so the output is rounded to the layer dtype once.
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = x.sizes().vec();
@@ -319,20 +309,34 @@ class Fp8Method final : public QuantMethod {
     at::Tensor y;
     if (m == 0 || weight_.size(0) == 0 || in_local_ == 0) {
       y = at::zeros({m, weight_.size(0)}, codes.options().dtype(at::kFloat));
-    } else if (dtype_ == at::kBFloat16 && m >= kFp8AmxMinM && !nan_codes && cpu::amx_status().usable) {
-      const auto [q, x_scale] = fp8_codes_from_e4m3(c2, s2);
-      y = fp8_linear_amx(q, x_scale, weight_, scale_, group);
-    } else if (!nan_codes && cpu::bf16_dot_applies(dtype_, m, cpu::isa())) {
-      const auto [q, x_scale] = fp8_codes_from_e4m3(c2, s2);
-      y = fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
     } else {
-      // q * scale in float32: fake_quant_span's e4m3(x / scale) * scale, bit for bit.
-      y = fp8_linear_cpu((c2.to(at::kFloat) * s2).contiguous(), weight_, scale_, group, nan_codes);
+      // q * scale in float32 is fake_quant_span's e4m3(x / scale) * scale, bit for bit.
+      y = cpu_gemm(
+          m, dtype_, /*x_on_cpu=*/true, nan_codes, group, [&] { return fp8_codes_from_e4m3(c2, s2); },
+          [&] { return (c2.to(at::kFloat) * s2).contiguous(); });
     }
     if (bias) y.add_(bias->to(at::kFloat));
     auto shape = codes.sizes().vec();
     shape.back() = weight_.size(0);
     return y.to(dtype_).reshape(shape);
+  }
+
+  // The CPU GEMM of `m` rows of `xt` activations, [m, N] float32: bf16 layers on AMX or on
+  // AVX-512 bf16 dot products take the activations' E4M3 codes (`codes()`:
+  // fp8_quantize_codes_cpu's q and x_scale); the others their quantized-dequantized
+  // float32 values (`dequantized()`). apply() and apply_quantized() choose here alike.
+  template <class Codes, class Dequantized>
+  at::Tensor cpu_gemm(int64_t m, at::ScalarType xt, bool x_on_cpu, bool nan_codes, int64_t group, const Codes& codes,
+                      const Dequantized& dequantized) const {
+    if (xt == at::kBFloat16 && m >= kFp8AmxMinM && !nan_codes && weight_.is_cpu() && cpu::amx_status().usable) {
+      const auto [q, x_scale] = codes();
+      return fp8_linear_amx(q, x_scale, weight_, scale_, group);
+    }
+    if (!nan_codes && weight_.is_cpu() && x_on_cpu && cpu::bf16_dot_applies(xt, m, cpu::isa())) {
+      const auto [q, x_scale] = codes();
+      return fp8_linear_bf16dot(q, x_scale, weight_, scale_, group);
+    }
+    return fp8_linear_cpu(dequantized(), weight_, scale_, group, nan_codes);
   }
 
   // The weight times its per-row scale (one per 128-column block of in_local for fp8_block).

@@ -148,8 +148,7 @@ class Int8Method final : public QuantMethod {
         const auto xt = x2.scalar_type();
         const bool direct = xt == at::kFloat || xt == at::kBFloat16 || xt == at::kHalf;  // else widened as below
         const auto [q, x_scale] = w8a8_quantize_per_token(direct ? x2 : x2.to(at::kFloat));
-        return w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums)
-            .to(x.scalar_type());
+        return w8a8_cpu_gemm(*kernel, q, x_scale).to(x.scalar_type());
       }
       if (w8a8_) {
         const auto [q, x_scale] = quantize_per_token(x2.to(at::kFloat));
@@ -187,10 +186,8 @@ class Int8Method final : public QuantMethod {
     at::Tensor y;
     if (q.size(0) == 0 || n_ == 0) {
       y = at::zeros({q.size(0), n_}, q.options().dtype(dtype_));
-    } else if (k_ <= kW8a8MaxK) {
-      y = w8a8_linear_cpu(q, x_scale, weight_, kernel->row_scale.reshape({-1}), kernel->row_sums).to(dtype_);
     } else {
-      y = (at::_int_mm(q, weight_.t()).to(at::kFloat) * x_scale * kernel->row_scale).to(dtype_);
+      y = w8a8_cpu_gemm(*kernel, q, x_scale).to(dtype_);
     }
     if (bias) y = y + *bias;
     return y.view(shape);
@@ -220,6 +217,13 @@ class Int8Method final : public QuantMethod {
   };
 
   cpu::TensorStamp stamp() const { return cpu::TensorStamp::of({weight_, weight_scale_}); }
+
+  // W8A8 on the CPU from per-token codes q [M, K] and scales [M, 1]: [M, N] float32 by tp's
+  // kernels, or at::_int_mm past kW8a8MaxK (apply() and apply_quantized() both).
+  at::Tensor w8a8_cpu_gemm(const Kernel& kernel, const at::Tensor& q, const at::Tensor& x_scale) const {
+    if (k_ <= kW8a8MaxK) return w8a8_linear_cpu(q, x_scale, weight_, kernel.row_scale.reshape({-1}), kernel.row_sums);
+    return at::_int_mm(q, weight_.t()).to(at::kFloat) * x_scale * kernel.row_scale;
+  }
 
   std::shared_ptr<const Kernel> make_kernel() const {
     auto kernel = std::make_shared<Kernel>();

@@ -13,11 +13,11 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/abs_max.h"
 #include "cpu/amx.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
-#include "quant/abs_max.h"
 
 namespace tp::detail {
 
@@ -172,7 +172,7 @@ std::pair<at::Tensor, at::Tensor> w8a8_quantize_per_token(const at::Tensor& x) {
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = scale.data_ptr<float>();
   cpu::for_each_row_as_float(xc, [&](int64_t i, const float* xi) {
-    const float amax = abs_max(xi, k);
+    const float amax = cpu::abs_max(xi, k);
     // where(amax > 0, amax / 127, 1): a NaN amax (at::amax propagates NaN) is not > 0.
     const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
     sp[i] = s;

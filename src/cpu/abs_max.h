@@ -1,16 +1,16 @@
 #pragma once
 // at::amax(x.abs()) over one span of float32, as the activation quantizations of several
-// formats (FP8's per-token and per-group scales, W8A8's per-token one) need it, bit for
-// bit: NaN if any element is NaN. Computed on the magnitudes' bits (non-NaN magnitudes
-// order as their bit patterns) so that the loop vectorizes: under the default
-// -ftrapping-math GCC does not if-convert a float comparison.
+// formats (FP8's per-token and per-group scales, W8A8's per-token one) and the fused
+// boundary's quant_out need it, bit for bit: NaN if any element is NaN. Computed on the
+// magnitudes' bits (non-NaN magnitudes order as their bit patterns) so that the loop
+// vectorizes: under the default -ftrapping-math GCC does not if-convert a float comparison.
 
 #include <c10/util/bit_cast.h>
 
 #include <cstdint>
 #include <limits>
 
-namespace tp::detail {
+namespace tp::cpu {
 
 inline float abs_max(const float* x, int64_t n) {
   uint32_t m = 0;
@@ -21,4 +21,4 @@ inline float abs_max(const float* x, int64_t n) {
   return m > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(m);
 }
 
-}  // namespace tp::detail
+}  // namespace tp::cpu
