@@ -59,6 +59,7 @@ const char* kUsage = R"(usage: tp-load-bench [options]
   --formats LIST      bf16 and / or fp8 (fp8_block)             (default bf16,fp8)
   --check             exit 1 when a rank's peak anonymous memory exceeds shard + largest tensor + 64 MiB
   --no-draw           leave out the bfloat16 rows with the model drawn first (the load before issue 46)
+  --threads N         intra-op threads per rank                 (default: hardware threads / TP size)
 )";
 
 std::vector<int64_t> int_list(const std::string& text) {
@@ -114,6 +115,8 @@ int model_main(int argc, char** argv) {
         c.heads = v;
       else if (flag == "--kv-heads")
         c.kv_heads = v;
+      else if (flag == "--threads")
+        c.threads = static_cast<int>(v);
       else
         TORCH_CHECK_VALUE(false, "tp-load-bench: unknown option ", flag, "\n", kUsage);
     }
@@ -278,9 +281,10 @@ std::string child_flags(const Config& c) {
 int main(int argc, char** argv) {
   try {
     if (argc > 1 && std::string(argv[1]) == "--model") return model_main(argc, argv);
-    if (argc > 6 && std::string(argv[1]) == "--model-child")  // internal: FOLDER WORLD RANK PORT draw|load
+    if (argc > 7 && std::string(argv[1]) == "--model-child")  // internal: FOLDER WORLD RANK PORT draw|load THREADS
       return tp::bench::run_model_load_child(argv[2], std::stoll(argv[3]), std::stoll(argv[4]),
-                                             static_cast<int>(std::stoll(argv[5])), std::string(argv[6]) == "draw");
+                                             static_cast<int>(std::stoll(argv[5])), std::string(argv[6]) == "draw",
+                                             static_cast<int>(std::stoll(argv[7])));
     std::vector<std::string> child_args;
     const Config c = parse(argc, argv, &child_args);
     if (!child_args.empty()) return child(child_args[0], std::stoll(child_args[1]), c);

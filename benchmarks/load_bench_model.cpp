@@ -25,6 +25,7 @@
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -133,6 +135,23 @@ double read_bandwidth(const std::string& path, bool cold) {
   return static_cast<double>(size) / s / 1e9;
 }
 
+// GB/s of the first write to fresh anonymous memory on one thread: the kernel's zeroed pages
+// faulted in one by one, what every new parameter byte costs before a byte of the file
+// reaches it (best of 5 over 256 MiB; transparent huge pages as the allocator gets them).
+double first_touch_bandwidth() {
+  const size_t size = size_t{256} << 20;
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    TORCH_CHECK(p != MAP_FAILED, "tp-load-bench: cannot map ", size, " bytes");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memset(p, 1, size);
+    best = std::max(best, static_cast<double>(size) / seconds_since(t0) / 1e9);
+    ::munmap(p, size);
+  }
+  return best;
+}
+
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -148,7 +167,7 @@ struct RankLine {
 
 }  // namespace
 
-int run_model_load_child(const std::string& folder, int64_t world, int64_t rank, int port, bool draw) {
+int run_model_load_child(const std::string& folder, int64_t world, int64_t rank, int port, bool draw, int threads) {
   // The sampler: the highest RssAnon seen, from `base` on.
   std::atomic<long long> peak_anon{proc_status_kib("RssAnon")};
   std::atomic<bool> stop{false};
@@ -159,7 +178,8 @@ int run_model_load_child(const std::string& folder, int64_t world, int64_t rank,
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   });
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / static_cast<int>(world));
+  if (threads <= 0)
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / static_cast<int>(world));
   at::set_num_threads(threads);
   Communicator comm = connect_tcp("127.0.0.1", port, rank, world);
   comm.barrier();
@@ -216,14 +236,17 @@ int run_model_load(const ModelLoadConfig& c) {
             << c.heads << "/" << c.kv_heads << "), one process per rank (Gloo over loopback)\n"
             << "  machine: " << machine_description() << "; load average: " << load_average() << "\n"
             << "  rows '(drawn first, as before)': the model drawn at random, then loaded (from_pretrained before "
-               "issue 46)\n"
+               "issue 46); '(no packs)': the load without the CPU GEMMs' packed weights (the reads alone)\n"
             << "  load s: slowest rank; read MB: the rank's parameters as stored; peak RSS / anon: per rank, over "
                "RSS / RssAnon before the load; packs: the anonymous memory kept beyond the parameters (the CPU "
                "GEMMs' packed weights, prepared at load), counted apart; bound: held + largest tensor + 64 MiB, "
                "against peak anon - packs; 1st fwd: the first forward's own anonymous peak\n"
+            << "  cache / cold GB/s: one thread's pread of the file from the page cache / from disk into memory "
+               "already touched; touch GB/s: one thread's first write to fresh anonymous memory (each parameter "
+               "page, before any of the file reaches it; a rank's threads each get about this much)\n"
             << std::flush;
-  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "peak RSS MiB",
-               "peak anon MiB", "packs MiB", "anon - packs", "bound MiB", "ok", "1st fwd anon MiB"});
+  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "touch GB/s",
+               "peak RSS MiB", "peak anon MiB", "packs MiB", "anon - packs", "bound MiB", "ok", "1st fwd anon MiB"});
   bool all_ok = true;
   int port = c.port;
   for (const bool fp8 : c.formats) {
@@ -231,17 +254,22 @@ int run_model_load(const ModelLoadConfig& c) {
     const std::string file = folder + "/model.safetensors";
     const double cold = read_bandwidth(file, /*cold=*/true);
     const double warm = read_bandwidth(file, /*cold=*/false);
-    std::vector<std::pair<int64_t, bool>> rows;
+    const double touch = first_touch_bandwidth();
+    enum class Kind { kLoad, kDrawn, kNoPacks };
+    std::vector<std::pair<int64_t, Kind>> rows;
     for (const int64_t world : c.tp_sizes) {
-      if (c.draw_rows && !fp8) rows.emplace_back(world, true);
-      rows.emplace_back(world, false);
+      if (c.draw_rows && !fp8) rows.emplace_back(world, Kind::kDrawn);
+      rows.emplace_back(world, Kind::kLoad);
+      if (!fp8) rows.emplace_back(world, Kind::kNoPacks);
     }
-    for (const auto& [world, draw] : rows) {
+    for (const auto& [world, kind] : rows) {
+      const bool draw = kind == Kind::kDrawn;
       ++port;
       std::vector<std::FILE*> pipes;
       for (int64_t r = 0; r < world; ++r) {
-        const std::string cmd = "'" + self_exe() + "' --model-child '" + folder + "' " + std::to_string(world) + " " +
-                                std::to_string(r) + " " + std::to_string(port) + (draw ? " draw" : " load");
+        const std::string cmd = std::string(kind == Kind::kNoPacks ? "TP_CPU_GEMM_PACK=0 " : "") + "'" + self_exe() +
+                                "' --model-child '" + folder + "' " + std::to_string(world) + " " + std::to_string(r) +
+                                " " + std::to_string(port) + (draw ? " draw " : " load ") + std::to_string(c.threads);
         std::FILE* p = ::popen(cmd.c_str(), "r");
         TORCH_CHECK(p != nullptr, "tp-load-bench: cannot start ", cmd);
         pipes.push_back(p);
@@ -267,14 +295,17 @@ int run_model_load(const ModelLoadConfig& c) {
         ok = ok && l.peak_anon_kib - packs <= bound;
         if (l.peak_anon_kib >= worst.peak_anon_kib) worst = l, bound_kib = bound, packs_kib = packs;
       }
-      if (!draw) all_ok = all_ok && ok;  // the bound is the new load's
+      if (kind == Kind::kLoad) all_ok = all_ok && ok;  // the bound is the new load's
       const double mb = static_cast<double>(worst.read_bytes) / 1e6;
-      table.add({std::string(fp8 ? "fp8_block" : "bfloat16") + (draw ? " (drawn first, as before)" : ""),
-                 std::to_string(world), format("%.3f", slowest), format("%.1f", mb), format("%.2f", mb / 1e3 / slowest),
-                 format("%.2f", warm), format("%.2f", cold), format("%.1f", worst.peak_rss_kib / 1024.0),
-                 format("%.1f", worst.peak_anon_kib / 1024.0), format("%.1f", packs_kib / 1024.0),
-                 format("%.1f", (worst.peak_anon_kib - packs_kib) / 1024.0), format("%.1f", bound_kib / 1024.0),
-                 ok ? "yes" : "NO", format("%.1f", worst.forward_anon_kib / 1024.0)});
+      table.add(
+          {std::string(fp8 ? "fp8_block" : "bfloat16") + (draw                     ? " (drawn first, as before)"
+                                                          : kind == Kind::kNoPacks ? " (no packs: TP_CPU_GEMM_PACK=0)"
+                                                                                   : ""),
+           std::to_string(world), format("%.3f", slowest), format("%.1f", mb), format("%.2f", mb / 1e3 / slowest),
+           format("%.2f", warm), format("%.2f", cold), format("%.2f", touch),
+           format("%.1f", worst.peak_rss_kib / 1024.0), format("%.1f", worst.peak_anon_kib / 1024.0),
+           format("%.1f", packs_kib / 1024.0), format("%.1f", (worst.peak_anon_kib - packs_kib) / 1024.0),
+           format("%.1f", bound_kib / 1024.0), ok ? "yes" : "NO", format("%.1f", worst.forward_anon_kib / 1024.0)});
     }
   }
   std::cout << table.str() << "load average at the end: " << load_average() << "\n";

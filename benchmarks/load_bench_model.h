@@ -16,13 +16,15 @@ struct ModelLoadConfig {
   int port = 29750;
   bool check = false;     // exit 1 when a rank's peak anonymous memory exceeds its bound
   bool draw_rows = true;  // also each bfloat16 row with the model drawn first (the load before issue 46)
+  int threads = 0;        // intra-op threads per rank; 0: the hardware threads over the TP size
 };
 
 /// The table (and, with check, the verdict): 0 when every rank kept within its bound.
 int run_model_load(const ModelLoadConfig& config);
 /// One rank, as a child process: prints "load_s held_bytes largest_tensor_bytes
 /// peak_rss_kib peak_anon_kib first_forward_anon_kib kept_anon_kib". `draw`: the load as it was before
-/// issue 46, for comparison: the model drawn at random (init_weights(true)), then loaded.
-int run_model_load_child(const std::string& folder, int64_t world, int64_t rank, int port, bool draw);
+/// issue 46, for comparison: the model drawn at random (init_weights(true)), then loaded. `threads`: as
+/// ModelLoadConfig::threads.
+int run_model_load_child(const std::string& folder, int64_t world, int64_t rank, int port, bool draw, int threads);
 
 }  // namespace tp::bench

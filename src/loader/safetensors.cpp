@@ -157,13 +157,40 @@ class SafetensorsSource final : public TensorSource {
   void read_region_into(const std::vector<Range>& region, const at::Tensor& dst) const override {
     check_region_into_args(*this, region, dst);
     if (entry_.shape.empty() || !dst.is_cpu() || !dst.is_contiguous() || dst.scalar_type() != dtype_) {
-      dst.copy_(read_region(region));
+      dst.copy_(view_region(region));  // any layout or dtype: ATen's copy from the mapping
       return;
     }
     copy_region(region, static_cast<uint8_t*>(dst.data_ptr()));
     // Written behind ATen's back: bump the version counter as an in-place write does, so
     // whoever watches it (LoadSession's unfilled check, the kernels' packed copies) sees it.
     if (!dst.is_inference()) dst.unsafeGetTensorImpl()->bump_version();
+  }
+
+  // The box as a strided tensor over the mapped bytes (at::from_blob); its deleter keeps
+  // the file mapped and releases the box's span of pages. Bytes not aligned to their
+  // element (safetensors does not promise it) and 0-d tensors take read_region.
+  at::Tensor view_region(const std::vector<Range>& region) const override {
+    check_region_args(*this, region);
+    const auto& shape = entry_.shape;
+    const size_t item = static_cast<size_t>(detail::st_dtype_size(entry_.dtype));
+    const uint8_t* tensor = file_->mapping->data() + file_->header.data_offset + entry_.begin;
+    const bool empty = std::any_of(region.begin(), region.end(), [](const Range& r) { return r.size() == 0; });
+    if (shape.empty() || empty || reinterpret_cast<uintptr_t>(tensor) % item != 0) return read_region(region);
+    std::vector<int64_t> sizes(shape.size()), strides(shape.size());
+    int64_t stride = 1, first = 0, last = 0;  // elements
+    for (size_t d = shape.size(); d-- > 0;) {
+      sizes[d] = region[d].size();
+      strides[d] = stride;
+      first += region[d].begin * stride;
+      last += (region[d].end - 1) * stride;
+      stride *= shape[d];
+    }
+    const uint8_t* begin = tensor + static_cast<size_t>(first) * item;
+    const size_t span = static_cast<size_t>(last - first + 1) * item;
+    std::shared_ptr<const SafetensorsFile::Impl> file = file_;
+    return at::from_blob(
+        const_cast<uint8_t*>(begin), sizes, strides,  // read only: the callers copy from it
+        [file, begin, span](void*) { file->mapping->release(begin, span); }, at::TensorOptions().dtype(dtype_));
   }
 
   // From the mapped file into `dst` through a tensor over the mapped bytes (at::from_blob:

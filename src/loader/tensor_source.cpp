@@ -70,6 +70,8 @@ void TensorSource::read_region_into(const std::vector<Range>& region, const at::
   dst.copy_(read_region(region));
 }
 
+at::Tensor TensorSource::view_region(const std::vector<Range>& region) const { return read_region(region); }
+
 at::Tensor TensorSource::read_region(const std::vector<Range>& region) const {
   check_region_args(*this, region);
   const auto s = shape();

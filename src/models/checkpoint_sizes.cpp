@@ -12,6 +12,7 @@
 
 #include "tp/loader/checkpoint.h"
 #include "tp/models/model_config.h"
+#include "tp/quant/stored_tensors.h"
 
 namespace tp {
 
@@ -42,6 +43,36 @@ class SizeCheck {
     problems_.push_back(msg.str());
   }
   void problem(const std::string& text) { problems_.push_back(text); }
+
+  // A linear layer's tensors under `prefix`, the layer being [out, in] (fields: the config
+  // fields that give each): its plain weight, or each tensor its quantization format stores
+  // (codes, packed words, scales, zero points), along the dimensions that carry the output
+  // and the input features (tp::stored_tensors: one index covers `per_index` features,
+  // packed codes or a scale group; a partial last index rounds up).
+  void linear(const std::string& prefix, int64_t out, int64_t in, const std::vector<std::string>& fields) {
+    const QuantConfig quant = c_.quant_config(prefix);
+    if (quant.format == QuantFormat::kNone) return shape(prefix + ".weight", {out, in}, fields);
+    for (const auto& stored : stored_tensors(quant)) {
+      const std::string name = prefix + "." + stored.name;
+      if (!checkpoint_.contains(name)) continue;
+      const auto got = checkpoint_.get(name).shape();
+      features(name, got, stored.out_dim, stored.out_per_index, out, fields[0]);
+      features(name, got, stored.in_dim, stored.in_per_index, in, fields[1]);
+    }
+  }
+
+  // Dimension `dim` of `name` (shape `got`) holds `count` features, `per_index` to an index.
+  void features(const std::string& name, const std::vector<int64_t>& got, int64_t dim, int64_t per_index, int64_t count,
+                const std::string& field) {
+    if (dim < 0 || dim >= static_cast<int64_t>(got.size()) || per_index <= 0) return;
+    const int64_t have = got[static_cast<size_t>(dim)];
+    if (have == (count + per_index - 1) / per_index) return;
+    std::ostringstream msg;
+    msg << "'" << name << "' is " << c10::IntArrayRef(got) << ": its dimension " << dim << " holds " << have
+        << (per_index > 1 ? " x " + std::to_string(per_index) : std::string()) << " features where config.json gives "
+        << field << " = " << count;
+    problems_.push_back(msg.str());
+  }
 
   void report() const {
     if (problems_.empty()) return;
@@ -101,18 +132,17 @@ void ModelConfig::check_sizes(const Checkpoint& checkpoint, int64_t num_layers) 
     check.shape(p + "." + n.post_attention_norm + ".weight", {h}, hidden_in);
     const std::string attention = p + "." + n.attention;
     const std::string q = "num_attention_heads * head_dim", kv = "num_key_value_heads * head_dim";
-    check.shape(attention + "." + n.o_proj + ".weight", {h, q_size()}, {"hidden_size", q});
+    check.linear(attention + "." + n.o_proj, h, q_size(), {"hidden_size", q});
     if (n.qkv.layout() == QKVLayout::kSeparate) {
-      check.shape(attention + "." + n.qkv.q_name() + ".weight", {q_size(), h}, {q, "hidden_size"});
-      check.shape(attention + "." + n.qkv.k_name() + ".weight", {kv_size(), h}, {kv, "hidden_size"});
-      check.shape(attention + "." + n.qkv.v_name() + ".weight", {kv_size(), h}, {kv, "hidden_size"});
+      check.linear(attention + "." + n.qkv.q_name(), q_size(), h, {q, "hidden_size"});
+      check.linear(attention + "." + n.qkv.k_name(), kv_size(), h, {kv, "hidden_size"});
+      check.linear(attention + "." + n.qkv.v_name(), kv_size(), h, {kv, "hidden_size"});
     } else {
-      check.shape(attention + "." + n.qkv.fused_name() + ".weight", {q_size() + 2 * kv_size(), h},
-                  {"(num_attention_heads + 2 * num_key_value_heads) * head_dim", "hidden_size"});
+      check.linear(attention + "." + n.qkv.fused_name(), q_size() + 2 * kv_size(), h,
+                   {"(num_attention_heads + 2 * num_key_value_heads) * head_dim", "hidden_size"});
     }
     if (!is_moe(i)) {
-      check.shape(p + "." + n.mlp + "." + n.down_proj + ".weight", {h, intermediate_size},
-                  {"hidden_size", "intermediate_size"});
+      check.linear(p + "." + n.mlp + "." + n.down_proj, h, intermediate_size, {"hidden_size", "intermediate_size"});
       continue;
     }
     const std::string block = p + "." + n.moe;
@@ -127,8 +157,8 @@ void ModelConfig::check_sizes(const Checkpoint& checkpoint, int64_t num_layers) 
         check.problem("the experts of '" + block + "' are not num_experts = " + std::to_string(e) + " ('" + experts +
                       std::to_string(last ? e : e - 1) + ".*' " + (last ? "exists" : "does not exist") + ")");
       }
-      check.shape(experts + "0." + layout.down_name() + ".weight", {h, moe.intermediate_size},
-                  {"hidden_size", "the experts' intermediate size"});
+      check.linear(experts + "0." + layout.down_name(), h, moe.intermediate_size,
+                   {"hidden_size", "the experts' intermediate size"});
     } else if (checkpoint.contains(block + ".experts." + layout.down_name())) {
       const auto& down = checkpoint.get(block + ".experts." + layout.down_name());
       const auto shape = down.shape();

@@ -196,6 +196,24 @@ TEST_CASE(
         const at::Tensor as_double = at::empty(want.sizes(), want.options().dtype(at::kDouble));
         s->read_region_into(region, as_double);
         CHECK(bit_equal(as_double, want.to(at::kDouble)));
+        // A transposed destination (the layout of experts stored [in, out]).
+        const at::Tensor transposed =
+            at::full({want.size(3), want.size(2), want.size(1), want.size(0)}, 7, want.options());
+        s->read_region_into(region, transposed.permute({3, 2, 1, 0}));
+        CHECK(bit_equal(transposed.permute({3, 2, 1, 0}), want));
+        // view_region: the box's values, every other row of it too (an interleaved part),
+        // and for the file a view of its mapping (no copy of the box).
+        const at::Tensor view = s->view_region(region);
+        CHECK(bit_equal(view, want));
+        if (want.size(1) > 1) CHECK(bit_equal(view.slice(1, 1, want.size(1), 2), want.slice(1, 1, want.size(1), 2)));
+        if (s == src.get() && want.numel() > 0) {  // the box at its place in one mapping, the tensor's strides
+          const at::Tensor whole = s->view_region(regions[0]);
+          int64_t offset = 0;
+          for (size_t d = 0; d < region.size(); ++d) offset += region[d].begin * t.stride(static_cast<int64_t>(d));
+          CHECK(static_cast<const char*>(view.data_ptr()) ==
+                static_cast<const char*>(whole.data_ptr()) + offset * t.element_size());
+          CHECK(view.strides() == t.strides());
+        }
       }
     }
     REQUIRE_THROWS_WITH(src->read_region_into({{0, 5}, {0, 6}, {0, 4}, {0, 3}}, at::empty({5, 6, 4, 2}, t.options())),

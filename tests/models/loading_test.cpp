@@ -31,6 +31,7 @@
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/safetensors_writer.h"
 #include "tp/models/causal_lm.h"
+#include "tp/quant/quantize.h"
 
 using namespace tp;
 using Catch::Contains;
@@ -78,6 +79,32 @@ std::map<std::string, at::Tensor> write_folder(const std::string& dir, const std
   at::manual_seed(46);
   CausalLM model(ModelConfig::from_json(config_json, dir + "/config.json"), CausalLMOptions().dtype(at::kFloat));
   const auto tensors = model->gather_weights();
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_text(dir + "/config.json", config_json);
+  return tensors;
+}
+
+// The same for a config with a quantization_config: the model drawn unquantized, and each
+// linear layer its format covers stored as that format's tensors (tp::quantize_weight).
+std::map<std::string, at::Tensor> write_quantized_folder(const std::string& dir, const std::string& config_json) {
+  at::manual_seed(46);
+  const ModelConfig config = ModelConfig::from_json(config_json, dir + "/config.json");
+  ModelConfig plain = config;
+  plain.quantization = {};
+  CausalLM model(plain, CausalLMOptions().dtype(at::kFloat));
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& [name, tensor] : model->gather_weights()) {
+    const std::string suffix = ".weight";
+    const std::string module = name.substr(0, name.size() - suffix.size());
+    const bool linear = name.rfind("model.layers.", 0) == 0 && tensor.dim() == 2 &&
+                        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    const QuantConfig quant = linear ? config.quant_config(module) : QuantConfig{};
+    if (quant.format == QuantFormat::kNone) {
+      tensors[name] = tensor;
+      continue;
+    }
+    for (const auto& [stored, value] : quantize_weight(tensor, quant)) tensors[module + "." + stored] = value;
+  }
   save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_text(dir + "/config.json", config_json);
   return tensors;
@@ -358,6 +385,81 @@ TEST_CASE("A mixture of experts whose num_experts is not its checkpoint's is ref
       for (int64_t r = 0; r < world; ++r) {
         INFO(experts << " experts at TP " << world << " rank " << r << ": " << errors[r]);
         CHECK_THAT(errors[r], Contains(expect) && Contains("before allocating anything"));
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "A quantized checkpoint's sizes are checked against config.json before allocation, through its format's "
+    "stored tensors",
+    "[models][loading][errors]") {
+  // compressed-tensors' INT8 weight-only (int8 codes [out, in], a scale per channel) and
+  // W4A16 packed INT4 (eight codes to an int32 along in, a scale per 32 inputs): the linear
+  // layers' tensors are codes, not [out, in] floats, and are checked through the format's axes.
+  const auto quantized = [](const std::string& weights, const std::string& format) {
+    return "quantization_config={\"quant_method\": \"compressed-tensors\", \"format\": \"" + format +
+           "\", \"quantization_status\": \"compressed\", \"config_groups\": {\"group_0\": {\"targets\": "
+           "[\"Linear\"], \"weights\": " +
+           weights + ", \"format\": \"" + format + "\"}}, \"ignore\": [\"lm_head\"]}";
+  };
+  const std::vector<std::pair<std::string, std::string>> formats = {
+      {"int8 weight-only",
+       quantized(R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "channel"})", "int-quantized")},
+      {"int4 pack-quantized",
+       quantized(R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32})",
+                 "pack-quantized") +
+           ";intermediate_size=128"},
+  };
+  const std::string dir = temp_folder("quantized-sizes");
+  for (const auto& [name, quant] : formats) {
+    const auto tensors = write_quantized_folder(dir, llama_config(quant));
+    REQUIRE(tensors.count("model.layers.0.mlp.down_proj.weight_scale") == 1);  // stored as the format's tensors
+    for (const auto& [replace, expect] : std::vector<std::pair<std::string, std::string>>{
+             {"intermediate_size=8000000", "intermediate_size = 8000000"},
+             {"intermediate_size=96", "intermediate_size = 96"},
+             {"num_attention_heads=12;head_dim=16", "num_attention_heads * head_dim = 192"}}) {
+      write_text(dir + "/config.json", llama_config(quant + ";" + replace));
+      for (int64_t world = 1; world <= 3; world += 2) {
+        std::vector<std::string> errors(world);
+        const bool peak_known = reset_peak_rss();
+        const int64_t rss_before = status_kib("VmRSS");
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              try {
+                CausalLMImpl::from_pretrained(dir, {}, comm);
+              } catch (const c10::Error& e) {
+                errors[comm.rank()] = e.what_without_backtrace();
+              }
+            },
+            test::test_comm_options());
+        const int64_t grew_kib = status_kib("VmHWM") - rss_before;
+        INFO(name << ", " << replace << " at TP " << world << ": peak RSS grew " << grew_kib << " KiB");
+        if (peak_known) CHECK(grew_kib < 64 * 1024);
+        for (int64_t r = 0; r < world; ++r) {
+          INFO("rank " << r << ": " << errors[r]);
+          CHECK_THAT(errors[r], Contains(expect) && Contains("before allocating anything"));
+        }
+      }
+    }
+    // The folder as written loads (the check refuses no valid quantized checkpoint).
+    write_text(dir + "/config.json", llama_config(quant));
+    for (int64_t world = 1; world <= 3; world += 2) {
+      std::vector<std::string> errors(world);
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            try {
+              CausalLMImpl::from_pretrained(dir, {}, comm);
+            } catch (const c10::Error& e) {
+              errors[comm.rank()] = e.what_without_backtrace();
+            }
+          },
+          test::test_comm_options());
+      for (int64_t r = 0; r < world; ++r) {
+        INFO(name << " as written at TP " << world << ", rank " << r << ": " << errors[r]);
+        CHECK(errors[r].empty());
       }
     }
   }

@@ -42,6 +42,12 @@ class TensorSource {
   /// copies; sources over files override it to copy the box's bytes from the mapped file
   /// straight into a contiguous CPU `dst` of the tensor's dtype.
   virtual void read_region_into(const std::vector<Range>& region, const at::Tensor& dst) const;
+  /// The box `region` as a read-only CPU tensor that may alias the source's own storage
+  /// (sources over files: a strided view of the mapped file, no copy), for a caller that
+  /// copies it at once into a destination of any layout and dtype (every other row,
+  /// transposed, converted) and then drops it; the mapped pages it covers are released when
+  /// the last reference goes. Never write to it. The default returns read_region(region).
+  virtual at::Tensor view_region(const std::vector<Range>& region) const;
   /// read(dim, range) written into `dst` (a tensor of the slice's shape, in any dtype:
   /// converted on the way; on any device), e.g. a narrow of the parameter it belongs to.
   /// The default reads, then copies; sources over files override it to copy from the

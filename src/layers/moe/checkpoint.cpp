@@ -12,9 +12,10 @@ namespace tp::detail {
 
 namespace {
 
-// The last region read from one fused tensor, shared by the views of its interleaved
-// parts: the gate view and the up view of GPT-OSS's gate_up each want rows [2b, 2e) of
-// the same expert (every other one), so the second takes what the first read.
+// The last box viewed in one fused tensor (TensorSource::view_region), shared by the views
+// of its interleaved parts: the gate view and the up view of GPT-OSS's gate_up each want
+// rows [2b, 2e) of the same expert (every other one), so the second takes the first's view
+// (a view of the mapped file, or where the source has none, one read for both).
 struct SharedRegion {
   std::mutex mutex;
   std::vector<Range> region;
@@ -39,7 +40,7 @@ class FusedExpertSource final : public TensorSource {
     // What the fused tensor must look like: [experts, ..., out_rows at rows_dim, ...].
     int64_t experts = 0, out_rows = 0;
     std::string out_what;                  // "gate/up" or "hidden"
-    std::shared_ptr<SharedRegion> shared;  // the interleaved parts' common read (stride > 1)
+    std::shared_ptr<SharedRegion> shared;  // the interleaved parts' common view (stride > 1)
   };
   explicit FusedExpertSource(Spec spec) : spec_(std::move(spec)) {}
 
@@ -55,38 +56,16 @@ class FusedExpertSource final : public TensorSource {
 
   at::Tensor read(int64_t dim, Range range) const override {
     check_read_args(*this, dim, range);
-    std::vector<Range> region = expert_region(dim, range);
-    const int64_t rows_dim = spec_.transposed ? 2 : 1;  // the output dimension in the fused tensor
-    const Range rows = dim == 0 ? range : Range{0, spec_.rows};
-    at::Tensor t;
-    if (spec_.stride == 1) {
-      region[rows_dim] = rows.shifted(spec_.offset);
-      t = source().read_region(region).select(0, 0);
-    } else {
-      // Interleaved: the rows of every part, [stride * b, stride * e), read once for all of
-      // them, then this part's every stride-th one.
-      region[rows_dim] = {spec_.stride * rows.begin, spec_.stride * rows.end};
-      {
-        std::lock_guard<std::mutex> lock(spec_.shared->mutex);
-        if (!spec_.shared->tensor.defined() || !same(spec_.shared->region, region)) {
-          spec_.shared->tensor = source().read_region(region);
-          spec_.shared->region = region;
-        }
-        t = spec_.shared->tensor;
-      }
-      t = t.select(0, 0).slice(rows_dim - 1, spec_.offset, std::numeric_limits<int64_t>::max(), spec_.stride);
-    }
-    if (spec_.transposed) t = t.t();
-    return t.contiguous();
+    return view(dim, range).clone(at::MemoryFormat::Contiguous);
   }
 
-  // An expert's contiguous rows (stride 1, stored [out, ...]) go from the fused tensor's
-  // file straight into `dst` (read_region_into); interleaved parts (read once for all of
-  // them) and transposed storage read, then copy.
+  // Straight from the fused tensor into `dst`: an expert's contiguous rows (stride 1, stored
+  // [out, ...]) as the box's bytes (read_region_into); an interleaved part's every
+  // stride-th row, or a transposed expert, by ATen's copy from a view of the file.
   void read_into(int64_t dim, Range range, const at::Tensor& dst) const override {
     check_read_into_args(*this, dim, range, dst);
     if (spec_.stride != 1 || spec_.transposed) {
-      dst.copy_(read(dim, range));
+      dst.copy_(view(dim, range));
       return;
     }
     std::vector<Range> region = expert_region(dim, range);
@@ -95,6 +74,32 @@ class FusedExpertSource final : public TensorSource {
   }
 
  private:
+  // read(dim, range) as a read-only view of the fused tensor (TensorSource::view_region: of
+  // the mapped file where the source is one): the rows of every interleaved part, then this
+  // part's every stride-th one; transposed back where the expert is stored [in, out].
+  at::Tensor view(int64_t dim, Range range) const {
+    std::vector<Range> region = expert_region(dim, range);
+    const int64_t rows_dim = spec_.transposed ? 2 : 1;  // the output dimension in the fused tensor
+    const Range rows = dim == 0 ? range : Range{0, spec_.rows};
+    region[static_cast<size_t>(rows_dim)] =
+        spec_.stride == 1 ? rows.shifted(spec_.offset) : Range{spec_.stride * rows.begin, spec_.stride * rows.end};
+    at::Tensor t;
+    if (spec_.stride == 1) {
+      t = source().view_region(region);
+    } else {
+      std::lock_guard<std::mutex> lock(spec_.shared->mutex);
+      if (!spec_.shared->tensor.defined() || !same(spec_.shared->region, region)) {
+        spec_.shared->tensor = at::Tensor();  // the last box's pages go first
+        spec_.shared->tensor = source().view_region(region);
+        spec_.shared->region = region;
+      }
+      t = spec_.shared->tensor;
+    }
+    t = t.select(0, 0);
+    if (spec_.stride != 1) t = t.slice(rows_dim - 1, spec_.offset, std::numeric_limits<int64_t>::max(), spec_.stride);
+    return spec_.transposed ? t.t() : t;
+  }
+
   // The fused tensor's box for read(dim, range) of this view: expert e, `range` along a
   // dimension other than the rows (dim > 0), the rest whole; the rows' range is the caller's.
   std::vector<Range> expert_region(int64_t dim, Range range) const {

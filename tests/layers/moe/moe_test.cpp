@@ -27,12 +27,14 @@
 #include <mutex>
 #include <thread>
 
+#include "support/loader_test_util.h"
 #include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/comm/reduction.h"
 #include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/loader/safetensors_writer.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 #include "tp/shard/split.h"
@@ -433,21 +435,31 @@ TEST_CASE("fused 3-D expert layouts load what the per-expert layout loads and ga
     const auto layout =
         MoECheckpointLayout().experts(ExpertLayout::kFused).interleaved_gate_up(gpt_oss).transposed(gpt_oss);
     const at::Tensor x = randn({kTokens, kHidden}, 7);
+    // The same tensors in a safetensors file: its parts and transposed experts are copied
+    // from views of the mapped file (TensorSource::view_region), not from a read.
+    test::TempDir dir;
+    std::map<std::string, at::Tensor> tensors;
+    for (const auto& name : fused.names()) tensors[name] = fused.get(name).read_all();
+    save_safetensors(dir.file("fused.safetensors"), tensors);
+    const Checkpoint from_file = open_checkpoint(dir.file("fused.safetensors"));
     for (const auto& [world, ep] : kSplits) {
       INFO("world " << world << ", expert_parallel_size " << ep);
       std::mutex mu;
       run_ranks_in_threads(world, [&](Communicator& comm) {
         MoEParallelMLP a(options_of(spec).expert_parallel_size(ep), comm),
-            b(options_of(spec).expert_parallel_size(ep), comm);
+            b(options_of(spec).expert_parallel_size(ep), comm), c(options_of(spec).expert_parallel_size(ep), comm);
         a->load_weights(per_expert, "moe");
         b->load_weights(fused, "moe", layout);
+        c->load_weights(from_file, "moe", layout);
         at::NoGradGuard no_grad;
         const at::Tensor ya = a->forward(x), yb = b->forward(x);
         const auto back = b->gather_weights("moe", layout);
         std::lock_guard<std::mutex> lock(mu);
         const auto pa = a->named_parameters(), pb = b->named_parameters();
         REQUIRE(pa.size() == pb.size());
+        const auto pc = c->named_parameters();
         for (const auto& p : pa) CHECK(at::equal(p.value(), pb[p.key()]));
+        for (const auto& p : pa) CHECK(at::equal(p.value(), pc[p.key()]));
         CHECK(at::equal(ya, yb));
         for (const auto& name : fused.names()) {
           INFO(name);
