@@ -44,21 +44,22 @@ class SizeCheck {
   }
   void problem(const std::string& text) { problems_.push_back(text); }
 
-  // A linear layer's tensors under `prefix`, the layer being [out, in] (fields: the config
-  // fields that give each): its plain weight, or each tensor its quantization format stores
-  // (codes, packed words, scales, zero points), along the dimensions that carry the output
-  // and the input features (tp::stored_tensors: one index covers `per_index` features,
-  // packed codes or a scale group; a partial last index rounds up).
+  // A linear layer's weight under `prefix`, the layer being [out, in] (fields: the config
+  // fields that give each): the plain weight, or the codes its quantization format stores
+  // (the format's first tensor: codes or packed words, read as the checkpoint has them),
+  // along the dimensions that carry the output and the input features (tp::stored_tensors:
+  // one index covers `per_index` features; a partial last index rounds up). The scales are
+  // not held to the axes: those describe the layer's parameters, and some formats hold a
+  // scale in another shape than the checkpoint's (FP8 blocks' per row, per tensor's per row).
   void linear(const std::string& prefix, int64_t out, int64_t in, const std::vector<std::string>& fields) {
     const QuantConfig quant = c_.quant_config(prefix);
     if (quant.format == QuantFormat::kNone) return shape(prefix + ".weight", {out, in}, fields);
-    for (const auto& stored : stored_tensors(quant)) {
-      const std::string name = prefix + "." + stored.name;
-      if (!checkpoint_.contains(name)) continue;
-      const auto got = checkpoint_.get(name).shape();
-      features(name, got, stored.out_dim, stored.out_per_index, out, fields[0]);
-      features(name, got, stored.in_dim, stored.in_per_index, in, fields[1]);
-    }
+    const StoredTensor codes = stored_tensors(quant).front();
+    const std::string name = prefix + "." + codes.name;
+    if (!checkpoint_.contains(name)) return;
+    const auto got = checkpoint_.get(name).shape();
+    features(name, got, codes.out_dim, codes.out_per_index, out, fields[0]);
+    features(name, got, codes.in_dim, codes.in_per_index, in, fields[1]);
   }
 
   // Dimension `dim` of `name` (shape `got`) holds `count` features, `per_index` to an index.
