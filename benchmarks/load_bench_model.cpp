@@ -135,19 +135,26 @@ double read_bandwidth(const std::string& path, bool cold) {
   return static_cast<double>(size) / s / 1e9;
 }
 
-// GB/s of the first write to fresh anonymous memory on one thread: the kernel's zeroed pages
-// faulted in one by one, what every new parameter byte costs before a byte of the file
-// reaches it (best of 5 over 256 MiB; transparent huge pages as the allocator gets them).
-double first_touch_bandwidth() {
+// GB/s of the first write to fresh anonymous memory, `threads` threads each over its own
+// 256 MiB (summed over them): the kernel's zeroed pages faulted in one by one, what every new
+// parameter byte costs before a byte of the file reaches it (best of 5; transparent huge
+// pages as the allocator gets them).
+double first_touch_bandwidth(int threads) {
   const size_t size = size_t{256} << 20;
   double best = 0;
   for (int round = 0; round < 5; ++round) {
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "tp-load-bench: cannot map ", size, " bytes");
+    std::vector<void*> maps;
+    for (int t = 0; t < threads; ++t) {
+      void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      TORCH_CHECK(p != MAP_FAILED, "tp-load-bench: cannot map ", size, " bytes");
+      maps.push_back(p);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    std::memset(p, 1, size);
-    best = std::max(best, static_cast<double>(size) / seconds_since(t0) / 1e9);
-    ::munmap(p, size);
+    std::vector<std::thread> workers;
+    for (void* p : maps) workers.emplace_back([p, size] { std::memset(p, 1, size); });
+    for (auto& w : workers) w.join();
+    best = std::max(best, static_cast<double>(size) * threads / seconds_since(t0) / 1e9);
+    for (void* p : maps) ::munmap(p, size);
   }
   return best;
 }
@@ -243,9 +250,9 @@ int run_model_load(const ModelLoadConfig& c) {
                "against peak anon - packs; 1st fwd: the first forward's own anonymous peak\n"
             << "  cache / cold GB/s: one thread's pread of the file from the page cache / from disk into memory "
                "already touched; touch GB/s: one thread's first write to fresh anonymous memory (each parameter "
-               "page, before any of the file reaches it; a rank's threads each get about this much)\n"
+               "page, before any of the file reaches it), and all hardware threads' together\n"
             << std::flush;
-  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "touch GB/s",
+  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "touch GB/s", "touch all",
                "peak RSS MiB", "peak anon MiB", "packs MiB", "anon - packs", "bound MiB", "ok", "1st fwd anon MiB"});
   bool all_ok = true;
   int port = c.port;
@@ -254,7 +261,9 @@ int run_model_load(const ModelLoadConfig& c) {
     const std::string file = folder + "/model.safetensors";
     const double cold = read_bandwidth(file, /*cold=*/true);
     const double warm = read_bandwidth(file, /*cold=*/false);
-    const double touch = first_touch_bandwidth();
+    const double touch = first_touch_bandwidth(1);
+    const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const double touch_all = first_touch_bandwidth(hardware);
     enum class Kind { kLoad, kDrawn, kNoPacks };
     std::vector<std::pair<int64_t, Kind>> rows;
     for (const int64_t world : c.tp_sizes) {
@@ -303,6 +312,7 @@ int run_model_load(const ModelLoadConfig& c) {
                                                                                    : ""),
            std::to_string(world), format("%.3f", slowest), format("%.1f", mb), format("%.2f", mb / 1e3 / slowest),
            format("%.2f", warm), format("%.2f", cold), format("%.2f", touch),
+                 format("%.2f", touch_all),
            format("%.1f", worst.peak_rss_kib / 1024.0), format("%.1f", worst.peak_anon_kib / 1024.0),
            format("%.1f", packs_kib / 1024.0), format("%.1f", (worst.peak_anon_kib - packs_kib) / 1024.0),
            format("%.1f", bound_kib / 1024.0), ok ? "yes" : "NO", format("%.1f", worst.forward_anon_kib / 1024.0)});
