@@ -252,8 +252,9 @@ int run_model_load(const ModelLoadConfig& c) {
                "already touched; touch GB/s: one thread's first write to fresh anonymous memory (each parameter "
                "page, before any of the file reaches it), and all hardware threads' together\n"
             << std::flush;
-  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "touch GB/s", "touch all",
-               "peak RSS MiB", "peak anon MiB", "packs MiB", "anon - packs", "bound MiB", "ok", "1st fwd anon MiB"});
+  Table table({"folder", "TP", "load s", "read MB/rank", "GB/s/rank", "cache GB/s", "cold GB/s", "touch GB/s",
+               "touch all", "peak RSS MiB", "peak anon MiB", "packs MiB", "anon - packs", "bound MiB", "ok",
+               "1st fwd anon MiB"});
   bool all_ok = true;
   int port = c.port;
   for (const bool fp8 : c.formats) {
@@ -311,8 +312,7 @@ int run_model_load(const ModelLoadConfig& c) {
                                                           : kind == Kind::kNoPacks ? " (no packs: TP_CPU_GEMM_PACK=0)"
                                                                                    : ""),
            std::to_string(world), format("%.3f", slowest), format("%.1f", mb), format("%.2f", mb / 1e3 / slowest),
-           format("%.2f", warm), format("%.2f", cold), format("%.2f", touch),
-                 format("%.2f", touch_all),
+           format("%.2f", warm), format("%.2f", cold), format("%.2f", touch), format("%.2f", touch_all),
            format("%.1f", worst.peak_rss_kib / 1024.0), format("%.1f", worst.peak_anon_kib / 1024.0),
            format("%.1f", packs_kib / 1024.0), format("%.1f", (worst.peak_anon_kib - packs_kib) / 1024.0),
            format("%.1f", bound_kib / 1024.0), ok ? "yes" : "NO", format("%.1f", worst.forward_anon_kib / 1024.0)});
