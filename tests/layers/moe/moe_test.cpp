@@ -14,9 +14,9 @@
 // and both (2 x 2 on 4 ranks). Checked: the output, the input's gradient and every
 // parameter's (router, router bias, shared gate, every expert's weights and biases, the
 // shared expert's) gathered as the weights are. 10 tokens: some experts receive none.
-// Then: the fused 3-D layouts (transformers 5's, GPT-OSS's transposed and interleaved)
-// load what the per-expert layout loads and gather back to their own tensors; every
-// quantized format's experts against the format's float64 model; errors by name.
+// Then: every quantized format's experts against the format's float64 model; errors by
+// name. The fused 3-D layouts and what each rank reads: moe_loading_test.cpp; the variants,
+// weights and checkpoints: moe_fixtures.h.
 
 #include "support/tp_catch.h"
 
@@ -27,140 +27,23 @@
 #include <mutex>
 #include <thread>
 
-#include "support/loader_test_util.h"
+#include "layers/moe/moe_fixtures.h"
 #include "support/quant_formats.h"
 #include "support/test_util.h"
 #include "tp/comm/launch.h"
 #include "tp/comm/reduction.h"
 #include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/loader/checkpoint.h"
-#include "tp/loader/safetensors_writer.h"
 #include "tp/quant/quant_method.h"
 #include "tp/quant/quantize.h"
 #include "tp/shard/split.h"
 
 using namespace tp;
+using namespace tp::test::moe;
 using Catch::Contains;
 using test::randn;
 
 namespace {
-
-constexpr int64_t kHidden = 12, kInter = 20, kShared = 14, kExperts = 16, kTokens = 10;
-
-struct Spec {
-  std::string name;
-  MoERouterOptions router;
-  int64_t top_k = 2;
-  std::string activation = "silu";
-  int64_t shared = 0;  // shared expert's intermediate size
-  bool shared_gate = false, expert_bias = false;
-};
-
-std::vector<Spec> specs() {
-  std::vector<Spec> out;
-  out.push_back({"mixtral", MoERouterOptions(), 2});
-  out.push_back(
-      {"qwen2", MoERouterOptions().normalize_top_k(false).weights_in_input_dtype(true), 4, "silu", kShared, true});
-  out.push_back({"deepseek",
-                 MoERouterOptions()
-                     .scoring(MoEScoring::kSigmoid)
-                     .score_correction_bias(true)
-                     .num_groups(4)
-                     .top_k_groups(2)
-                     .scaling_factor(2.5)
-                     .logits_in_float32(true),
-                 4, "silu", kShared});
-  out.push_back(
-      {"gpt_oss", MoERouterOptions().scoring(MoEScoring::kSoftmaxOfTopK).bias(true), 2, "swiglu_oai", 0, false, true});
-  return out;
-}
-
-MoEParallelMLPOptions options_of(const Spec& s) {
-  return MoEParallelMLPOptions(kHidden, kInter, kExperts, s.top_k)
-      .router(s.router)
-      .activation(s.activation)
-      .swiglu_limit(1.5)  // reached by these random values: the clamps are exercised
-      .shared_expert_intermediate_size(s.shared)
-      .shared_expert_gate(s.shared_gate)
-      .expert_bias(s.expert_bias)
-      .dtype(at::kDouble);
-}
-
-// The global weights, float64, every one a leaf that can take a gradient.
-struct Weights {
-  at::Tensor router, router_bias, correction, shared_gate;
-  std::vector<at::Tensor> gate, up, down, gate_b, up_b, down_b;
-  at::Tensor s_gate, s_up, s_down;
-
-  std::vector<at::Tensor> leaves() const {
-    std::vector<at::Tensor> out{router};
-    for (const auto& t : {router_bias, shared_gate, s_gate, s_up, s_down})
-      if (t.defined()) out.push_back(t);
-    for (const auto* v : {&gate, &up, &down, &gate_b, &up_b, &down_b}) out.insert(out.end(), v->begin(), v->end());
-    return out;
-  }
-};
-
-Weights make_weights(const Spec& s, uint64_t seed) {
-  Weights w;
-  const double h = 1 / std::sqrt(double(kHidden)), i = 1 / std::sqrt(double(kInter));
-  w.router = randn({kExperts, kHidden}, seed);
-  if (s.router.bias()) w.router_bias = randn({kExperts}, seed + 1);
-  // A correction large enough to change which experts are chosen (it has no gradient).
-  if (s.router.score_correction_bias()) w.correction = (0.3 * randn({kExperts}, seed + 2)).to(at::kFloat);
-  for (int64_t e = 0; e < kExperts; ++e) {
-    w.gate.push_back(randn({kInter, kHidden}, seed + 10 + e) * h);
-    w.up.push_back(randn({kInter, kHidden}, seed + 30 + e) * h);
-    w.down.push_back(randn({kHidden, kInter}, seed + 50 + e) * i);
-    if (s.expert_bias) {
-      w.gate_b.push_back(randn({kInter}, seed + 70 + e) * 0.1);
-      w.up_b.push_back(randn({kInter}, seed + 90 + e) * 0.1);
-      w.down_b.push_back(randn({kHidden}, seed + 110 + e) * 0.1);
-    }
-  }
-  if (s.shared > 0) {
-    w.s_gate = randn({s.shared, kHidden}, seed + 130) * h;
-    w.s_up = randn({s.shared, kHidden}, seed + 131) * h;
-    w.s_down = randn({kHidden, s.shared}, seed + 132) / std::sqrt(double(s.shared));
-    if (s.shared_gate) w.shared_gate = randn({1, kHidden}, seed + 133) * h;
-  }
-  for (auto t : w.leaves()) t.requires_grad_(true);
-  return w;
-}
-
-// Every tensor of `w` under its per-expert checkpoint name (without the layer prefix),
-// as transformers 4 writes them; absent (undefined) ones are skipped.
-template <typename F>
-void for_each_named(const Weights& w, F&& f) {
-  const auto visit = [&](const std::string& name, const at::Tensor& t) {
-    if (t.defined()) f(name, t);
-  };
-  visit("gate.weight", w.router);
-  visit("gate.bias", w.router_bias);
-  visit("gate.e_score_correction_bias", w.correction);
-  for (int64_t e = 0; e < kExperts; ++e) {
-    const std::string p = "experts." + std::to_string(e) + ".";
-    visit(p + "gate_proj.weight", w.gate[e]);
-    visit(p + "up_proj.weight", w.up[e]);
-    visit(p + "down_proj.weight", w.down[e]);
-    if (!w.gate_b.empty()) {
-      visit(p + "gate_proj.bias", w.gate_b[e]);
-      visit(p + "up_proj.bias", w.up_b[e]);
-      visit(p + "down_proj.bias", w.down_b[e]);
-    }
-  }
-  visit("shared_expert.gate_proj.weight", w.s_gate);
-  visit("shared_expert.up_proj.weight", w.s_up);
-  visit("shared_expert.down_proj.weight", w.s_down);
-  visit("shared_expert_gate.weight", w.shared_gate);
-}
-
-// Per expert ("<prefix>.experts.<e>.gate_proj.weight", ...).
-Checkpoint per_expert_checkpoint(const Weights& w, const std::string& prefix = "moe") {
-  Checkpoint ckpt;
-  for_each_named(w, [&](const std::string& name, const at::Tensor& t) { ckpt.add(prefix + "." + name, t.detach()); });
-  return ckpt;
-}
 
 at::Tensor activation(const Spec& s, const at::Tensor& g, const at::Tensor& u) {
   if (s.activation != "swiglu_oai") return at::silu(g) * u;
@@ -297,7 +180,6 @@ std::string error_of(F&& f) {
 }
 
 // (world, expert_parallel_size): TP 1-4, EP 2-4, TP x EP 2 x 2.
-const std::vector<std::pair<int64_t, int64_t>> kSplits{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {2, 2}, {3, 3}, {4, 4}, {4, 2}};
 
 }  // namespace
 
@@ -388,145 +270,6 @@ TEST_CASE(
       CHECK(spelled);
       CHECK(y_err <= 1e-12);
       CHECK(x_err <= 1e-12);
-    }
-  }
-}
-
-namespace {
-
-// The fused layouts' tensors from the same weights: transformers 5's [E, 2I, H] gate_up
-// ([gate | up] per expert) and [E, H, I] down, or GPT-OSS's transposed [E, H, 2I] with
-// gate and up columns alternating, [E, I, H] down, and [E, 2I] / [E, H] biases.
-Checkpoint fused_checkpoint(const Weights& w, bool gpt_oss) {
-  Checkpoint ckpt;
-  at::NoGradGuard no_grad;
-  ckpt.add("moe.gate.weight", w.router.detach());
-  if (w.router_bias.defined()) ckpt.add("moe.gate.bias", w.router_bias.detach());
-  std::vector<at::Tensor> gu, d, gub, db;
-  for (int64_t e = 0; e < kExperts; ++e) {
-    if (gpt_oss) {
-      gu.push_back(at::stack({w.gate[e], w.up[e]}, 1).flatten(0, 1).t());
-      d.push_back(w.down[e].t());
-      gub.push_back(at::stack({w.gate_b[e], w.up_b[e]}, 1).flatten());
-      db.push_back(w.down_b[e]);
-    } else {
-      gu.push_back(at::cat({w.gate[e], w.up[e]}));
-      d.push_back(w.down[e]);
-    }
-  }
-  ckpt.add("moe.experts.gate_up_proj", at::stack(gu).contiguous());
-  ckpt.add("moe.experts.down_proj", at::stack(d).contiguous());
-  if (gpt_oss) {
-    ckpt.add("moe.experts.gate_up_proj_bias", at::stack(gub));
-    ckpt.add("moe.experts.down_proj_bias", at::stack(db));
-  }
-  return ckpt;
-}
-
-}  // namespace
-
-TEST_CASE("fused 3-D expert layouts load what the per-expert layout loads and gather back to themselves",
-          "[layers][moe][loader]") {
-  for (const bool gpt_oss : {false, true}) {
-    const Spec spec = specs()[gpt_oss ? 3 : 0];
-    INFO(spec.name << " layout");
-    const Weights w = make_weights(spec, 2000);
-    const Checkpoint per_expert = per_expert_checkpoint(w), fused = fused_checkpoint(w, gpt_oss);
-    const auto layout =
-        MoECheckpointLayout().experts(ExpertLayout::kFused).interleaved_gate_up(gpt_oss).transposed(gpt_oss);
-    const at::Tensor x = randn({kTokens, kHidden}, 7);
-    // The same tensors in a safetensors file: its parts and transposed experts are copied
-    // from views of the mapped file (TensorSource::view_region), not from a read.
-    test::TempDir dir;
-    std::map<std::string, at::Tensor> tensors;
-    for (const auto& name : fused.names()) tensors[name] = fused.get(name).read_all();
-    save_safetensors(dir.file("fused.safetensors"), tensors);
-    const Checkpoint from_file = open_checkpoint(dir.file("fused.safetensors"));
-    for (const auto& [world, ep] : kSplits) {
-      INFO("world " << world << ", expert_parallel_size " << ep);
-      std::mutex mu;
-      run_ranks_in_threads(world, [&](Communicator& comm) {
-        MoEParallelMLP a(options_of(spec).expert_parallel_size(ep), comm),
-            b(options_of(spec).expert_parallel_size(ep), comm), c(options_of(spec).expert_parallel_size(ep), comm);
-        a->load_weights(per_expert, "moe");
-        b->load_weights(fused, "moe", layout);
-        c->load_weights(from_file, "moe", layout);
-        at::NoGradGuard no_grad;
-        const at::Tensor ya = a->forward(x), yb = b->forward(x);
-        const auto back = b->gather_weights("moe", layout);
-        std::lock_guard<std::mutex> lock(mu);
-        const auto pa = a->named_parameters(), pb = b->named_parameters();
-        REQUIRE(pa.size() == pb.size());
-        const auto pc = c->named_parameters();
-        for (const auto& p : pa) CHECK(at::equal(p.value(), pb[p.key()]));
-        for (const auto& p : pa) CHECK(at::equal(p.value(), pc[p.key()]));
-        CHECK(at::equal(ya, yb));
-        for (const auto& name : fused.names()) {
-          INFO(name);
-          REQUIRE(back.count(name));
-          CHECK(at::equal(back.at(name), fused.get(name).read_all()));
-        }
-        CHECK(back.size() == fused.size());
-      });
-    }
-  }
-}
-
-namespace {
-
-// Counts the bytes of what read() and read_region() return, per reading thread (a rank).
-class CountingSource final : public TensorSource {
- public:
-  CountingSource(std::shared_ptr<const TensorSource> inner, std::map<std::thread::id, int64_t>* bytes, std::mutex* mu)
-      : inner_(std::move(inner)), bytes_(bytes), mu_(mu) {}
-  const std::string& name() const override { return inner_->name(); }
-  std::vector<int64_t> shape() const override { return inner_->shape(); }
-  at::ScalarType dtype() const override { return inner_->dtype(); }
-  at::Tensor read(int64_t dim, Range range) const override { return count(inner_->read(dim, range)); }
-  at::Tensor read_region(const std::vector<Range>& region) const override { return count(inner_->read_region(region)); }
-
- private:
-  at::Tensor count(at::Tensor t) const {
-    std::lock_guard<std::mutex> lock(*mu_);
-    (*bytes_)[std::this_thread::get_id()] += static_cast<int64_t>(t.nbytes());
-    return t;
-  }
-  std::shared_ptr<const TensorSource> inner_;
-  std::map<std::thread::id, int64_t>* bytes_;
-  std::mutex* mu_;
-};
-
-}  // namespace
-
-TEST_CASE("each rank reads only its experts, and only its slices of them, in either layout", "[layers][moe][loader]") {
-  // Bytes read per rank, exactly: the router (mirrored) and, of every expert it holds,
-  // its rows of gate and up and its columns of down (the biases' too).
-  const Spec spec = specs()[3];  // with expert biases
-  const Weights w = make_weights(spec, 5000);
-  std::mutex mu;
-  for (const bool fused : {false, true}) {
-    const Checkpoint plain = fused ? fused_checkpoint(w, true) : per_expert_checkpoint(w);
-    const auto layout =
-        fused ? MoECheckpointLayout().experts(ExpertLayout::kFused).interleaved_gate_up(true).transposed(true)
-              : MoECheckpointLayout();
-    for (const auto& [world, ep] : kSplits) {
-      INFO((fused ? "fused" : "per expert") << " world " << world << ", expert_parallel_size " << ep);
-      std::map<std::thread::id, int64_t> bytes;
-      Checkpoint counted;
-      for (const auto& name : plain.names())
-        counted.add(std::make_shared<CountingSource>(
-            std::shared_ptr<const TensorSource>(&plain.get(name), [](const TensorSource*) {}), &bytes, &mu));
-      std::vector<int64_t> want(static_cast<size_t>(world)), got(static_cast<size_t>(world));
-      run_ranks_in_threads(world, [&](Communicator& comm) {
-        MoEParallelMLP moe(options_of(spec).expert_parallel_size(ep), comm);
-        moe->load_weights(counted, "moe", layout);
-        const int64_t r = moe->local_range().size(), experts = moe->local_experts().size();
-        const int64_t per_expert = 3 * r * kHidden + 2 * r + kHidden;  // gate, up rows, down columns; biases
-        std::lock_guard<std::mutex> lock(mu);
-        want[static_cast<size_t>(comm.rank())] = 8 * (kExperts * kHidden + kExperts + experts * per_expert);
-        got[static_cast<size_t>(comm.rank())] = bytes[std::this_thread::get_id()];
-      });
-      CHECK(got == want);
     }
   }
 }
