@@ -1,7 +1,8 @@
 // The GEMMs on AVX-512 bf16 dot products (cpu/bf16_dot.h): the panel loop through INT4's
 // decoder (with zero points), the row-decoded loop through INT8 weight-only's and FP8's
 // (per row and per 128-block scales, with the activations' own), against each format's
-// float64 model: x times the codes (minus zero) times the scales, unrounded. Edge shapes:
+// float64 model: x times the codes (minus zero) times the scales, unrounded, at every M (the
+// crossover forced to 1, as tp-cpu-gemm-bench --tune times them). Edge shapes:
 // N off the 16-column panels, the 4-panel step and the 24-row block, K off the 32-k decode
 // step, odd K, K below one chunk, M off the 16-token vectors and the 6-row tile, M past
 // the 512-token pass. On a CPU without avx512_bf16 the layers must not take them (the
@@ -19,6 +20,7 @@
 
 #include "cpu/amx.h"
 #include "cpu/bf16_dot.h"
+#include "cpu/crossovers.h"
 #include "cpu/kernel_counts.h"
 #include "quant/fp8/cpu_kernels.h"
 #include "quant/int4/cpu_kernels.h"
@@ -30,6 +32,9 @@
 using namespace tp;
 
 namespace {
+
+// The first M of the bf16 dot products in these tests (cpu/crossovers.h's built-in value).
+constexpr int64_t kDotFrom = 5;
 
 bool bf16_dot_here() {
   return cpu::features().avx512bf16 && cpu::isa() == cpu::Isa::kAvx512 && !cpu::amx_status().usable;
@@ -51,6 +56,7 @@ std::string counted(const F& f, at::Tensor& y) {
 }  // namespace
 
 TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", "[cpu_kernels][quant]") {
+  const cpu::ScopedCrossover from(cpu::Crossover::kBf16Dot, 1);  // every M takes them (as --tune times them)
   if (!bf16_dot_here()) WARN("no avx512_bf16 here (or AMX goes first): only the fallback is checked");
   for (const auto& [n, k, g] : {std::tuple<int64_t, int64_t, int64_t>{16, 128, 128},
                                 {37, 256, 32},
@@ -65,7 +71,7 @@ TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", 
     const at::Tensor s = scale.to(at::kHalf).to(at::kDouble).t().repeat_interleave(g, 1);  // [n, k]
     const at::Tensor z = zero.to(at::kDouble).t().repeat_interleave(g, 1);
     const at::Tensor model = (q.to(at::kDouble) - z) * s;
-    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{6}, int64_t{13}, int64_t{64}}) {
+    for (const int64_t m : {int64_t{1}, int64_t{2}, int64_t{4}, kDotFrom, int64_t{6}, int64_t{13}, int64_t{64}}) {
       INFO("N=" << n << " K=" << k << " g=" << g << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       at::Tensor y;
@@ -80,12 +86,13 @@ TEST_CASE("bf16 dot products: INT4 codes minus zero points times group scales", 
 }
 
 TEST_CASE("bf16 dot products: INT8 weight-only codes times row scales", "[cpu_kernels][quant]") {
+  const cpu::ScopedCrossover from(cpu::Crossover::kBf16Dot, 1);  // every M takes them (as --tune times them)
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16, 32}, {37, 301}, {17, 7}, {65, 4100}, {129, 96}, {3, 1}}) {
     const at::Tensor q = at::randint(-128, 128, {n, k}, at::kChar);
     const at::Tensor scale = (at::rand({n}, at::kFloat) + 0.5) * 0.01;
     const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, scale);
     const at::Tensor model = q.to(at::kDouble) * scale.to(at::kDouble).unsqueeze(1);
-    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{7}, int64_t{33}, int64_t{530}}) {
+    for (const int64_t m : {int64_t{1}, int64_t{3}, kDotFrom, int64_t{7}, int64_t{33}, int64_t{530}}) {
       INFO("N=" << n << " K=" << k << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       at::Tensor y;
@@ -101,6 +108,7 @@ TEST_CASE("bf16 dot products: INT8 weight-only codes times row scales", "[cpu_ke
 
 TEST_CASE("bf16 dot products: FP8 codes times row or 128-block scales and the activations' scales",
           "[cpu_kernels][quant]") {
+  const cpu::ScopedCrossover from(cpu::Crossover::kBf16Dot, 1);  // every M takes them (as --tune times them)
   if (!bf16_dot_here()) {
     WARN("no avx512_bf16 here (or AMX goes first): fp8_linear_bf16dot is not run");
     return;
@@ -118,7 +126,7 @@ TEST_CASE("bf16 dot products: FP8 codes times row or 128-block scales and the ac
     const int64_t groups = block ? (k + 127) / 128 : 1;
     const at::Tensor scale = (at::rand({n, groups}, at::kFloat) + 0.5) * 0.01;
     const auto kind = block ? tp::detail::Fp8Activation::kGroup128 : tp::detail::Fp8Activation::kPerToken;
-    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{6}, int64_t{40}, int64_t{70}}) {
+    for (const int64_t m : {int64_t{1}, int64_t{2}, kDotFrom, int64_t{6}, int64_t{40}, int64_t{70}}) {
       INFO("N=" << n << " K=" << k << " block=" << block << " M=" << m);
       const at::Tensor x = test::randn({m, k}, static_cast<uint64_t>(n * m + k)).to(at::kBFloat16);
       const auto [xq, x_scale] = tp::detail::fp8_quantize_codes_cpu(x, kind);
@@ -143,6 +151,7 @@ TEST_CASE("bf16 dot products: FP8 codes times row or 128-block scales and the ac
 }
 
 TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu_kernels][quant]") {
+  const cpu::ScopedCrossover from(cpu::Crossover::kBf16Dot, kDotFrom);  // the built-in crossover, whatever the table
   const at::Tensor q = at::randint(-128, 128, {48, 256}, at::kChar);
   const tp::detail::Int8WoCpuWeight w = tp::detail::int8_wo_cpu_pack(q, at::ones({48}));
   at::Tensor y;
@@ -154,7 +163,7 @@ TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu
             .find("bf16") == std::string::npos);
   CHECK(counted(
             [&] {
-              return tp::detail::int8_wo_cpu_linear(test::randn({cpu::kBf16DotMinM - 1, 256}, 1).to(at::kBFloat16), w);
+              return tp::detail::int8_wo_cpu_linear(test::randn({kDotFrom - 1, 256}, 1).to(at::kBFloat16), w);
             },
             y)
             .find("bf16") == std::string::npos);
@@ -168,6 +177,7 @@ TEST_CASE("bf16 dot products: float32 layers and small M never take them", "[cpu
 }
 
 TEST_CASE("bf16 dot products: MXFP4's dequantized weight, exact where the scales allow", "[cpu_kernels][quant]") {
+  const cpu::ScopedCrossover from(cpu::Crossover::kBf16Dot, 1);  // every M takes them (as --tune times them)
   for (const auto& [n, k, lo, hi] : {std::tuple<int64_t, int64_t, int, int>{16, 32, 120, 130},
                                      {37, 288, 100, 140},
                                      {100, 1024, 2, 252},
@@ -185,7 +195,7 @@ TEST_CASE("bf16 dot products: MXFP4's dequantized weight, exact where the scales
     const tp::detail::Mxfp4CpuWeight w{blocks.const_data_ptr<uint8_t>(), scales.const_data_ptr<uint8_t>(), n, k};
     const at::Tensor model = tp::detail::mxfp4_cpu_decode_all(w).to(at::kDouble);
     const bool in_range = lo >= tp::detail::kMxfp4Bf16ScaleMin && hi <= tp::detail::kMxfp4Bf16ScaleMax;
-    for (const int64_t m : {cpu::kBf16DotMinM, int64_t{16}, int64_t{70}}) {
+    for (const int64_t m : {int64_t{1}, int64_t{4}, kDotFrom, int64_t{16}, int64_t{70}}) {
       INFO("N=" << n << " K=" << k << " scales " << lo << ".." << hi << " M=" << m);
       // x scaled so that x W stays finite at the largest scales (and x stays a normal bf16).
       const double x_scale = hi > 200 ? std::ldexp(1.0, -100) : 1.0;

@@ -60,8 +60,18 @@ DenseTable make_builtin() {
   add("intel", bf16, false, false, {{16, kGemv}, {-1, kTiles}});
   add("amd", bf16, false, true, {{1, kGemv}, {-1, kPanels}});
   add("amd", bf16, false, false, {{16, kGemv}, {-1, kTiles}});
+  // The quantized kernels' crossovers, measured on the Zen 4 VM (benchmarks/RESULTS.md,
+  // 2026-12-07, issue 47: "Small M" and "Threshold"); Intel without AMX takes the same.
+  for (const char* vendor : {"intel", "amd"}) {
+    t.crossovers.push_back({vendor, "any", Crossover::kBf16Dot, 5, {}});
+    t.crossovers.push_back({vendor, "any", Crossover::kW8a8Panels, 12, {}});
+  }
   t.validate();
   return t;
+}
+
+std::tuple<std::string, std::string, int> key_of(const CrossoverEntry& e) {
+  return {e.vendor, e.isa, static_cast<int>(e.crossover)};
 }
 
 std::tuple<std::string, std::string, int, bool, bool> key_of(const DenseTableEntry& e) {
@@ -108,8 +118,10 @@ DenseRule parse_rule(detail::JsonReader& in, const std::string& where) {
   return rule;
 }
 
-DenseTableEntry parse_entry(detail::JsonReader& in, const std::string& where) {
+// One entry of either kind: a crossover when it has "crossover", a backend rule list else.
+void parse_entry(detail::JsonReader& in, const std::string& where, DenseTable& table) {
   DenseTableEntry e;
+  CrossoverEntry c;
   std::set<std::string> have;
   in.expect('{');
   if (in.peek() == '}') detail::fail(where, ": empty entry (expected vendor, isa, dtype, packs and rules)");
@@ -118,9 +130,9 @@ DenseTableEntry parse_entry(detail::JsonReader& in, const std::string& where) {
     in.expect(':');
     have.insert(key);
     if (key == "vendor") {
-      e.vendor = in.string();
+      e.vendor = c.vendor = in.string();
     } else if (key == "isa") {
-      e.isa = in.string();
+      e.isa = c.isa = in.string();
     } else if (key == "dtype") {
       const std::string d = in.string();
       if (d == "float32") {
@@ -143,16 +155,35 @@ DenseTableEntry parse_entry(detail::JsonReader& in, const std::string& where) {
           e.rules.push_back(parse_rule(in, where + ".rules[" + std::to_string(e.rules.size()) + "]"));
         } while (in.next_or_close(']'));
       }
+    } else if (key == "crossover") {
+      const std::string name = in.string();
+      try {
+        c.crossover = parse_crossover(name);
+      } catch (const c10::Error& err) {
+        detail::fail(where, ".crossover: ", err.what_without_backtrace());
+      }
+    } else if (key == "min_m") {
+      c.min_m = static_cast<int64_t>(in.uint(where + ".min_m"));
     } else if (key == "measured_ms") {
       in.skip_value(0);  // informational
     } else {
       detail::fail(where, ": unknown key \"", key,
-                   "\" (expected vendor, isa, dtype, bf16_arithmetic, packs, rules, measured_ms)");
+                   "\" (expected vendor, isa, dtype, bf16_arithmetic, packs, rules, measured_ms; or vendor, isa, "
+                   "crossover, min_m)");
     }
   } while (in.next_or_close('}'));
+  if (have.count("crossover")) {
+    for (const char* dense : {"dtype", "bf16_arithmetic", "packs", "rules"})
+      if (have.count(dense)) detail::fail(where, ": \"", dense, "\" in a crossover entry");
+    for (const char* required : {"vendor", "min_m"})
+      if (!have.count(required)) detail::fail(where, ": missing \"", required, "\"");
+    table.crossovers.push_back(std::move(c));
+    return;
+  }
+  if (have.count("min_m")) detail::fail(where, ": \"min_m\" without \"crossover\"");
   for (const char* required : {"vendor", "dtype", "packs", "rules"})
     if (!have.count(required)) detail::fail(where, ": missing \"", required, "\"");
-  return e;
+  table.entries.push_back(std::move(e));
 }
 
 }  // namespace
@@ -183,7 +214,16 @@ const DenseTable& DenseTable::active() {
 }
 
 DenseTable DenseTable::parse(const std::string& json, const std::string& source) {
-  return detail::parse_table<DenseTable>(json, source, "CPU GEMM table", "tp-cpu-gemm-table", parse_entry);
+  DenseTable t;
+  t.source = source;
+  try {
+    detail::read_table_document(json, "CPU GEMM table", "tp-cpu-gemm-table",
+                                [&](detail::JsonReader& in, const std::string& where) { parse_entry(in, where, t); });
+  } catch (const detail::FormatError& e) {
+    TORCH_CHECK_VALUE(false, "CPU GEMM table ", source, ": ", e.what());
+  }
+  t.validate();
+  return t;
 }
 
 DenseTable DenseTable::load(const std::string& path) {
@@ -194,6 +234,17 @@ DenseTable DenseTable::load(const std::string& path) {
 
 void DenseTable::validate() const {
   TORCH_CHECK_VALUE(!entries.empty(), "CPU GEMM table ", source, ": no entries");
+  std::set<std::tuple<std::string, std::string, int>> crossovers_seen;
+  for (size_t i = 0; i < crossovers.size(); ++i) {
+    const CrossoverEntry& c = crossovers[i];
+    const std::string where = "crossover " + std::string(to_string(c.crossover)) + " (" + c.vendor + ", " + c.isa + ")";
+    const auto fail = [&](const auto&... what) { TORCH_CHECK_VALUE(false, "CPU GEMM table ", source, ": ", what...); };
+    if (c.vendor != "intel" && c.vendor != "amd") fail(where, ": vendor \"", c.vendor, "\"; expected intel or amd");
+    if (c.isa != "any" && c.isa != "avx2" && c.isa != "avx512")
+      fail(where, ": isa \"", c.isa, "\"; expected avx2, avx512 or any");
+    if (c.min_m < 1) fail(where, ": min_m ", c.min_m, " must be at least 1");
+    if (!crossovers_seen.insert(key_of(c)).second) fail(where, " appears twice");
+  }
   std::set<std::tuple<std::string, std::string, int, bool, bool>> seen;
   for (size_t i = 0; i < entries.size(); ++i) {
     const DenseTableEntry& e = entries[i];
@@ -248,6 +299,26 @@ DenseBackend DenseTable::select(const DenseProblem& p) const {
   return dense_supports(b, p) ? b : kAt;
 }
 
+void DenseTable::put(CrossoverEntry e) {
+  for (auto& old : crossovers) {
+    if (key_of(old) == key_of(e)) {
+      old = std::move(e);
+      return;
+    }
+  }
+  crossovers.push_back(std::move(e));
+}
+
+int64_t DenseTable::crossover_min_m(Crossover c, bool amd, Isa isa) const {
+  int64_t any = -1;
+  for (const CrossoverEntry& e : crossovers) {
+    if (e.crossover != c || e.vendor != vendor_name(amd)) continue;
+    if (e.isa == to_string(isa)) return e.min_m;
+    if (e.isa == "any") any = e.min_m;
+  }
+  return any;
+}
+
 void DenseTable::put(DenseTableEntry e) {
   for (auto& old : entries) {
     if (key_of(old) == key_of(e)) {
@@ -274,6 +345,12 @@ std::string DenseTable::to_json(const std::string& note) const {
     }
     out << "]";
     detail::write_measured(out, "measured_ms", e.measured_ms, "%.4f");
+    out << "}";
+  }
+  for (const CrossoverEntry& c : crossovers) {
+    out << ",\n    {\"vendor\": " << detail::json_quoted(c.vendor) << ", \"isa\": " << detail::json_quoted(c.isa)
+        << ", \"crossover\": \"" << to_string(c.crossover) << "\", \"min_m\": " << c.min_m;
+    detail::write_measured(out, "measured_ms", c.measured_ms, "%.4f");
     out << "}";
   }
   out << "\n  ]\n}\n";

@@ -19,12 +19,16 @@
 //   }
 // A rule covers the M of at most max_m not covered by an earlier rule; null means no
 // limit and must end the list. An entry for the ISA in use wins over one for "any".
+// The same list holds the quantized kernels' crossovers (cpu/crossovers.h), one entry each:
+//       { "vendor": "amd", "isa": "avx512", "crossover": "bf16_dot", "min_m": 5 }
+// A table without one for this machine takes the built-in table's.
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "cpu/crossovers.h"
 #include "cpu/dense/gemm.h"
 
 namespace tp::cpu {
@@ -50,8 +54,20 @@ struct DenseTableEntry {
   DenseBackend backend_for(int64_t m) const;
 };
 
+/// From how many rows of x one quantized path takes over (cpu/crossovers.h), for a kind
+/// of machine.
+struct CrossoverEntry {
+  std::string vendor = "intel";  ///< "intel" or "amd"
+  std::string isa = "any";       ///< "avx2", "avx512" or "any"
+  Crossover crossover = Crossover::kBf16Dot;
+  int64_t min_m = 1;
+  /// Informational: --tune's median milliseconds per M for each side ("below", "from").
+  std::map<int64_t, std::map<std::string, double>> measured_ms;
+};
+
 struct DenseTable {
   std::vector<DenseTableEntry> entries;
+  std::vector<CrossoverEntry> crossovers;
   std::string source = "built-in";  ///< for error messages
 
   /// The rows measured for tp (benchmarks/RESULTS.md); every kind of problem has one.
@@ -73,6 +89,10 @@ struct DenseTable {
   DenseBackend select(const DenseProblem& p) const;
   /// Replaces the entry with e's key, or adds e.
   void put(DenseTableEntry e);
+  void put(CrossoverEntry e);
+  /// `c`'s min_m for this vendor and ISA (the ISA's own entry, else "any"); -1 when the
+  /// table has none.
+  int64_t crossover_min_m(Crossover c, bool amd, Isa isa) const;
 
   std::string to_json(const std::string& note = "") const;
 };

@@ -15,6 +15,7 @@
 
 #include "cpu/abs_max.h"
 #include "cpu/amx.h"
+#include "cpu/crossovers.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/parallel.h"
@@ -259,7 +260,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     cpu::parallel_rows(n, 32, [&](int64_t n0, int64_t n1) { w8a8_gemm_amx(xbp, m, xsp, view, tailp, out, n, n0, n1); });
     return y;
   }
-  if (kernel == W8a8Kernel::kAvx512Vnni && m >= kW8a8PanelMinM) {
+  if (kernel == W8a8Kernel::kAvx512Vnni && m >= cpu::crossover_min_m(cpu::Crossover::kW8a8Panels)) {
     at::Tensor xp =
         at::empty({(m + kW8a8PanelTokens - 1) / kW8a8PanelTokens * w8a8_panel_bytes(k)}, q.options().dtype(at::kByte));
     w8a8_pack_x_panels(qc.data_ptr<int8_t>(), m, k, k, xp.data_ptr<uint8_t>());

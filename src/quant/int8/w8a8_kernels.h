@@ -16,7 +16,9 @@
 //   not saturating) on x + 128 (0..255) and the raw weight; the sum over k of 128 w[r, k]
 //   that this adds is subtracted in the epilogue (row_sum, computed once per weight,
 //   w8a8_row_sums). One op per 32 (64) products and row pair.
-//   kAvx512Vnni from kW8a8PanelMinM rows takes the panel kernel instead
+//   kAvx512Vnni from crossover_min_m(Crossover::kW8a8Panels) rows (cpu/crossovers.h: 12
+//   built in, below which a panel of 16 tokens is at least a quarter padding and the dot
+//   products were faster) takes the panel kernel instead
 //   (w8a8_panels_avx512.cpp): x packed per call into panels of 16 tokens x 4 bytes of K,
 //   the weight's 4-byte groups broadcast from the rows in place, an accumulator per
 //   (16 tokens, channel), so no horizontal sums (oneDNN's int8 blocking, operands
@@ -69,10 +71,6 @@ struct W8a8WeightView {
   const int32_t* row_sum = nullptr;  ///< [n] sum_k data[r, k]; the VNNI kernels need it
 };
 
-/// Fewest rows of x for which kAvx512Vnni takes the panel kernel: below it a panel of 16
-/// tokens is at least a quarter padding, and at M = 8 the dot products were faster
-/// (benchmarks/RESULTS.md, 2026-12-07, issue 47 part 2, "Threshold").
-constexpr int64_t kW8a8PanelMinM = 12;
 /// Tokens per panel of the panel kernel.
 constexpr int64_t kW8a8PanelTokens = 16;
 
@@ -117,7 +115,7 @@ void w8a8_gemm_avx512(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* 
                       float* y, int64_t ld_y, int64_t n0, int64_t n1);
 void w8a8_gemm_avx512_vnni(const uint8_t* xp, int64_t m, int64_t ld_xp, const float* x_scale, const W8a8WeightView& w,
                            float* y, int64_t ld_y, int64_t n0, int64_t n1);
-/// The kAvx512Vnni path from kW8a8PanelMinM rows: xp packed by w8a8_pack_x_panels;
+/// The kAvx512Vnni path from the w8a8_panels crossover: xp packed by w8a8_pack_x_panels;
 /// needs w.row_sum.
 void w8a8_gemm_avx512_vnni_panels(const uint8_t* xp, int64_t m, const float* x_scale, const W8a8WeightView& w, float* y,
                                   int64_t ld_y, int64_t n0, int64_t n1);

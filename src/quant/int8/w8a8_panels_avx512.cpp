@@ -1,4 +1,4 @@
-// The W8A8 panel kernel on AVX512_VNNI for M >= kW8a8PanelMinM (w8a8_kernels.h), built
+// The W8A8 panel kernel on AVX512_VNNI from the w8a8_panels crossover (w8a8_kernels.h), built
 // with the AVX-512 flags and entered only where the CPU has AVX512_VNNI.
 //
 // Roles as in oneDNN's int8 GEMM, with the operands swapped so that the weight is never

@@ -83,15 +83,17 @@ at::Tensor bf16_rows_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
 
 at::Tensor mxfp4_cpu_linear(const at::Tensor& x, const Mxfp4CpuWeight& w) {
   const cpu::Isa isa = cpu::isa();
+  // bf16 x from the bf16_dot crossover (cpu/crossovers.h) where the scales keep the
+  // dequantized weight a normal bf16 value.
+  if (cpu::bf16_dot_applies(x, isa) && w.n > 0 && w.k > 0 && x.dim() == 2 && x.size(1) == w.k && bf16_exact_scales(w)) {
+    cpu::count_kernel("mxfp4 gemm/avx512_bf16");  // the benchmarks' kernel column
+    return bf16_rows_linear(x, w);
+  }
   // Decode (M <= 4) on AVX2 / AVX-512: the rows kernels (rows.h), the weight streamed once.
   if (isa != cpu::Isa::kScalar && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kMxfp4RowsMaxM && x.size(1) == w.k &&
       x.is_contiguous() && x.device().is_cpu() &&
       (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf))
     return mxfp4_rows_linear(x, w, isa);
-  if (cpu::bf16_dot_applies(x, isa) && w.n > 0 && w.k > 0 && x.dim() == 2 && x.size(1) == w.k && bf16_exact_scales(w)) {
-    cpu::count_kernel("mxfp4 gemm/avx512_bf16");  // the benchmarks' kernel column
-    return bf16_rows_linear(x, w);
-  }
   const int64_t panels = (w.n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   return cpu::linear_through_f32(x, w.n, w.k, "mxfp4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     cpu::count_kernel(std::string("mxfp4 panel/") + cpu::to_string(isa));  // the benchmarks' kernel column

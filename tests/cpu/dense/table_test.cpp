@@ -138,3 +138,76 @@ TEST_CASE("cpu_gemm table: a malformed table is refused, naming the entry and th
   CHECK_THAT(refused(R"({"format": "tp-cpu-gemm-table", "version": 1, "entries": [)" + one + "," + one + "]}"),
              Contains("appears twice"));
 }
+
+TEST_CASE("cpu_gemm table: the quantized kernels' crossovers are rows of it, by vendor and ISA", "[cpu][cpu_kernels]") {
+  using tp::cpu::Crossover;
+  // Built in: every vendor has both, at every ISA, and they survive JSON (the first case's
+  // round trip covers the written form).
+  for (const bool amd : {false, true})
+    for (const auto isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      CHECK(DenseTable::builtin().crossover_min_m(Crossover::kBf16Dot, amd, isa) == 5);
+      CHECK(DenseTable::builtin().crossover_min_m(Crossover::kW8a8Panels, amd, isa) == 12);
+    }
+  const std::string dense = R"({"vendor": "amd", "isa": "any", "dtype": "float32", "packs": true,
+      "rules": [{"max_m": null, "backend": "gemv"}]})";
+  const auto table = [&](const std::string& crossovers) {
+    return R"({"format": "tp-cpu-gemm-table", "version": 1, "entries": [)" + dense + crossovers + "]}";
+  };
+  const auto t = DenseTable::parse(table(R"(,
+      {"vendor": "amd", "isa": "any", "crossover": "bf16_dot", "min_m": 3},
+      {"vendor": "amd", "isa": "avx512", "crossover": "bf16_dot", "min_m": 9, "measured_ms": {"4": {"below": 1.0}}},
+      {"vendor": "intel", "isa": "any", "crossover": "w8a8_panels", "min_m": 20})"),
+                                   "hand-written");
+  CHECK(t.crossover_min_m(Crossover::kBf16Dot, true, Isa::kAvx512) == 9);  // the ISA's own
+  CHECK(t.crossover_min_m(Crossover::kBf16Dot, true, Isa::kAvx2) == 3);    // else any
+  CHECK(t.crossover_min_m(Crossover::kBf16Dot, false, Isa::kAvx512) == -1);
+  CHECK(t.crossover_min_m(Crossover::kW8a8Panels, false, Isa::kAvx512) == 20);
+  CHECK(t.crossover_min_m(Crossover::kW8a8Panels, true, Isa::kAvx512) == -1);
+  CHECK(DenseTable::parse(t.to_json(), "again").to_json() == t.to_json());
+  auto put = t;
+  put.put({"amd", "avx512", Crossover::kBf16Dot, 7, {}});
+  CHECK(put.crossovers.size() == t.crossovers.size());
+  CHECK(put.crossover_min_m(Crossover::kBf16Dot, true, Isa::kAvx512) == 7);
+
+  const auto refused = [&](const std::string& crossovers) {
+    try {
+      DenseTable::parse(table(crossovers), "t.json");
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    FAIL("accepted: " << crossovers);
+    return std::string();
+  };
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "crossover": "fastest", "min_m": 3})"),
+             Contains("t.json") && Contains("unknown crossover \"fastest\""));
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "crossover": "bf16_dot", "min_m": 0})"),
+             Contains("bf16_dot") && Contains("min_m 0 must be at least 1"));
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "crossover": "bf16_dot"})"), Contains("missing \"min_m\""));
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "crossover": "bf16_dot", "min_m": 3, "dtype": "float32"})"),
+             Contains("\"dtype\" in a crossover entry"));
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "isa": "any", "dtype": "float32", "packs": true, "min_m": 3,
+      "rules": [{"max_m": null, "backend": "gemv"}]})"),
+             Contains("\"min_m\" without \"crossover\""));
+  CHECK_THAT(refused(R"(, {"vendor": "amd", "crossover": "bf16_dot", "min_m": 3},
+      {"vendor": "amd", "isa": "any", "crossover": "bf16_dot", "min_m": 4})"),
+             Contains("crossover bf16_dot (amd, any) appears twice"));
+}
+
+TEST_CASE("ScopedCrossover sets the crossover the kernels read while it lives", "[cpu][cpu_kernels]") {
+  using tp::cpu::Crossover;
+  const int64_t before = tp::cpu::crossover_min_m(Crossover::kBf16Dot);
+  {
+    const tp::cpu::ScopedCrossover forced(Crossover::kBf16Dot, 1);
+    CHECK(tp::cpu::crossover_min_m(Crossover::kBf16Dot) == 1);
+    {
+      const tp::cpu::ScopedCrossover nested(Crossover::kBf16Dot, 40);
+      CHECK(tp::cpu::crossover_min_m(Crossover::kBf16Dot) == 40);
+    }
+    CHECK(tp::cpu::crossover_min_m(Crossover::kBf16Dot) == 1);
+    CHECK(tp::cpu::crossover_min_m(Crossover::kW8a8Panels) ==
+          DenseTable::active().crossover_min_m(Crossover::kW8a8Panels, tp::cpu::features().amd, tp::cpu::isa()));
+  }
+  CHECK(tp::cpu::crossover_min_m(Crossover::kBf16Dot) == before);
+  CHECK_THROWS_WITH(tp::cpu::ScopedCrossover(Crossover::kBf16Dot, 0), Contains("at least 1"));
+  CHECK(tp::cpu::crossover_min_m(Crossover::kBf16Dot) == before);
+}

@@ -133,7 +133,8 @@ inline Checkpoint per_expert_checkpoint(const Weights& w, const std::string& pre
 }
 
 // The splits every test runs: {world, expert_parallel_size}.
-inline const std::vector<std::pair<int64_t, int64_t>> kSplits{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {2, 2}, {3, 3}, {4, 4}, {4, 2}};
+inline const std::vector<std::pair<int64_t, int64_t>> kSplits{{1, 1}, {2, 1}, {3, 1}, {4, 1},
+                                                              {2, 2}, {3, 3}, {4, 4}, {4, 2}};
 
 // The fused layouts' tensors from the same weights: transformers 5's [E, 2I, H] gate_up
 // ([gate | up] per expert) and [E, H, I] down, or GPT-OSS's transposed [E, H, 2I] with

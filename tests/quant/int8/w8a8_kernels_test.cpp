@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cpu/amx.h"
+#include "cpu/crossovers.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "quant/int8/w8a8_kernels.h"
@@ -172,18 +173,20 @@ TEST_CASE("w8a8 kernels stay exact at the extreme values and the largest K", "[q
 
 TEST_CASE("w8a8 VNNI panel kernel is exact across its tiles, panel pairs, K steps and token blocks",
           "[quant][cpu_kernels]") {
-  // The panel kernel's own boundaries (kAvx512Vnni from kW8a8PanelMinM rows): 12-row
-  // weight tiles (N = 1, 11, 12, 13, 25, 50: a partial last tile of every kind), panels
-  // of 16 tokens taken in pairs (M from kW8a8PanelMinM, off and on 16 and 32), steps of
+  // The panel kernel's own boundaries (kAvx512Vnni from the w8a8_panels crossover, forced
+  // to 1 here so that M below the built-in 12 runs it too): 12-row weight tiles (N = 1, 11,
+  // 12, 13, 25, 50: a partial last tile of every kind), panels of 16 tokens taken in pairs
+  // (M = 1, 2, 5, 12, off and on 16 and 32), steps of
   // 4 bytes of K (K = 1, 3, 4, 5, 67: a partial last step of each length), and at
   // K = 65536 (one panel 1 MiB) several token blocks. Every kernel runs these shapes.
+  const tp::cpu::ScopedCrossover panels_from_1(tp::cpu::Crossover::kW8a8Panels, 1);
   uint64_t seed = 900;
   for (int64_t n : {1, 11, 12, 13, 25, 50}) {
     for (int64_t k : {1, 3, 4, 5, 64, 67, 301}) {
       const at::Tensor w = int8_uniform({n, k}, -128, 127, ++seed);
       const at::Tensor ws = positive_scales(n, ++seed);
-      for (int64_t m : {td::kW8a8PanelMinM, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{32}, int64_t{33},
-                        int64_t{48}, int64_t{70}}) {
+      for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{12}, int64_t{15}, int64_t{16}, int64_t{17},
+                        int64_t{32}, int64_t{33}, int64_t{48}, int64_t{70}}) {
         const at::Tensor q = int8_uniform({m, k}, -127, 127, ++seed);
         check_exact(q, positive_scales(m, ++seed), w, ws);
       }
