@@ -124,4 +124,23 @@ void Progress::finish() {
   shown_ = false;
 }
 
+std::vector<double> alternating_medians_ms(const std::vector<std::function<void()>>& sides, double seconds) {
+  for (const auto& f : sides)
+    for (int i = 0; i < 2; ++i) f();  // warm-up
+  std::vector<std::vector<double>> samples(sides.size());
+  const auto start = std::chrono::steady_clock::now();
+  const double budget = seconds * static_cast<double>(sides.size());
+  for (int round = 0; round < 200; ++round) {
+    for (size_t s = 0; s < sides.size(); ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      sides[s]();
+      samples[s].push_back(seconds_since(t0) * 1e3);
+    }
+    if (round >= 4 && seconds_since(start) > budget) break;
+  }
+  std::vector<double> out;
+  for (auto& s : samples) out.push_back(median(s));
+  return out;
+}
+
 }  // namespace tp::bench

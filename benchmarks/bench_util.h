@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ inline double median(std::vector<double> v) {
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+/// Medians (ms) of `sides` timed in alternating rounds (so a change in the machine's load
+/// hits every side alike) after two warm-up calls each: at
+/// least 5 rounds, then until about `seconds` per side have passed (200 rounds at most).
+std::vector<double> alternating_medians_ms(const std::vector<std::function<void()>>& sides, double seconds);
 
 /// A table printed with aligned columns.
 class Table {

@@ -15,8 +15,11 @@
 //
 // The table the choice reads (src/cpu/dense/table.h) is data: --print-table prints
 // the one in use; --tune FILE writes it with this machine's entries replaced by the
-// fastest backend per measured M (times summed over the shapes), for
+// fastest backend per measured M (times summed over the shapes), and the quantized
+// kernels' crossovers as measured here (--crossovers: crossover_bench.h), for
 // TP_CPU_GEMM_TABLE=FILE.
+//
+//   tp-cpu-gemm-bench --only-crossovers --tune table.json  # the crossovers alone
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -39,6 +42,7 @@
 #include "bench_util.h"
 #include "cpu/dense/gemm.h"
 #include "cpu/dense/table.h"
+#include "crossover_bench.h"
 #include "guarded_main.h"
 #include "machine_limits.h"
 
@@ -64,9 +68,12 @@ struct Args {
   double seconds = 0.25;  // measuring per side and case
   bool cold = true;
   double limits_seconds = 1.5;
-  int threads = 0;         // 0: ATen's default
-  bool cpu_clock = false;  // time by the thread's CPU clock (1 thread only)
-  std::string tune;        // --tune FILE: write the recalibrated table there
+  int threads = 0;                                  // 0: ATen's default
+  bool cpu_clock = false;                           // time by the thread's CPU clock (1 thread only)
+  std::string tune;                                 // --tune FILE: write the recalibrated table there
+  bool crossovers = false;                          // also time the quantized kernels' crossovers (always with --tune)
+  bool only_crossovers = false;                     // only them: no backend sweep
+  int64_t crossover_n = 11008, crossover_k = 4096;  // the layer they are timed on
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -84,7 +91,10 @@ std::vector<std::string> split_list(const std::string& s) {
                "                         [--backends at_linear,onednn,mkl_packed,panels,gemv,bf16_tiles] [--seconds S] "
                "[--cold 0|1]\n"
                "                         [--limits-seconds S] [--threads T] [--clock wall|cpu]\n"
-               "                         [--tune FILE] [--print-table]\n"
+               "                         [--tune FILE] [--print-table] [--crossovers] [--only-crossovers]\n"
+               "                         [--crossover-shape NxK]\n"
+               "--crossovers: time the quantized kernels' crossovers (src/cpu/crossovers.h) on a bf16 layer of\n"
+               "--crossover-shape (11008x4096), each side forced; --tune measures and writes them too.\n"
                "--clock cpu (with --threads 1): time by the thread's CPU clock, so the other tenants of a\n"
                "shared machine that preempt this one do not count (their use of memory bandwidth still does).\n",
                error.c_str());
@@ -96,6 +106,11 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") usage("the unquantized method's CPU GEMM backends side by side");
+    if (flag == "--crossovers" || flag == "--only-crossovers") {
+      a.crossovers = true;
+      a.only_crossovers = a.only_crossovers || flag == "--only-crossovers";
+      continue;
+    }
     if (flag == "--print-table") {
       const auto& table = tp::cpu::DenseTable::active();
       std::printf("%s", table.to_json("read from " + table.source).c_str());
@@ -125,8 +140,12 @@ Args parse(int argc, char** argv) {
       else if (flag == "--limits-seconds")
         a.limits_seconds = std::stod(v);
       else if (flag == "--tune")
-        a.tune = v;
-      else if (flag == "--threads")
+        a.tune = v, a.crossovers = true;
+      else if (flag == "--crossover-shape") {
+        const auto x = v.find('x');
+        if (x == std::string::npos) usage("bad shape '" + v + "' (expected NxK)");
+        a.crossover_n = std::stoll(v.substr(0, x)), a.crossover_k = std::stoll(v.substr(x + 1));
+      } else if (flag == "--threads")
         a.threads = std::stoi(v);
       else if (flag == "--clock") {
         if (v != "wall" && v != "cpu") usage("--clock takes wall or cpu");
@@ -180,10 +199,11 @@ std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, d
 // run of M one backend won, up to the last M it won.
 void write_tuned_table(const std::string& path,
                        const std::map<std::string, std::map<int64_t, std::map<std::string, double>>>& tuned,
-                       const Args& args) {
+                       const std::vector<tp::cpu::CrossoverEntry>& crossovers, const Args& args) {
   using tp::cpu::DenseBackend;
   auto table = tp::cpu::DenseTable::active();
   table.source = path;
+  for (const auto& c : crossovers) table.put(c);
   for (const auto& [dtype_name, by_m] : tuned) {
     const auto p = tp::cpu::dense_problem(1, 1, 1, dtype_of(dtype_name));
     if (p.isa == tp::cpu::Isa::kScalar) {
@@ -219,7 +239,9 @@ void write_tuned_table(const std::string& path,
   table.validate();
   std::string shapes;
   for (const auto& s : args.shapes) shapes += (shapes.empty() ? "" : ", ") + s.name;
-  const std::string note = "tp-cpu-gemm-bench --tune on " + tp::bench::cpu_description() + "; shapes " + shapes;
+  const std::string note = "tp-cpu-gemm-bench --tune on " + tp::bench::cpu_description() + "; shapes " +
+                           (tuned.empty() ? std::string("none (crossovers only)") : shapes) + "; crossovers on " +
+                           std::to_string(args.crossover_n) + "x" + std::to_string(args.crossover_k);
   std::ofstream out(path, std::ios::binary);
   out << table.to_json(note);
   TORCH_CHECK(out.good(), "tp-cpu-gemm-bench: could not write ", path);
@@ -253,7 +275,7 @@ int run(int argc, char** argv) {
   int wrong = 0, slower = 0;
   // --tune: median ms per dtype, M and backend, summed over the shapes.
   std::map<std::string, std::map<int64_t, std::map<std::string, double>>> tuned;
-  for (const auto& shape : args.shapes) {
+  for (const auto& shape : args.only_crossovers ? std::vector<NamedShape>{} : args.shapes) {
     for (const auto& dtype_name : args.dtypes) {
       const auto dtype = dtype_of(dtype_name);
       const auto w64 = at::randn({shape.n, shape.k}, at::kDouble) / std::sqrt(static_cast<double>(shape.k));
@@ -349,9 +371,19 @@ int run(int argc, char** argv) {
       }
     }
   }
-  std::printf("%s\n%s", table.str().c_str(), summary.str().c_str());
-  std::printf("\nthe table's choice slower than at::linear by > 5%%: %d case(s)\n", slower);
-  if (!args.tune.empty()) write_tuned_table(args.tune, tuned, args);
+  if (!args.only_crossovers) {
+    std::printf("%s\n%s", table.str().c_str(), summary.str().c_str());
+    std::printf("\nthe table's choice slower than at::linear by > 5%%: %d case(s)\n", slower);
+  }
+  std::vector<tp::cpu::CrossoverEntry> crossovers;
+  if (args.crossovers) {
+    std::printf(
+        "\nquantized kernels' crossovers (bf16 layers of %lldx%lld; below: the crossover past the last M, "
+        "from: forced to 1; ms summed over the formats it governs):\n",
+        static_cast<long long>(args.crossover_n), static_cast<long long>(args.crossover_k));
+    crossovers = tp::bench::measure_crossovers(args.crossover_n, args.crossover_k, args.seconds);
+  }
+  if (!args.tune.empty()) write_tuned_table(args.tune, tuned, crossovers, args);
   return wrong == 0 ? 0 : 1;
 }
 

@@ -118,27 +118,6 @@ at::ScalarType dtype_of(const std::string& name) {
   usage("unknown dtype '" + name + "' (float32, bfloat16, float16)");
 }
 
-// Medians of several callables measured in alternating rounds, so a change in the
-// machine's load hits every side alike.
-std::vector<double> median_ms(const std::vector<std::function<void()>>& sides, double seconds) {
-  for (const auto& f : sides)
-    for (int i = 0; i < 2; ++i) f();  // warm-up
-  std::vector<std::vector<double>> samples(sides.size());
-  const auto start = std::chrono::steady_clock::now();
-  const double budget = seconds * static_cast<double>(sides.size());
-  for (int round = 0; round < 200; ++round) {
-    for (size_t s = 0; s < sides.size(); ++s) {
-      const auto t0 = std::chrono::steady_clock::now();
-      sides[s]();
-      samples[s].push_back(bench::seconds_since(t0) * 1e3);
-    }
-    if (round >= 4 && bench::seconds_since(start) > budget) break;
-  }
-  std::vector<double> out;
-  for (auto& s : samples) out.push_back(bench::median(s));
-  return out;
-}
-
 // x's per-token codes as the fused boundary makes them (all_reduce_fusion at TP 1 with an
 // RMSNorm of unit weight): norm_out, and norm_out's quant_out / scale_out.
 AllReduceFusionResult token_codes(const at::Tensor& x, TokenQuant quant) {
@@ -225,7 +204,7 @@ int run(int argc, char** argv) {
           sides.push_back([&] { (void)layer->forward(codes.norm_out); });
           sides.push_back([&] { (void)layer->forward_quantized(codes.quant_out, codes.scale_out); });
         }
-        const auto ms = median_ms(sides, args.seconds);
+        const auto ms = bench::alternating_medians_ms(sides, args.seconds);
         std::string from_codes = "-";
         if (codes.quant_out.defined()) {
           if (!at::equal(layer->forward_quantized(codes.quant_out, codes.scale_out), layer->forward(codes.norm_out))) {

@@ -60,11 +60,12 @@ DenseTable make_builtin() {
   add("intel", bf16, false, false, {{16, kGemv}, {-1, kTiles}});
   add("amd", bf16, false, true, {{1, kGemv}, {-1, kPanels}});
   add("amd", bf16, false, false, {{16, kGemv}, {-1, kTiles}});
-  // The quantized kernels' crossovers, measured on the Zen 4 VM (benchmarks/RESULTS.md,
-  // 2026-12-07, issue 47: "Small M" and "Threshold"); Intel without AMX takes the same.
+  // The quantized kernels' crossovers, measured on the Zen 4 VM by tp-cpu-gemm-bench
+  // --crossovers (benchmarks/RESULTS.md, 2026-12-07, "issue 47, part 5"). Intel without AMX
+  // was not measured: it takes the same bf16_dot and the W8A8 value first estimated (12).
   for (const char* vendor : {"intel", "amd"}) {
     t.crossovers.push_back({vendor, "any", Crossover::kBf16Dot, 5, {}});
-    t.crossovers.push_back({vendor, "any", Crossover::kW8a8Panels, 12, {}});
+    t.crossovers.push_back({vendor, "any", Crossover::kW8a8Panels, std::string(vendor) == "amd" ? 13 : 12, {}});
   }
   t.validate();
   return t;

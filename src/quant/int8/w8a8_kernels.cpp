@@ -234,7 +234,8 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
   view.ld = k;
   view.scale = ws.data_ptr<float>();
   view.row_sum = sums.defined() ? sums.data_ptr<int32_t>() : nullptr;
-  cpu::count_kernel(std::string("w8a8/") + to_string(kernel));  // the benchmarks' kernel column
+  const bool panels = kernel == W8a8Kernel::kAvx512Vnni && m >= cpu::crossover_min_m(cpu::Crossover::kW8a8Panels);
+  cpu::count_kernel(std::string("w8a8/") + to_string(kernel) + (panels ? "_panels" : ""));  // the kernel column
   const float* xsp = xs.data_ptr<float>();
   float* out = y.data_ptr<float>();
 
@@ -260,7 +261,7 @@ at::Tensor w8a8_linear_cpu(const at::Tensor& q, const at::Tensor& x_scale, const
     cpu::parallel_rows(n, 32, [&](int64_t n0, int64_t n1) { w8a8_gemm_amx(xbp, m, xsp, view, tailp, out, n, n0, n1); });
     return y;
   }
-  if (kernel == W8a8Kernel::kAvx512Vnni && m >= cpu::crossover_min_m(cpu::Crossover::kW8a8Panels)) {
+  if (panels) {
     at::Tensor xp =
         at::empty({(m + kW8a8PanelTokens - 1) / kW8a8PanelTokens * w8a8_panel_bytes(k)}, q.options().dtype(at::kByte));
     w8a8_pack_x_panels(qc.data_ptr<int8_t>(), m, k, k, xp.data_ptr<uint8_t>());

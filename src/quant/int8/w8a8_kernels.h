@@ -16,9 +16,9 @@
 //   not saturating) on x + 128 (0..255) and the raw weight; the sum over k of 128 w[r, k]
 //   that this adds is subtracted in the epilogue (row_sum, computed once per weight,
 //   w8a8_row_sums). One op per 32 (64) products and row pair.
-//   kAvx512Vnni from crossover_min_m(Crossover::kW8a8Panels) rows (cpu/crossovers.h: 12
-//   built in, below which a panel of 16 tokens is at least a quarter padding and the dot
-//   products were faster) takes the panel kernel instead
+//   kAvx512Vnni from crossover_min_m(Crossover::kW8a8Panels) rows (cpu/crossovers.h: 13
+//   built in on AMD, below which a panel of 16 tokens is mostly padding and the dot
+//   products are faster) takes the panel kernel instead
 //   (w8a8_panels_avx512.cpp): x packed per call into panels of 16 tokens x 4 bytes of K,
 //   the weight's 4-byte groups broadcast from the rows in place, an accumulator per
 //   (16 tokens, channel), so no horizontal sums (oneDNN's int8 blocking, operands
