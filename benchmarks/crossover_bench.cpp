@@ -12,10 +12,10 @@
 #include <string>
 
 #include "bench_util.h"
-#include "machine_limits.h"
 #include "cpu/crossovers.h"
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
+#include "machine_limits.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -73,16 +73,15 @@ std::vector<cpu::CrossoverEntry> measure_crossovers(int64_t n, int64_t k, double
         kernels[side] = cpu::kernels_between(before, cpu::kernel_counts());
       }
       changes = changes || kernels[0] != kernels[1];
-      const auto ms = alternating_medians_ms(
-          {[&] {
-             const cpu::ScopedCrossover forced(g.crossover, past);
-             all();
-           },
-           [&] {
-             const cpu::ScopedCrossover forced(g.crossover, 1);
-             all();
-           }},
-          seconds);
+      const auto ms = alternating_medians_ms({[&] {
+                                                const cpu::ScopedCrossover forced(g.crossover, past);
+                                                all();
+                                              },
+                                              [&] {
+                                                const cpu::ScopedCrossover forced(g.crossover, 1);
+                                                all();
+                                              }},
+                                             seconds);
       measured[m] = {{"below", ms[0]}, {"from", ms[1]}};
       table.add({cpu::to_string(g.crossover), std::to_string(m), format("%.3f", ms[0]), format("%.3f", ms[1]),
                  kernels[0], kernels[1]});

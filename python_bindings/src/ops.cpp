@@ -180,8 +180,9 @@ int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
       // Its one parameter, also when tied (the embedding's, registered there).
       [weak] { return std::vector<at::Tensor>{weak.lock()->weight}; }};
   module->methods["cross_entropy"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t> ints) {
-    return weak.lock()->cross_entropy(in.at(0), in.at(1), ints.at(0));
-  }};
+                                        return weak.lock()->cross_entropy(in.at(0), in.at(1), ints.at(0));
+                                      },
+                                      {}};  // its parameter: forward's
   return Registry::get().add(std::move(module));
 }
 
@@ -209,11 +210,13 @@ int64_t attention_module(const std::shared_ptr<DecoderLayerImpl>& impl) {
 int64_t model_module(const std::shared_ptr<CausalLMImpl>& impl) {
   auto module = new_module(impl, "CausalLM");
   std::weak_ptr<CausalLMImpl> weak = impl;
-  module->methods["rotary"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) {
-    auto model = weak.lock();
-    const auto tables = model->rotary_tables(in.at(0));
-    return at::stack({tables.at(0).first, tables.at(0).second, tables.at(1).first, tables.at(1).second});
-  }};
+  module->methods["rotary"] = {
+      [weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) {
+        auto model = weak.lock();
+        const auto tables = model->rotary_tables(in.at(0));
+        return at::stack({tables.at(0).first, tables.at(0).second, tables.at(1).first, tables.at(1).second});
+      },
+      {}};  // no parameters
   return Registry::get().add(std::move(module));
 }
 
