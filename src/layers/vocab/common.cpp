@@ -65,4 +65,22 @@ at::Tensor gather_vocab_rows(const at::Tensor& weight, const VocabPartition& par
   return all.narrow(0, 0, partition.vocab_size).contiguous();
 }
 
+void check_local_logits(const char* op, const at::Tensor& logits, const VocabPartition& partition,
+                        const Communicator& comm) {
+  TORCH_CHECK_VALUE(partition.world_size() == comm.world_size(), op, ": the partition is for ", partition.world_size(),
+                    " ranks but the communicator has ", comm.world_size());
+  const int64_t width = partition.range(comm.rank()).size();
+  TORCH_CHECK_VALUE(logits.defined() && logits.dim() >= 1 && logits.size(-1) == width, op, ": local logits of shape ",
+                    logits.defined() ? logits.sizes() : c10::IntArrayRef{}, " on rank ", comm.rank(),
+                    "; expected [..., ", width, "] (this rank's rows ", partition.range(comm.rank()),
+                    " of the padded vocabulary)");
+  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), op, ": logits must be floating point; got ",
+                   logits.scalar_type());
+}
+
+at::Tensor gather_stacked(const at::Tensor& t, const Communicator& comm) {
+  if (comm.world_size() == 1) return t.unsqueeze(0);
+  return comm.all_gather(t.unsqueeze(0).contiguous(), 0, std::vector<int64_t>(comm.world_size(), 1));
+}
+
 }  // namespace tp::detail

@@ -1,6 +1,7 @@
 #pragma once
-// What VocabParallelEmbedding and ParallelLMHead share: checking token ids, loading a
-// [vocab, hidden] table's rows, zeroing padding rows.
+// What the vocabulary layers and the functions on their logits share: checking token ids
+// and local logits, loading a [vocab, hidden] table's rows, zeroing padding rows, stacking
+// every rank's tensor.
 
 #include <cstdint>
 #include <string>
@@ -18,6 +19,15 @@ namespace tp::detail {
 /// otherwise an error naming `layer`, the first offending id and where it is. The ids
 /// are mirrored, so every rank raises the same error without communicating.
 void check_token_ids(const char* layer, const at::Tensor& ids, int64_t vocab_size, const at::Device& device);
+
+/// `logits` is this rank's local logits of `partition` ([..., its rows of the padded
+/// vocabulary], floating point) and the communicator matches the partition; otherwise an
+/// error naming `op`, the rank and the shapes.
+void check_local_logits(const char* op, const at::Tensor& logits, const VocabPartition& partition,
+                        const Communicator& comm);
+
+/// Every rank's `t` stacked along a new dim 0: [world, ...] (an all-gather; every rank calls it).
+at::Tensor gather_stacked(const at::Tensor& t, const Communicator& comm);
 
 /// Loads rows `real` of `name` ([vocab_size, hidden], a floating dtype other than FP8)
 /// into `weight` ([rows.size(), hidden], rows of the padded table) and zeroes the

@@ -14,32 +14,16 @@
 namespace tp {
 namespace {
 
+using detail::check_local_logits;
+using detail::gather_stacked;
+
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-void check_local_logits(const char* op, const at::Tensor& logits, const VocabPartition& partition,
-                        const Communicator& comm) {
-  TORCH_CHECK_VALUE(partition.world_size() == comm.world_size(), op, ": the partition is for ", partition.world_size(),
-                    " ranks but the communicator has ", comm.world_size());
-  const int64_t width = partition.range(comm.rank()).size();
-  TORCH_CHECK_VALUE(logits.defined() && logits.dim() >= 1 && logits.size(-1) == width, op, ": local logits of shape ",
-                    logits.defined() ? logits.sizes() : c10::IntArrayRef{}, " on rank ", comm.rank(),
-                    "; expected [..., ", width, "] (this rank's rows ", partition.range(comm.rank()),
-                    " of the padded vocabulary)");
-  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), op, ": logits must be floating point; got ",
-                   logits.scalar_type());
-}
-
 // The arithmetic dtype: float32 for half/bfloat16/float32 logits, float64 for float64.
 at::ScalarType compute_dtype(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
-
-// Every rank's `t` stacked along a new dim 0: [world, ...].
-at::Tensor gather_stacked(const at::Tensor& t, const Communicator& comm) {
-  if (comm.world_size() == 1) return t.unsqueeze(0);
-  return comm.all_gather(t.unsqueeze(0).contiguous(), 0, std::vector<int64_t>(comm.world_size(), 1));
-}
 
 // exp of every element of t (float32) through one scalar path, std::exp in float64 rounded
 // once: ATen's exp runs a row's elements through a vector loop and its last few through a
