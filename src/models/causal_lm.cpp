@@ -155,25 +155,49 @@ KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
 
 at::Tensor CausalLMImpl::generate_greedy(const at::Tensor& prompt, int64_t new_tokens) {
   TORCH_CHECK_VALUE(new_tokens >= 1, "CausalLM::generate_greedy: new_tokens must be >= 1; got ", new_tokens);
+  GenerateOptions options;
+  options.max_new_tokens = new_tokens;
+  return generate(prompt, options).tokens;
+}
+
+CausalLMImpl::Generated CausalLMImpl::generate(const at::Tensor& prompt, const GenerateOptions& options) {
+  TORCH_CHECK_VALUE(options.max_new_tokens >= 1, "CausalLM::generate: max_new_tokens must be >= 1; got ",
+                    options.max_new_tokens);
+  TORCH_CHECK_VALUE(prompt.dim() == 2 && prompt.scalar_type() == at::kLong,
+                    "CausalLM::generate: the prompt must be int64 [batch, seq]; got ", prompt.scalar_type(), " ",
+                    prompt.sizes());
+  options.sampling.validate();
   at::NoGradGuard no_grad;
-  auto cache = make_cache(prompt.size(0), prompt.size(1) + new_tokens);
+  const int64_t batch = prompt.size(0);
+  auto cache = make_cache(batch, prompt.size(1) + options.max_new_tokens);
   std::vector<at::Tensor> out;
+  const at::Tensor stops = at::tensor(options.stop_token_ids, at::kLong).to(prompt.device());
+  at::Tensor done = at::zeros({batch}, prompt.options().dtype(at::kBool));
+  at::Tensor lengths = at::zeros({batch}, prompt.options());
+  at::Tensor history = prompt;  // the repetition penalty's: the prompt and the tokens so far
   at::Tensor next = prompt;
   const auto& rope = config.rope;
-  for (int64_t i = 0; i < new_tokens; ++i) {
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     if (rope.type == RopeType::kLongRope && cache.length > 0 && cache.length <= rope.original_max_position_embeddings &&
         cache.length + next.size(1) > rope.original_max_position_embeddings) {
       // The sequence outgrows the pretrained context: the cached keys were rotated with
       // the short factors. As transformers' Phi-3 does, drop them and run the whole
       // sequence again, now with the long factors.
       cache.length = 0;
-      next = at::cat({prompt, at::cat(out, 1)}, 1);
+      next = history;
     }
-    const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);  // [batch, 1, local vocab]
-    next = lm_head->argmax(logits);                                         // [batch, 1]
-    out.push_back(next);
+    const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);                  // [batch, 1, local vocab]
+    const at::Tensor token = lm_head->sample(logits.select(1, 0), options.sampling, i, history);  // [batch]
+    // A stopped row shows the pad token; its input stays a token of the vocabulary (the pad
+    // need not be one), and it computes on unseen.
+    out.push_back(token.masked_fill(done, options.pad_token_id).unsqueeze(1));
+    lengths += done.logical_not().to(at::kLong);
+    if (stops.numel() > 0) done = done.logical_or(at::isin(token, stops));
+    next = token.unsqueeze(1);
+    history = at::cat({history, next}, 1);
+    if (done.all().item<bool>()) break;  // the same tokens on every rank: the same decision
   }
-  return at::cat(out, 1);
+  return {at::cat(out, 1), lengths};
 }
 
 std::map<std::string, at::Tensor> CausalLMImpl::gather_weights() const {

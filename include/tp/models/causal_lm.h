@@ -22,6 +22,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/layers/vocab/parallel_lm_head.h"
+#include "tp/layers/vocab/sampling.h"
 #include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/models/decoder_layer.h"
@@ -87,6 +88,33 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// original_max_position_embeddings, the cache is dropped and the whole sequence runs
   /// again with the long factors, as transformers' generate does.
   at::Tensor generate_greedy(const at::Tensor& prompt, int64_t new_tokens);
+
+  /// What generate() does: how many tokens, how they are chosen (sampling.temperature 0:
+  /// greedy; the filters of tp/layers/vocab/sampling.h, drawn without gathering the
+  /// logits), and where a row stops.
+  struct GenerateOptions {
+    int64_t max_new_tokens = 16;
+    SamplingParams sampling = greedy_sampling();
+    /// A row ends with the first of these it emits (transformers' eos_token_id).
+    std::vector<int64_t> stop_token_ids;
+    /// Written after a row's stop token.
+    int64_t pad_token_id = 0;
+    static SamplingParams greedy_sampling() {
+      SamplingParams p;
+      p.temperature = 0;
+      return p;
+    }
+  };
+  /// Generated tokens and how many of them each row has (up to and including its stop token).
+  struct Generated {
+    at::Tensor tokens;   ///< int64 [batch, steps run]: max_new_tokens, fewer once every row stopped
+    at::Tensor lengths;  ///< int64 [batch]
+  };
+  /// Decoding with a KV cache (LongRoPE's re-run as generate_greedy says), each token chosen by
+  /// vocab_parallel_sample with step = its index among the new tokens and the row's prompt
+  /// and tokens so far as the repetition penalty's history. The same on every rank, and the
+  /// same tokens at every TP size wherever the logits are (invariant numerics).
+  Generated generate(const at::Tensor& prompt, const GenerateOptions& options);
 
   /// Loads every tensor of the model from `checkpoint` (Hugging Face names), this rank's
   /// shards only.

@@ -122,6 +122,14 @@ at::Tensor ParallelLMHeadImpl::argmax(const at::Tensor& local_logits) const {
   return vocab_parallel_argmax(local_logits, partition_, comm);
 }
 
+at::Tensor ParallelLMHeadImpl::sample(const at::Tensor& local_logits, const SamplingParams& params, int64_t step,
+                                      const at::Tensor& previous) const {
+  if (options.gather_output())  // the whole vocabulary on every rank: each draws alone, the same draws
+    return vocab_parallel_sample(local_logits, partition_vocab(partition_.vocab_size, 1), Communicator(), params, step,
+                                 previous);
+  return vocab_parallel_sample(local_logits, partition_, comm, params, step, previous);
+}
+
 void ParallelLMHeadImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {
   TORCH_CHECK_VALUE(!tied_, kLayer, ": this head is tied to an embedding and has no weight of its own to load from '",
                     prefix, ".weight'; load the embedding (its load_weights fills both)");

@@ -268,8 +268,7 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
     int64_t id = -1;
     for (int64_t i = 0; i < x.n; ++i) {
       if (v[i] == -kInf || (params.temperature > 0 && v[i] < top - kDrawWindow)) continue;
-      const double value =
-          params.temperature > 0 ? v[i] - std::log(-std::log(uniform_of(key, x.begin + i))) : v[i];
+      const double value = params.temperature > 0 ? v[i] - std::log(-std::log(uniform_of(key, x.begin + i))) : v[i];
       if (id < 0 || value > best) best = value, id = x.begin + i;
     }
     out[2 * r] = best;

@@ -114,21 +114,22 @@ std::vector<SamplingParams> filter_cases() {
     p.temperature = t, p.top_k = k, p.top_p = top_p, p.min_p = min_p, p.repetition_penalty = penalty;
     out.push_back(p);
   };
-  add(1.0, 0, 1.0, 0.0, 1.0);    // plain softmax
-  add(0.7, 5, 1.0, 0.0, 1.0);    // top-k
-  add(1.3, 0, 0.9, 0.0, 1.0);    // top-p
-  add(1.0, 0, 0.3, 0.0, 1.0);    // a small nucleus
-  add(1.0, 0, 1.0, 0.05, 1.0);   // min-p
-  add(0.8, 40, 0.95, 0.01, 1.2); // all of them, with a repetition penalty
-  add(0.0, 0, 1.0, 0.0, 1.3);    // greedy with a repetition penalty
+  add(1.0, 0, 1.0, 0.0, 1.0);     // plain softmax
+  add(0.7, 5, 1.0, 0.0, 1.0);     // top-k
+  add(1.3, 0, 0.9, 0.0, 1.0);     // top-p
+  add(1.0, 0, 0.3, 0.0, 1.0);     // a small nucleus
+  add(1.0, 0, 1.0, 0.05, 1.0);    // min-p
+  add(0.8, 40, 0.95, 0.01, 1.2);  // all of them, with a repetition penalty
+  add(0.0, 0, 1.0, 0.0, 1.3);     // greedy with a repetition penalty
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("vocab_parallel_sample: the same tokens at TP 1-4 for every seed and filter, equal to the single-device "
-          "sampler",
-          "[layers][sampling]") {
+TEST_CASE(
+    "vocab_parallel_sample: the same tokens at TP 1-4 for every seed and filter, equal to the single-device "
+    "sampler",
+    "[layers][sampling]") {
   // A vocabulary of 1003 (uneven at 2-4, padded to 8), 3 rows, logits spread like a
   // model's (a few large ones, a long tail), two equal maxima in row 1 (ties to the low id).
   const int64_t vocab = 1003, rows = 3;
@@ -145,8 +146,8 @@ TEST_CASE("vocab_parallel_sample: the same tokens at TP 1-4 for every seed and f
         const at::Tensor row = logits[r].contiguous();
         const at::Tensor prev = previous[r].contiguous();
         want.push_back(reference_sample(std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + vocab),
-                                        std::vector<int64_t>(prev.data_ptr<int64_t>(), prev.data_ptr<int64_t>() + 4),
-                                        p, step, r));
+                                        std::vector<int64_t>(prev.data_ptr<int64_t>(), prev.data_ptr<int64_t>() + 4), p,
+                                        step, r));
       }
       const at::Tensor expected = at::tensor(want, at::kLong);
       for (int64_t world = 1; world <= 4; ++world) {
@@ -170,8 +171,8 @@ TEST_CASE("vocab_parallel_sample: top-p settles a nucleus wider than the first c
     std::vector<int64_t> want;
     for (int64_t r = 0; r < 2; ++r) {
       const at::Tensor row = logits[r].contiguous();
-      want.push_back(reference_sample(std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + 5000), {},
-                                      p, 0, r));
+      want.push_back(
+          reference_sample(std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + 5000), {}, p, 0, r));
     }
     for (int64_t world = 1; world <= 4; world += 3)
       for (const auto& got : sample_at(world, logits, 1, p, 0, at::Tensor())) CHECK(at::equal(got, at::tensor(want)));
@@ -213,7 +214,8 @@ TEST_CASE("vocab_parallel_sample: the tokens' frequencies are the filtered softm
   CHECK(chi2 < 24.32);
 }
 
-TEST_CASE("vocab_parallel_sample: bad parameters and NaN logits are refused on every rank", "[layers][sampling][errors]") {
+TEST_CASE("vocab_parallel_sample: bad parameters and NaN logits are refused on every rank",
+          "[layers][sampling][errors]") {
   const auto refused = [](const SamplingParams& p) {
     try {
       p.validate();
@@ -245,8 +247,8 @@ TEST_CASE("vocab_parallel_sample: bad parameters and NaN logits are refused on e
           const auto part = partition_vocab(40, comm.world_size());
           const Range real = part.real(comm.rank());
           try {
-            vocab_parallel_sample(logits.narrow(-1, real.begin, real.size()).contiguous(), part, comm,
-                                  SamplingParams{}, 0);
+            vocab_parallel_sample(logits.narrow(-1, real.begin, real.size()).contiguous(), part, comm, SamplingParams{},
+                                  0);
           } catch (const c10::Error& e) {
             errors[static_cast<size_t>(comm.rank())] = e.what_without_backtrace();
           }

@@ -21,6 +21,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/layers/numerics/numerics.h"
+#include "tp/layers/vocab/sampling.h"
 #include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/range.h"
@@ -80,6 +81,9 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   at::Tensor cross_entropy(const at::Tensor& local_logits, const at::Tensor& target, int64_t ignore_index = -100) const;
   /// The greedy token of each row, from the local logits; see vocab_parallel_argmax.
   at::Tensor argmax(const at::Tensor& local_logits) const;
+  /// A sampled token of each row of local_logits [rows, local rows]; see vocab_parallel_sample.
+  at::Tensor sample(const at::Tensor& local_logits, const SamplingParams& params, int64_t step,
+                    const at::Tensor& previous = at::Tensor()) const;
 
   /// Untied: loads `prefix + ".weight"` ([vocab_size, hidden_size], floating), reading
   /// only this rank's rows. Tied: an error (load the embedding).
