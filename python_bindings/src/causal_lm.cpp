@@ -188,6 +188,27 @@ void init_causal_lm(py::module_& m) {
       .def("gather_weights", &CausalLMImpl::gather_weights, Release())
       .def("generate_greedy", &CausalLMImpl::generate_greedy, py::arg("prompt"), py::arg("new_tokens"), Release())
       .def(
+          "generate",
+          [](CausalLMImpl& lm, const at::Tensor& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+             double top_p, double min_p, double repetition_penalty, uint64_t seed, std::vector<int64_t> stop_token_ids,
+             int64_t pad_token_id) {
+            CausalLMImpl::GenerateOptions options;
+            options.max_new_tokens = max_new_tokens;
+            options.sampling.temperature = temperature;
+            options.sampling.top_k = top_k;
+            options.sampling.top_p = top_p;
+            options.sampling.min_p = min_p;
+            options.sampling.repetition_penalty = repetition_penalty;
+            options.sampling.seed = seed;
+            options.stop_token_ids = std::move(stop_token_ids);
+            options.pad_token_id = pad_token_id;
+            const auto out = lm.generate(prompt, options);
+            return std::make_pair(out.tokens, out.lengths);
+          },
+          py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+          py::arg("min_p"), py::arg("repetition_penalty"), py::arg("seed"), py::arg("stop_token_ids"),
+          py::arg("pad_token_id"), Release())
+      .def(
           "named_parameters",
           [](const CausalLMImpl& model) {
             std::vector<std::pair<std::string, at::Tensor>> out;

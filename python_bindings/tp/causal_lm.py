@@ -18,7 +18,7 @@ C++ model's, bit for bit. With a KV cache (``generate``) the C++ model runs whol
 """
 
 import math
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -288,9 +288,47 @@ class CausalLM(nn.Module):
         return self._impl.make_cache(batch, capacity)
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy decoding with a KV cache: int64 [batch, max_new_tokens], the same on every rank."""
-        return self._impl.generate_greedy(prompt, max_new_tokens)
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        seed: int = 0,
+        eos_token_id: Optional[Union[int, Sequence[int]]] = None,
+        pad_token_id: int = 0,
+        return_lengths: bool = False,
+    ):
+        """Decoding with a KV cache: int64 [batch, steps] new tokens, the same on every rank.
+
+        Greedy unless ``do_sample`` (the argmax, after ``repetition_penalty``); sampling
+        applies transformers' warpers (``temperature``, ``top_k``, ``top_p``, ``min_p``, the
+        names and defaults of its GenerationConfig) on each rank's slice of the vocabulary
+        and draws with randomness fixed by ``seed`` per token id, so the logits are never
+        gathered and the tokens are the same at every TP size where the logits are
+        (``numerics="invariant"``). A row ends at its first ``eos_token_id`` (then
+        ``pad_token_id``), and generation once every row has ended: ``steps`` <=
+        ``max_new_tokens``. ``return_lengths``: also each row's count of tokens, its stop
+        token included."""
+        stops = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        tokens, lengths = self._impl.generate(
+            prompt,
+            max_new_tokens,
+            temperature if do_sample else 0.0,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            seed,
+            stops,
+            pad_token_id,
+        )
+        return (tokens, lengths) if return_lengths else tokens
 
     def extra_repr(self) -> str:
         text = repr(self._impl).splitlines()[0]  # the C++ summary line; the children print below

@@ -186,7 +186,7 @@ CausalLMImpl::Generated CausalLMImpl::generate(const at::Tensor& prompt, const G
       cache.length = 0;
       next = history;
     }
-    const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);                  // [batch, 1, local vocab]
+    const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);  // [batch, 1, local vocab]
     const at::Tensor token = lm_head->sample(logits.select(1, 0), options.sampling, i, history);  // [batch]
     // A stopped row shows the pad token; its input stays a token of the vocabulary (the pad
     // need not be one), and it computes on unseen.

@@ -185,3 +185,36 @@ def test_gather_weights_gives_back_the_folders_tensors(folder, world):
         for k, v in stored.items():
             assert torch.equal(got[k], v.to(got[k].dtype)), (name, world, k)
         assert all(res[name + " same"] for res in results), (name, world, "tp.gather_weights differs")
+
+
+def _sample_rank(rank, world, folder):
+    ref_prompt = torch.tensor([[5, 17, 100, 3], [9, 42, 42, 7]])
+    model = tp.CausalLM.from_pretrained(f"{folder}/llama", dtype=torch.float64)
+    out = {}
+    sampling = dict(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
+    for seed in (0, 1):
+        out[seed] = model.generate(ref_prompt, 6, seed=seed, **sampling).tolist()
+    tokens, lengths = model.generate(
+        ref_prompt, 6, seed=0, eos_token_id=out[0][0][1], pad_token_id=-1, return_lengths=True, **sampling
+    )
+    out["eos"] = (tokens.tolist(), lengths.tolist())
+    out["greedy"] = torch.equal(model.generate(ref_prompt, 4), model.generate(ref_prompt, 4, temperature=0.5))
+    return out
+
+
+def test_sampling_is_the_same_at_tp1_and_tp2_and_stops_at_eos(folder):
+    """generate(do_sample=True) draws per token id, not per rank: the same tokens at TP 1 and
+    2 (float64 logits); a row ends at eos_token_id, padded after; do_sample=False ignores
+    temperature (greedy)."""
+    one = _sample_rank(0, 1, str(folder))
+    two = launcher.run(2, _sample_rank, str(folder), timeout=600)
+    for res in two:
+        assert res[0] == one[0] and res[1] == one[1], (res, one)
+    assert one[0] != one[1], "two seeds drew the same 12 tokens"
+    tokens, lengths = one["eos"]
+    eos = one[0][0][1]
+    first = one[0][0].index(eos)  # row 0 ends at its first eos (index 1, or 0 if it came twice)
+    assert lengths[0] == first + 1 and tokens[0][: first + 1] == one[0][0][: first + 1], one["eos"]
+    assert all(t == -1 for t in tokens[0][first + 1 :]), one["eos"]
+    assert all(res["eos"] == one["eos"] for res in two)
+    assert one["greedy"] and all(res["greedy"] for res in two)
