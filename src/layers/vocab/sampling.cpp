@@ -18,6 +18,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kFirstCandidates = 64;  // top-p's first round of candidates per rank
+constexpr int64_t kCandidateGrowth = 8;   // and the factor of each further round
 // A token more than this below its rank's largest value cannot win the draw there: the
 // largest gets noise of at least -log(-log(2^-54)) = -3.62, any token at most
 // -log(2^-54) = 37.43 (sampling_uniform's range), so it is not drawn for.
@@ -151,12 +152,18 @@ void top_p(Rows& x, const std::vector<double>& max, double p, const Communicator
   const at::Tensor z = detail::gather_stacked(local, comm).sum(0).contiguous();
   // The last kept token per row, (value, id); unsettled rows have id -1.
   std::vector<std::pair<double, int64_t>> last(static_cast<size_t>(x.rows), {0.0, -1});
-  for (int64_t c = kFirstCandidates;; c *= 2) {
+  // Each row's tokens in the global order, sorted whole once a round needs a quarter of them.
+  std::vector<std::vector<std::pair<double, int64_t>>> sorted(static_cast<size_t>(x.rows));
+  for (int64_t c = kFirstCandidates;; c *= kCandidateGrowth) {
     // Per rank and row: c candidates (value, id; -inf / -1 past the rank's tokens) and the
     // value below which the rank sent nothing (-inf when it sent every finite token).
     at::Tensor mine = at::full({x.rows, 2 * c + 1}, -kInf, at::kDouble);
     for (int64_t r = 0; r < x.rows; ++r) {
-      const auto best = best_of_row(x, r, c + 1);
+      auto& whole = sorted[static_cast<size_t>(r)];
+      if (whole.empty() && 4 * (c + 1) >= x.n) whole = best_of_row(x, r, x.n);
+      const auto best = whole.empty() ? best_of_row(x, r, c + 1)
+                                      : std::vector<std::pair<double, int64_t>>(
+                                            whole.begin(), whole.begin() + std::min<int64_t>(c + 1, whole.size()));
       const int64_t sent = std::min<int64_t>(c, static_cast<int64_t>(best.size()));
       double* out = mine.data_ptr<double>() + r * (2 * c + 1);
       for (int64_t j = 0; j < c; ++j) {

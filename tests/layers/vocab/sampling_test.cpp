@@ -159,10 +159,11 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("vocab_parallel_sample: top-p settles a nucleus wider than the first candidates on every rank",
+TEST_CASE("vocab_parallel_sample: top-p settles a nucleus wider than the first rounds of candidates on every rank",
           "[layers][sampling]") {
   // Nearly flat logits: the 0.97 nucleus holds most of the 5000 tokens, far past the 64
-  // candidates each rank sends first, so the candidates double until it is settled.
+  // candidates each rank sends first, so the rounds grow (64, 512, 4096: the last from each
+  // rank's whole sorted slice) until it is settled.
   const at::Tensor logits = test::randn({2, 5000}, 52) * 0.05;
   SamplingParams p;
   p.top_p = 0.97;

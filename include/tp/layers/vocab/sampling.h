@@ -10,8 +10,9 @@
 //   - the row's maximum (one value per rank);
 //   - top-k: each rank's k best (value, id) pairs;
 //   - top-p: the normalizer (one value per rank), then each rank's best candidates, 64 at
-//     first, doubled until the nucleus is settled (a token's place in the global order is
-//     known once it beats every rank's last candidate sent);
+//     first, 8 times more each round until the nucleus is settled (a token's place in the
+//     global order is known once it beats every rank's last candidate sent): one round for
+//     a peaked distribution, several (and up to every token) for a nearly flat one;
 //   - the winner: one (value, id) pair per rank.
 // Never the logits. Every rank passes the same params, step and previous tokens, and gets
 // the same tokens.
