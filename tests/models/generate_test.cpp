@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/test_util.h"
@@ -39,10 +40,10 @@ const Checkpoint& weights() {
   return ckpt;
 }
 
-// Every rank's result of generate at `world`, the model with invariant numerics.
-std::vector<CausalLMImpl::Generated> generate_at(int64_t world, const at::Tensor& prompt,
-                                                 const CausalLMImpl::GenerateOptions& options) {
-  std::vector<CausalLMImpl::Generated> out(static_cast<size_t>(world));
+// Every rank's fn(model) at `world`, the model with invariant numerics and weights().
+template <class F>
+auto on_each_rank(int64_t world, const F& fn) {
+  std::vector<decltype(fn(std::declval<CausalLMImpl&>()))> out(static_cast<size_t>(world));
   run_ranks_in_threads(
       world,
       [&](Communicator& comm) {
@@ -50,10 +51,15 @@ std::vector<CausalLMImpl::Generated> generate_at(int64_t world, const at::Tensor
                            CausalLMOptions().dtype(at::kFloat).numerics(Numerics::kInvariant).init_weights(false),
                            comm);
         model.load_weights(weights());
-        out[static_cast<size_t>(comm.rank())] = model.generate(prompt, options);
+        out[static_cast<size_t>(comm.rank())] = fn(model);
       },
       test::test_comm_options());
   return out;
+}
+
+std::vector<CausalLMImpl::Generated> generate_at(int64_t world, const at::Tensor& prompt,
+                                                 const CausalLMImpl::GenerateOptions& options) {
+  return on_each_rank(world, [&](CausalLMImpl& model) { return model.generate(prompt, options); });
 }
 
 }  // namespace
@@ -125,17 +131,7 @@ TEST_CASE("CausalLM::generate: stop tokens end their rows, padded after and coun
   CausalLMImpl::GenerateOptions greedy;
   greedy.max_new_tokens = 5;
   for (int64_t world : {1, 3}) {
-    std::vector<at::Tensor> via_greedy(static_cast<size_t>(world));
-    run_ranks_in_threads(
-        world,
-        [&](Communicator& comm) {
-          CausalLMImpl model(small_llama(),
-                             CausalLMOptions().dtype(at::kFloat).numerics(Numerics::kInvariant).init_weights(false),
-                             comm);
-          model.load_weights(weights());
-          via_greedy[static_cast<size_t>(comm.rank())] = model.generate_greedy(prompt, 5);
-        },
-        test::test_comm_options());
+    const auto via_greedy = on_each_rank(world, [&](CausalLMImpl& model) { return model.generate_greedy(prompt, 5); });
     const auto sampled = generate_at(world, prompt, greedy);
     for (int64_t r = 0; r < world; ++r) CHECK(at::equal(sampled[static_cast<size_t>(r)].tokens, via_greedy[r]));
   }

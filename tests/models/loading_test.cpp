@@ -110,6 +110,22 @@ std::map<std::string, at::Tensor> write_quantized_folder(const std::string& dir,
   return tensors;
 }
 
+// Each rank's error from CausalLMImpl::from_pretrained(dir) at `world` (empty: it loaded).
+std::vector<std::string> from_pretrained_errors(const std::string& dir, int64_t world) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  run_ranks_in_threads(
+      world,
+      [&](Communicator& comm) {
+        try {
+          CausalLMImpl::from_pretrained(dir, {}, comm);
+        } catch (const c10::Error& e) {
+          errors[static_cast<size_t>(comm.rank())] = e.what_without_backtrace();
+        }
+      },
+      test::test_comm_options());
+  return errors;
+}
+
 // This process's peak resident memory (VmHWM), reset to the current RSS by writing 5 to
 // /proc/self/clear_refs (Linux >= 4.0); -1 where that cannot be done.
 int64_t status_kib(const char* field) {
@@ -331,20 +347,10 @@ TEST_CASE("A config.json whose sizes are not its tensors' is refused before allo
   for (const auto& c : cases) {
     write_text(dir + "/config.json", llama_config(c.replace));
     for (int64_t world = 1; world <= 4; ++world) {
-      std::vector<std::string> errors(world);
       const bool peak_known = reset_peak_rss();
       const int64_t rss_before = status_kib("VmRSS");
       const auto start = std::chrono::steady_clock::now();
-      run_ranks_in_threads(
-          world,
-          [&](Communicator& comm) {
-            try {
-              CausalLMImpl::from_pretrained(dir, {}, comm);
-            } catch (const c10::Error& e) {
-              errors[comm.rank()] = e.what_without_backtrace();
-            }
-          },
-          test::test_comm_options());
+      const std::vector<std::string> errors = from_pretrained_errors(dir, world);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const int64_t grew_kib = status_kib("VmHWM") - rss_before;
       INFO(c.replace << " at TP " << world << ": " << seconds << " s, peak RSS grew " << grew_kib << " KiB");
@@ -371,17 +377,7 @@ TEST_CASE("A mixture of experts whose num_experts is not its checkpoint's is ref
            {"8", "are not num_experts = 8"}, {"3", "are not num_experts = 3"}}) {
     write_text(dir + "/config.json", llama_config(base + ";num_local_experts=" + experts));
     for (int64_t world = 1; world <= 4; world += 3) {
-      std::vector<std::string> errors(world);
-      run_ranks_in_threads(
-          world,
-          [&](Communicator& comm) {
-            try {
-              CausalLMImpl::from_pretrained(dir, {}, comm);
-            } catch (const c10::Error& e) {
-              errors[comm.rank()] = e.what_without_backtrace();
-            }
-          },
-          test::test_comm_options());
+      const std::vector<std::string> errors = from_pretrained_errors(dir, world);
       for (int64_t r = 0; r < world; ++r) {
         INFO(experts << " experts at TP " << world << " rank " << r << ": " << errors[r]);
         CHECK_THAT(errors[r], Contains(expect) && Contains("before allocating anything"));
@@ -429,19 +425,9 @@ TEST_CASE(
              {"num_attention_heads=12;head_dim=16", "num_attention_heads * head_dim = 192"}}) {
       write_text(dir + "/config.json", llama_config(quant + ";" + replace));
       for (int64_t world = 1; world <= 2; ++world) {
-        std::vector<std::string> errors(world);
         const bool peak_known = reset_peak_rss();
         const int64_t rss_before = status_kib("VmRSS");
-        run_ranks_in_threads(
-            world,
-            [&](Communicator& comm) {
-              try {
-                CausalLMImpl::from_pretrained(dir, {}, comm);
-              } catch (const c10::Error& e) {
-                errors[comm.rank()] = e.what_without_backtrace();
-              }
-            },
-            test::test_comm_options());
+        const std::vector<std::string> errors = from_pretrained_errors(dir, world);
         const int64_t grew_kib = status_kib("VmHWM") - rss_before;
         INFO(name << ", " << replace << " at TP " << world << ": peak RSS grew " << grew_kib << " KiB");
         if (peak_known) CHECK(grew_kib < 64 * 1024);
@@ -454,17 +440,7 @@ TEST_CASE(
     // The folder as written loads (the check refuses no valid quantized checkpoint).
     write_text(dir + "/config.json", llama_config(quant));
     for (int64_t world = 1; world <= 2; ++world) {
-      std::vector<std::string> errors(world);
-      run_ranks_in_threads(
-          world,
-          [&](Communicator& comm) {
-            try {
-              CausalLMImpl::from_pretrained(dir, {}, comm);
-            } catch (const c10::Error& e) {
-              errors[comm.rank()] = e.what_without_backtrace();
-            }
-          },
-          test::test_comm_options());
+      const std::vector<std::string> errors = from_pretrained_errors(dir, world);
       for (int64_t r = 0; r < world; ++r) {
         INFO(name << " as written at TP " << world << ", rank " << r << ": " << errors[r]);
         CHECK(errors[r].empty());
