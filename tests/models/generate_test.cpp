@@ -90,7 +90,7 @@ TEST_CASE("CausalLM::generate samples the same tokens at TP 1-4 for every seed a
   }
 }
 
-TEST_CASE("CausalLM::generate: stop tokens end their rows, padded after and counted; greedy is generate_greedy",
+TEST_CASE("CausalLM::generate: stop tokens end their rows, padded after and counted, and greedy is generate_greedy",
           "[models][sampling]") {
   const at::Tensor prompt = at::tensor({5, 17, 200, 3, 9, 42, 42, 7}, at::kLong).view({2, 4});
   CausalLMImpl::GenerateOptions options;
