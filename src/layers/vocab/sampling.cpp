@@ -23,6 +23,8 @@ constexpr int64_t kCandidateGrowth = 8;   // and the factor of each further roun
 // largest gets noise of at least -log(-log(2^-54)) = -3.62, any token at most
 // -log(2^-54) = 37.43 (sampling_uniform's range), so it is not drawn for.
 constexpr double kDrawWindow = 42.0;
+// The first pass of the draw: the tokens this close to the rank's largest value.
+constexpr double kNear = 8.0;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -263,7 +265,12 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
       }
     }
   }
-  // Each rank's best (value + noise, id); greedy: the value alone.
+  // Each rank's best (value + noise, id); greedy: the value alone. The noise is drawn in two
+  // passes: the tokens within kNear of the rank's largest value first, then the rest, of which
+  // only those whose uniform draw is large enough to reach the best so far take the logarithms
+  // (a token x below top - kNear needs noise of at least best - (top - kNear), i.e. a uniform of
+  // at least exp(-exp(-that)); one nat of margin for the roundings). The same winner as drawing
+  // for every token, at the cost of a hash for most of them.
   at::Tensor mine = at::empty({x.rows, 2}, at::kDouble);
   double* out = mine.data_ptr<double>();
   for (int64_t r = 0; r < x.rows; ++r) {
@@ -271,12 +278,25 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
     double top = -kInf;
     for (int64_t i = 0; i < x.n; ++i) top = std::max(top, v[i]);
     const uint64_t key = row_key(params.seed, step, r);
+    const bool draw = params.temperature > 0;
     double best = -kInf;
     int64_t id = -1;
+    const auto consider = [&](int64_t i, double value) {
+      const int64_t token = x.begin + i;
+      if (id < 0 || value > best || (value == best && token < id)) best = value, id = token;
+    };
     for (int64_t i = 0; i < x.n; ++i) {
-      if (v[i] == -kInf || (params.temperature > 0 && v[i] < top - kDrawWindow)) continue;
-      const double value = params.temperature > 0 ? v[i] - std::log(-std::log(uniform_of(key, x.begin + i))) : v[i];
-      if (id < 0 || value > best) best = value, id = x.begin + i;
+      if (v[i] == -kInf || (draw && v[i] < top - kNear)) continue;
+      consider(i, draw ? v[i] - std::log(-std::log(uniform_of(key, x.begin + i))) : v[i]);
+    }
+    if (draw && id >= 0) {
+      const double reach = std::exp(-std::exp(-(best - (top - kNear) - 1.0)));
+      for (int64_t i = 0; i < x.n; ++i) {
+        if (v[i] == -kInf || v[i] >= top - kNear || v[i] < top - kDrawWindow) continue;
+        const double u = uniform_of(key, x.begin + i);
+        if (u < reach) continue;
+        consider(i, v[i] - std::log(-std::log(u)));
+      }
     }
     out[2 * r] = best;
     out[2 * r + 1] = static_cast<double>(id);

@@ -180,6 +180,27 @@ TEST_CASE("vocab_parallel_sample: top-p settles a nucleus wider than the first r
   }
 }
 
+TEST_CASE("vocab_parallel_sample: a far tail that holds most of the probability is drawn from exactly",
+          "[layers][sampling]") {
+  // One token 9 above 3000 equal ones: it has e^9 / (e^9 + 2999) = 73 % of the mass, the tail
+  // (more than kNear below it: drawn for only where a uniform is large enough) the rest.
+  at::Tensor logits = at::zeros({400, 3000}, at::kDouble);
+  logits.select(1, 1234).fill_(9.0);
+  SamplingParams p;
+  std::vector<int64_t> want;
+  for (int64_t r = 0; r < 400; ++r) {
+    const at::Tensor row = logits[r].contiguous();
+    want.push_back(
+        reference_sample(std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + 3000), {}, p, 0, r));
+  }
+  const at::Tensor expected = at::tensor(want, at::kLong);
+  const double top_share = expected.eq(1234).sum().item<double>() / 400;
+  INFO("the top token drawn in " << top_share << " of the rows");
+  CHECK(std::abs(top_share - std::exp(9.0) / (std::exp(9.0) + 2999)) < 0.08);
+  for (int64_t world = 1; world <= 4; world += 3)
+    for (const auto& got : sample_at(world, logits, 1, p, 0, at::Tensor())) CHECK(at::equal(got, expected));
+}
+
 TEST_CASE("vocab_parallel_sample: the tokens' frequencies are the filtered softmax (chi-square), at TP 3",
           "[layers][sampling]") {
   // 12 tokens; with top-k 8 and temperature 0.9 the probabilities of the 8 kept are
