@@ -6,7 +6,9 @@ Writes (once) a one-layer Llama folder with a large vocabulary and a tiny hidden
 model's own step is small) with transformers' save_pretrained, then times generate's tokens
 greedy and with each sampling filter (median of 5 runs of 32 tokens, after a warm-up), and
 prints what sampling adds per token. Random weights make nearly flat logits: a top-p nucleus
-then holds most of the vocabulary (the expensive case; a trained model's is small).
+then holds most of the vocabulary (the expensive case; a trained model's is small), and every
+token is near the maximum, so the draw takes its logarithms for all of them; temperature 0.05
+spreads the same logits 20 times, as a trained model's are spread, and the draw prunes.
 
 Also prints, per TP size, the bytes each rank contributes to sampling's all-gathers per row
 and token (from the algorithm in src/layers/vocab/sampling.cpp: float64 values) against an
@@ -63,6 +65,7 @@ def main():
     print(f"{'greedy (argmax)':<24} {greedy:>9.3f} {'-':>17}")
     for name, kw in [
         ("temperature 1", dict(do_sample=True)),
+        ("temperature 0.05", dict(do_sample=True, temperature=0.05)),
         ("top_k 50", dict(do_sample=True, top_k=50)),
         ("top_p 0.9", dict(do_sample=True, top_p=0.9)),
         ("top_k 50, top_p 0.9", dict(do_sample=True, top_k=50, top_p=0.9)),
