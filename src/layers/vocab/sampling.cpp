@@ -240,6 +240,9 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
   TORCH_CHECK_VALUE(local_logits.dim() == 2, kOp, ": local logits must be [rows, local vocab]; got ",
                     local_logits.sizes());
   params.validate();
+  const bool penalized = params.repetition_penalty != 1.0 && previous.defined();
+  if (params.temperature == 0 && !penalized)  // greedy: the argmax as it is (NaN and ties as at::argmax)
+    return vocab_parallel_argmax(local_logits, partition, comm);
   at::NoGradGuard no_grad;
   const Range real = partition.real(comm.rank());
   Rows x;
@@ -247,9 +250,6 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
   x.n = real.size();
   x.begin = real.begin;
   x.values = local_logits.narrow(-1, 0, x.n).to(at::kCPU, at::kDouble).contiguous().clone();
-  const bool penalized = params.repetition_penalty != 1.0 && previous.defined();
-  if (params.temperature == 0 && !penalized)  // greedy: the argmax as it is (NaN and ties as at::argmax)
-    return vocab_parallel_argmax(local_logits, partition, comm);
   if (penalized) repetition_penalty(x, previous.to(at::kCPU), params.repetition_penalty);
   if (params.temperature > 0) x.values.div_(params.temperature);
   const std::vector<double> max = global_max(x, comm, kOp);
