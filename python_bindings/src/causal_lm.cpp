@@ -108,19 +108,36 @@ void init_causal_lm(py::module_& m) {
       .def_readwrite("length", &KVCache::length, "Positions filled so far (the next token's position).")
       .def_property_readonly("capacity", &KVCache::capacity);
 
+  py::class_<LayerShare>(m, "LayerShare", "What one rank holds of one decoder layer.")
+      .def_readonly("q_heads", &LayerShare::q_heads)
+      .def_readonly("kv_heads", &LayerShare::kv_heads)
+      .def_readonly("mlp_rows", &LayerShare::mlp_rows)
+      .def_readonly("experts", &LayerShare::experts)
+      .def_readonly("expert_rows", &LayerShare::expert_rows)
+      .def_readonly("shared_rows", &LayerShare::shared_rows);
+  py::class_<SplitPlan>(m, "SplitPlan", "Every rank's share of a model (CausalLM.split_plan()); str() prints it.")
+      .def_readonly("weights", &SplitPlan::weights)
+      .def_readonly("world", &SplitPlan::world)
+      .def_readonly("layers", &SplitPlan::layers, "[layer][rank] LayerShare")
+      .def_readonly("vocab_rows", &SplitPlan::vocab_rows)
+      .def_readonly("split_bytes", &SplitPlan::split_bytes)
+      .def_readonly("whole_bytes", &SplitPlan::whole_bytes)
+      .def("__str__", &SplitPlan::to_string);
+
   py::class_<CausalLMImpl, std::shared_ptr<CausalLMImpl>>(
       m, "CausalLM", "A decoder from a Hugging Face folder, tensor-parallel; logits split over the vocabulary.")
       .def_static(
           "from_pretrained",
           [](const std::string& folder, const Communicator& comm, std::optional<at::ScalarType> dtype,
              int64_t pad_vocab_to_multiple_of, int64_t num_layers, int64_t expert_parallel_size,
-             const std::string& numerics) {
+             const std::string& numerics, const std::vector<double>& split_weights) {
             auto options = CausalLMOptions()
                                .dtype(dtype.value_or(at::ScalarType::Undefined))
                                .pad_vocab_to_multiple_of(pad_vocab_to_multiple_of)
                                .num_layers(num_layers)
                                .expert_parallel_size(expert_parallel_size)
-                               .numerics(parse_numerics(numerics));
+                               .numerics(parse_numerics(numerics))
+                               .split_weights(split_weights);
             std::shared_ptr<CausalLMImpl> model;
             {
               py::gil_scoped_release no_gil;  // collective: ranks that are threads must all get there
@@ -138,7 +155,7 @@ void init_causal_lm(py::module_& m) {
           },
           py::arg("folder"), py::arg("communicator"), py::arg("dtype") = std::nullopt,
           py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel_size") = 1,
-          py::arg("numerics") = "auto")
+          py::arg("numerics") = "auto", py::arg("split_weights") = std::vector<double>{})
       .def(
           "forward",
           [](CausalLMImpl& model, const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {
@@ -186,6 +203,7 @@ void init_causal_lm(py::module_& m) {
       .def_property_readonly("dtype", [](const CausalLMImpl& lm) { return lm.dtype; })
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))
       .def("gather_weights", &CausalLMImpl::gather_weights, Release())
+      .def("split_plan", &CausalLMImpl::split_plan, Release())
       .def("generate_greedy", &CausalLMImpl::generate_greedy, py::arg("prompt"), py::arg("new_tokens"), Release())
       .def(
           "generate",

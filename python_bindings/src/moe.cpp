@@ -90,6 +90,8 @@ void bind_options(py::module_& m) {
   TP_OPTION(opts, MoEParallelMLPOptions, top_k);
   TP_OPTION(opts, MoEParallelMLPOptions, router);
   TP_OPTION(opts, MoEParallelMLPOptions, expert_parallel_size);
+  TP_OPTION(opts, MoEParallelMLPOptions, split_weights);
+  TP_OPTION(opts, MoEParallelMLPOptions, split_rotation);
   TP_OPTION(opts, MoEParallelMLPOptions, quant);
   TP_OPTION(opts, MoEParallelMLPOptions, expert_bias);
   TP_OPTION(opts, MoEParallelMLPOptions, activation);

@@ -49,8 +49,9 @@ void bind_partition(py::module_& m) {
         });
       });
   m.def("partition_vocab", &partition_vocab, py::arg("vocab_size"), py::arg("world_size"),
-        py::arg("pad_to_multiple_of") = 1,
-        "The vocabulary's split: padded to a multiple of pad_to_multiple_of, split in whole units of it.");
+        py::arg("pad_to_multiple_of") = 1, py::arg("weights") = std::vector<double>{},
+        "The vocabulary's split: padded to a multiple of pad_to_multiple_of, split in whole units of it "
+        "(by the per-rank weights when given).");
 }
 
 // What the two vocabulary layers bind alike: construction from Options and a
@@ -93,6 +94,7 @@ void bind_embedding(py::module_& m) {
   TP_OPTION(opts, Options, num_embeddings);
   TP_OPTION(opts, Options, embedding_dim);
   TP_OPTION(opts, Options, pad_to_multiple_of);
+  TP_OPTION(opts, Options, split_weights);
   TP_OPTION(opts, Options, sequence_parallel);
   TP_OPTION(opts, Options, dtype);
   TP_OPTION(opts, Options, device);
@@ -113,6 +115,7 @@ void bind_head(py::module_& m) {
   TP_OPTION(opts, Options, hidden_size);
   TP_OPTION(opts, Options, vocab_size);
   TP_OPTION(opts, Options, pad_to_multiple_of);
+  TP_OPTION(opts, Options, split_weights);
   TP_OPTION(opts, Options, gather_output);
   TP_OPTION(opts, Options, dtype);
   TP_OPTION(opts, Options, device);

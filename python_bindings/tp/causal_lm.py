@@ -208,6 +208,7 @@ class CausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str, *, dtype: Optional[torch.dtype] = None, pad_vocab_to_multiple_of: int = 1,
                         num_layers: int = 0, expert_parallel: Union[bool, int] = False, numerics: str = "auto",
+                        split_weights: Optional[Sequence[float]] = None,
                         group: Optional["dist.ProcessGroup"] = None,
                         communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
@@ -220,13 +221,23 @@ class CausalLM(nn.Module):
         ``numerics``: "invariant" sums every reduction in one canonical order, so logits,
         losses and gradients have the bits of TP 1 at every TP size and a prompt's logits
         the same bits alone or in any batch (docs/numerics.md); "default" the
-        fastest order; "auto" reads TP_NUMERICS. Collective: every rank calls it."""
+        fastest order; "auto" reads TP_NUMERICS. ``split_weights``: one weight per rank for
+        unequal devices (e.g. [3, 1]): every layer's heads, rows, experts and vocabulary cut
+        within one alignment unit of them, the leftovers rotating over the layers
+        (``split_plan()`` shows the result; a weight no layer can honour is refused naming
+        weights that work). Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
         ep = (0 if expert_parallel else 1) if isinstance(expert_parallel, bool) else int(expert_parallel)
         return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep,
-                                               numerics))
+                                               numerics, list(split_weights or [])))
+
+    def split_plan(self) -> "_C.SplitPlan":
+        """What every rank holds: heads, MLP rows, experts and vocabulary rows per layer, and
+        the bytes of each rank's parameters (measured; collective: every rank calls it).
+        ``print(model.split_plan())`` shows the table."""
+        return self._impl.split_plan()
 
     def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0):
         """ids int64 [batch, seq] (the same on every rank) -> local logits. With a cache the

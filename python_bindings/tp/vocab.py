@@ -8,7 +8,7 @@ its weight IS the embedding's Parameter (one tensor, as transformers ties lm_hea
 an optimizer sees it once, both uses add to its gradient).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -68,7 +68,8 @@ class VocabParallelEmbedding(_VocabLayer):
     under sequence_parallel this rank's tokens of dim 0 (``tp.sequence_ranges``).
     Parameter: weight [local rows, embedding_dim] (padding rows zero, never looked up).
     The vocabulary is padded to a multiple of ``pad_to_multiple_of`` and split in whole
-    units of it (uneven allowed; a rank may own none).
+    units of it (uneven allowed; a rank may own none), by ``split_weights`` (one per rank)
+    when given.
     """
 
     _impl_type = _C.VocabParallelEmbedding
@@ -80,6 +81,7 @@ class VocabParallelEmbedding(_VocabLayer):
         embedding_dim: int,
         *,
         pad_to_multiple_of: int = 1,
+        split_weights: Optional[Sequence[float]] = None,
         sequence_parallel: bool = False,
         dtype: Optional[torch.dtype] = None,
         device=None,
@@ -89,6 +91,7 @@ class VocabParallelEmbedding(_VocabLayer):
         super(_ParallelLinear, self).__init__()
         options = _C.VocabParallelEmbeddingOptions(num_embeddings, embedding_dim)
         options.pad_to_multiple_of = pad_to_multiple_of
+        options.split_weights = list(split_weights or [])
         options.sequence_parallel = sequence_parallel
         self._setup(_C.VocabParallelEmbedding, options, dtype, device, group, communicator)
 
@@ -131,6 +134,7 @@ class ParallelLMHead(_VocabLayer):
         vocab_size: int,
         *,
         pad_to_multiple_of: int = 1,
+        split_weights: Optional[Sequence[float]] = None,
         gather_output: bool = False,
         dtype: Optional[torch.dtype] = None,
         device=None,
@@ -140,6 +144,7 @@ class ParallelLMHead(_VocabLayer):
         super(_ParallelLinear, self).__init__()
         options = _C.ParallelLMHeadOptions(hidden_size, vocab_size)
         options.pad_to_multiple_of = pad_to_multiple_of
+        options.split_weights = list(split_weights or [])
         options.gather_output = gather_output
         self._setup(_C.ParallelLMHead, options, dtype, device, group, communicator)
 

@@ -21,8 +21,12 @@ CausalLMImpl::CausalLMImpl(ModelConfig config_, CausalLMOptions options_, Commun
 
 void CausalLMImpl::reset() {
   config.moe.expert_parallel_size = options.expert_parallel_size();
+  config.split_weights = options.split_weights();
   config.numerics = resolve_numerics(options.numerics());
   const bool invariant = config.numerics == Numerics::kInvariant;
+  TORCH_CHECK_VALUE(!invariant || config.split_weights.empty(),
+                    "CausalLM: invariant numerics sums in chunks of an even split; weighted splits (split_weights) "
+                    "are not covered (use numerics=default)");
   if (invariant) {
     TORCH_CHECK_VALUE(config.moe.num_experts == 0 && !config.parallel_residual,
                       "CausalLM: invariant numerics does not cover ",
@@ -39,9 +43,12 @@ void CausalLMImpl::reset() {
                     c.num_hidden_layers);
   TORCH_CHECK_VALUE(c.quant_config("lm_head").format == QuantFormat::kNone,
                     "CausalLM: a quantized lm_head is not supported");
+  // A weight no layer can honour is refused here, alike on every rank, before anything is built.
+  if (!c.split_weights.empty()) plan_model_split(c, comm.world_size(), n_layers, pad);
   embed_tokens =
       register_module("embed_tokens", VocabParallelEmbedding(VocabParallelEmbeddingOptions(c.vocab_size, c.hidden_size)
                                                                  .pad_to_multiple_of(pad)
+                                                                 .split_weights(c.split_weights)
                                                                  .dtype(dtype)
                                                                  .device(options.device())
                                                                  .init_weights(options.init_weights()),
@@ -64,6 +71,7 @@ void CausalLMImpl::reset() {
   } else {
     lm_head = register_module("lm_head", ParallelLMHead(ParallelLMHeadOptions(c.hidden_size, c.vocab_size)
                                                             .pad_to_multiple_of(pad)
+                                                            .split_weights(c.split_weights)
                                                             .numerics(config.numerics)
                                                             .dtype(dtype)
                                                             .device(options.device())
@@ -215,6 +223,56 @@ std::map<std::string, at::Tensor> CausalLMImpl::gather_weights() const {
     out.insert(head.begin(), head.end());
   }
   return out;
+}
+
+namespace {
+
+int64_t tensor_bytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t module_bytes(const torch::nn::Module& m) {
+  int64_t bytes = 0;
+  for (const auto& t : m.parameters()) bytes += tensor_bytes(t);
+  for (const auto& t : m.buffers()) bytes += tensor_bytes(t);
+  return bytes;
+}
+
+// The bytes of a decoder layer's cut modules: its projections, and a mixture's experts
+// (not the router and shared expert gate every rank holds whole).
+int64_t split_bytes_of(const DecoderLayerImpl& layer) {
+  int64_t bytes = module_bytes(*layer.qkv) + module_bytes(*layer.o_proj);
+  if (!layer.gate_up.is_empty()) bytes += module_bytes(*layer.gate_up);
+  if (!layer.up_proj.is_empty()) bytes += module_bytes(*layer.up_proj);
+  if (!layer.down_proj.is_empty()) bytes += module_bytes(*layer.down_proj);
+  if (!layer.moe.is_empty()) {
+    const auto& moe = *layer.moe;
+    bytes += module_bytes(moe) - tensor_bytes(moe.router_weight) - tensor_bytes(moe.router_bias) -
+             tensor_bytes(moe.score_correction_bias) - tensor_bytes(moe.shared_expert_gate_weight);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+SplitPlan CausalLMImpl::split_plan() const {
+  SplitPlan plan = plan_model_split(config, comm.world_size(), static_cast<int64_t>(layers.size()),
+                                    embed_tokens->partition().pad_to_multiple_of);
+  int64_t split = module_bytes(*embed_tokens) + (config.tie_word_embeddings ? 0 : module_bytes(*lm_head));
+  int64_t whole = module_bytes(*norm);
+  for (const auto& layer : layers) {
+    const int64_t cut = split_bytes_of(*layer);
+    split += cut;
+    whole += module_bytes(*layer) - cut;
+  }
+  const at::Tensor mine = at::tensor(std::vector<int64_t>{split, whole}, at::kLong).to(options.device());
+  const at::Tensor all =
+      comm.world_size() == 1 ? mine.cpu() : comm.all_gather(mine, 0, std::vector<int64_t>(comm.world_size(), 2)).cpu();
+  for (int64_t r = 0; r < comm.world_size(); ++r) {
+    plan.split_bytes[static_cast<size_t>(r)] = all[2 * r].item<int64_t>();
+    plan.whole_bytes[static_cast<size_t>(r)] = all[2 * r + 1].item<int64_t>();
+  }
+  return plan;
 }
 
 void CausalLMImpl::load_weights(const Checkpoint& checkpoint) {

@@ -34,53 +34,7 @@ DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::Scal
 
 std::string DecoderLayerImpl::prefix() const { return config.layer_prefix(index); }
 
-namespace {
-
-// The experts' format: one for every expert's gate, up and down (a checkpoint that
-// quantizes them differently is refused, naming the first that differs), and a router
-// stored unquantized.
-QuantConfig moe_quant(const ModelConfig& c, const std::string& block) {
-  const auto& layout = c.names.moe_layout;
-  const std::string router = block + "." + layout.router_name();
-  TORCH_CHECK_VALUE(c.quant_config(router).format == QuantFormat::kNone, block, ": the router '", router,
-                    "' is quantized (", to_string(c.quant_config(router)),
-                    ") by the checkpoint's quantization_config; tp reads an unquantized router (",
-                    c.quantization.describe(), ")");
-  if (layout.experts() == ExpertLayout::kFused) return c.quant_config(block + ".experts");
-  const auto names = [&](int64_t e) {
-    const std::string p = block + ".experts." + std::to_string(e) + ".";
-    return std::vector<std::string>{p + layout.gate_name(), p + layout.up_name(), p + layout.down_name()};
-  };
-  const std::string first = names(0).front();
-  const QuantConfig quant = c.quant_config(first);
-  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
-    for (const auto& name : names(e)) {
-      const QuantConfig q = c.quant_config(name);
-      TORCH_CHECK_VALUE(q == quant, block, ": the checkpoint's quantization_config gives '", name, "' ", to_string(q),
-                        " but '", first, "' ", to_string(quant),
-                        "; tp needs one format for every expert's projections (", c.quantization.describe(), ")");
-    }
-  }
-  return quant;
-}
-
-// The shared expert's format (gate, up and down alike).
-QuantConfig shared_expert_quant(const ModelConfig& c, const std::string& block) {
-  if (c.moe.shared_expert_intermediate_size == 0) return {};
-  const std::string p = block + "." + c.names.moe_layout.shared_expert_name() + ".";
-  const QuantConfig quant = c.quant_config(p + "gate_proj");
-  for (const char* name : {"up_proj", "down_proj"}) {
-    TORCH_CHECK_VALUE(c.quant_config(p + name) == quant, block, ": the shared expert's ", name, " is ",
-                      to_string(c.quant_config(p + name)), " but its gate_proj ", to_string(quant),
-                      "; tp needs one format for the shared expert's projections");
-  }
-  const std::string gate = block + "." + c.names.moe_layout.shared_expert_gate_name();
-  TORCH_CHECK_VALUE(!c.moe.shared_expert_gate || c.quant_config(gate).format == QuantFormat::kNone, block,
-                    ": the shared expert's gate '", gate, "' is quantized; tp reads it unquantized");
-  return quant;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void DecoderLayerImpl::reset() {
   const auto& c = config;
@@ -117,39 +71,19 @@ void DecoderLayerImpl::reset() {
   o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
   if (c.is_moe(index)) {
     TORCH_CHECK_VALUE(!c.parallel_residual, p, ": a mixture of experts under the parallel residual is not supported");
-    const auto& m = c.moe;
-    moe = register_module(
-        "moe", MoEParallelMLP(MoEParallelMLPOptions(c.hidden_size, m.intermediate_size, m.num_experts, m.top_k)
-                                  .router(m.router)
-                                  .expert_parallel_size(m.expert_parallel_size)
-                                  .quant(moe_quant(c, moe_prefix()))
-                                  .activation(m.activation.empty() ? to_string(c.hidden_act) : m.activation)
-                                  .swiglu_alpha(m.swiglu_alpha)
-                                  .swiglu_limit(m.swiglu_limit)
-                                  .expert_bias(m.expert_bias)
-                                  .shared_expert_intermediate_size(m.shared_expert_intermediate_size)
-                                  .shared_expert_gate(m.shared_expert_gate)
-                                  .shared_expert_quant(shared_expert_quant(c, moe_prefix()))
-                                  .dtype(dtype)
-                                  .device(device)
-                                  .init_weights(init_weights),
-                              comm));
+    moe = register_module("moe",
+                          MoEParallelMLP(moe_layer_options(c, index, dtype, device).init_weights(init_weights), comm));
     return;
   }
-  // The MLP's column layer and down (row) must cut the intermediate dimension alike: one
-  // granularity that satisfies both formats' alignments.
-  const QuantConfig& first = c.gated_mlp ? opts.gate_up.quant() : opts.up.quant();
-  const auto split = SplitPolicy{}.with_granularity(
-      combine_granularity(tp_alignment(first, ShardMode::kColumn), tp_alignment(opts.down.quant(), ShardMode::kRow)));
   Range column_range;
   if (c.gated_mlp) {
-    gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up.split(split), comm));
+    gate_up = register_module("gate_up", GateUpParallelLinear(opts.gate_up, comm));
     column_range = gate_up->local_range();
   } else {
-    up_proj = register_module("up_proj", ColumnParallelLinear(opts.up.split(split), comm));
+    up_proj = register_module("up_proj", ColumnParallelLinear(opts.up, comm));
     column_range = up_proj->local_range();
   }
-  down_proj = register_module("down_proj", RowParallelLinear(opts.down.split(split), comm));
+  down_proj = register_module("down_proj", RowParallelLinear(opts.down, comm));
   TORCH_CHECK_VALUE(column_range == down_proj->local_range(), p, ": the MLP's intermediate slice ", column_range,
                     " differs from down_proj's ", down_proj->local_range());
 }

@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include "tp/models/model_split.h"
+#include "tp/quant/quant_method.h"
+
 #include <vector>
 
 namespace tp {
@@ -30,6 +33,50 @@ std::vector<std::string> qkv_parts(const QKVCheckpointLayout& l) {
 std::vector<std::string> gate_up_parts(const GateUpCheckpointLayout& l) {
   if (l.layout() == GateUpLayout::kSeparate) return {l.gate_name(), l.up_name()};
   return {l.fused_name()};
+}
+
+// The experts' format: one for every expert's gate, up and down (a checkpoint that
+// quantizes them differently is refused, naming the first that differs), and a router
+// stored unquantized.
+QuantConfig moe_quant(const ModelConfig& c, const std::string& block) {
+  const auto& layout = c.names.moe_layout;
+  const std::string router = block + "." + layout.router_name();
+  TORCH_CHECK_VALUE(c.quant_config(router).format == QuantFormat::kNone, block, ": the router '", router,
+                    "' is quantized (", to_string(c.quant_config(router)),
+                    ") by the checkpoint's quantization_config; tp reads an unquantized router (",
+                    c.quantization.describe(), ")");
+  if (layout.experts() == ExpertLayout::kFused) return c.quant_config(block + ".experts");
+  const auto names = [&](int64_t e) {
+    const std::string p = block + ".experts." + std::to_string(e) + ".";
+    return std::vector<std::string>{p + layout.gate_name(), p + layout.up_name(), p + layout.down_name()};
+  };
+  const std::string first = names(0).front();
+  const QuantConfig quant = c.quant_config(first);
+  for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+    for (const auto& name : names(e)) {
+      const QuantConfig q = c.quant_config(name);
+      TORCH_CHECK_VALUE(q == quant, block, ": the checkpoint's quantization_config gives '", name, "' ", to_string(q),
+                        " but '", first, "' ", to_string(quant),
+                        "; tp needs one format for every expert's projections (", c.quantization.describe(), ")");
+    }
+  }
+  return quant;
+}
+
+// The shared expert's format (gate, up and down alike).
+QuantConfig shared_expert_quant(const ModelConfig& c, const std::string& block) {
+  if (c.moe.shared_expert_intermediate_size == 0) return {};
+  const std::string p = block + "." + c.names.moe_layout.shared_expert_name() + ".";
+  const QuantConfig quant = c.quant_config(p + "gate_proj");
+  for (const char* name : {"up_proj", "down_proj"}) {
+    TORCH_CHECK_VALUE(c.quant_config(p + name) == quant, block, ": the shared expert's ", name, " is ",
+                      to_string(c.quant_config(p + name)), " but its gate_proj ", to_string(quant),
+                      "; tp needs one format for the shared expert's projections");
+  }
+  const std::string gate = block + "." + c.names.moe_layout.shared_expert_gate_name();
+  TORCH_CHECK_VALUE(!c.moe.shared_expert_gate || c.quant_config(gate).format == QuantFormat::kNone, block,
+                    ": the shared expert's gate '", gate, "' is quantized; tp reads it unquantized");
+  return quant;
 }
 
 }  // namespace
@@ -91,7 +138,39 @@ DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t lay
                  .dtype(dtype)
                  .numerics(config.numerics)
                  .device(device);
+  out.qkv.split(model_split_policy(config, layer, SplitKind::kAttention));
+  // The MLP's column layer and down (row) must cut the intermediate dimension alike: one
+  // granularity that satisfies both formats' alignments.
+  const QuantConfig& column = config.gated_mlp ? out.gate_up.quant() : out.up.quant();
+  const auto mlp = model_split_policy(config, layer, SplitKind::kMlp)
+                       .with_granularity(combine_granularity(tp_alignment(column, ShardMode::kColumn),
+                                                             tp_alignment(out.down.quant(), ShardMode::kRow)));
+  out.gate_up.split(mlp);
+  out.up.split(mlp);
+  out.down.split(mlp);
   return out;
+}
+
+MoEParallelMLPOptions moe_layer_options(const ModelConfig& c, int64_t layer, at::ScalarType dtype, at::Device device) {
+  TORCH_CHECK_VALUE(c.is_moe(layer), "moe_layer_options: layer ", layer, " of ", c.source,
+                    " is not a mixture of experts");
+  const auto& m = c.moe;
+  const std::string block = c.layer_prefix(layer) + "." + c.names.moe;
+  return MoEParallelMLPOptions(c.hidden_size, m.intermediate_size, m.num_experts, m.top_k)
+      .router(m.router)
+      .expert_parallel_size(m.expert_parallel_size)
+      .split_weights(c.split_weights)
+      .split_rotation(model_split_policy(c, layer, SplitKind::kMlp).rotation)
+      .quant(moe_quant(c, block))
+      .activation(m.activation.empty() ? to_string(c.hidden_act) : m.activation)
+      .swiglu_alpha(m.swiglu_alpha)
+      .swiglu_limit(m.swiglu_limit)
+      .expert_bias(m.expert_bias)
+      .shared_expert_intermediate_size(m.shared_expert_intermediate_size)
+      .shared_expert_gate(m.shared_expert_gate)
+      .shared_expert_quant(shared_expert_quant(c, block))
+      .dtype(dtype)
+      .device(device);
 }
 
 DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t layer) {

@@ -21,7 +21,8 @@ int64_t VocabPartition::owner(int64_t id) const {
                    ")");
 }
 
-VocabPartition partition_vocab(int64_t vocab_size, int64_t world, int64_t pad_to_multiple_of) {
+VocabPartition partition_vocab(int64_t vocab_size, int64_t world, int64_t pad_to_multiple_of,
+                               const std::vector<double>& weights) {
   if (vocab_size <= 0) throw ShardError("vocab_size must be positive; got " + std::to_string(vocab_size));
   if (world <= 0) throw ShardError("world_size must be positive; got " + std::to_string(world));
   if (pad_to_multiple_of <= 0)
@@ -30,7 +31,8 @@ VocabPartition partition_vocab(int64_t vocab_size, int64_t world, int64_t pad_to
   p.vocab_size = vocab_size;
   p.pad_to_multiple_of = pad_to_multiple_of;
   p.padded_size = round_up(vocab_size, pad_to_multiple_of);
-  p.ranges = split(p.padded_size, world, SplitPolicy{}.with_granularity(pad_to_multiple_of), "vocab");
+  p.ranges =
+      split(p.padded_size, world, SplitPolicy{}.with_granularity(pad_to_multiple_of).with_weights(weights), "vocab");
   return p;
 }
 

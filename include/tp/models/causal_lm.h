@@ -28,6 +28,7 @@
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
+#include "tp/models/model_split.h"
 #include "tp/models/norm.h"
 #include "tp/models/rotary_embedding.h"
 
@@ -48,6 +49,13 @@ struct CausalLMOptions {
   /// parallelism). 1: every rank a slice of every expert; 0: each expert whole on one
   /// rank; 2 at TP 4: two groups of two (MoEParallelMLPOptions::expert_parallel_size).
   TORCH_ARG(int64_t, expert_parallel_size) = 1;
+  /// Per-rank weights for unequal devices (llama.cpp's --tensor-split; empty: even), e.g.
+  /// {3, 1} gives rank 0 three quarters of every layer: heads, MLP rows, experts and
+  /// vocabulary rows each cut within one alignment unit of the weights, the leftover units
+  /// rotating over the layers (tp/models/model_split.h; split_plan() prints the result).
+  /// A weight no layer can honour is refused before anything is built, naming the weights
+  /// that work.
+  TORCH_ARG(std::vector<double>, split_weights) = {};
   /// The order of every sum (tp/layers/numerics/numerics.h; kAuto reads TP_NUMERICS). kInvariant:
   /// logits, losses and gradients with the bits of TP 1 at every TP size and of a
   /// prompt alone in any batch; the vocabulary is then padded to a multiple of
@@ -126,6 +134,11 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// next to the config.json. (tp::gather_weights on this module gathers the same
   /// tensors under its module paths instead.)
   std::map<std::string, at::Tensor> gather_weights() const;
+
+  /// What every rank holds (heads, MLP rows, experts, vocabulary rows per layer, and the
+  /// bytes of its parameters and buffers, measured and all-gathered: every rank calls
+  /// this); to_string() prints it. Example: std::cout << model->split_plan().to_string();
+  SplitPlan split_plan() const;
 
   /// config.json, then the safetensors of `folder` (sharded or not), through
   /// ModelConfig and open_checkpoint, strictly: a tensor of the folder that nothing

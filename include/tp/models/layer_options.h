@@ -11,6 +11,7 @@
 
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/moe/moe_parallel_mlp.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/models/model_config.h"
@@ -57,5 +58,12 @@ DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t lay
                                           at::Device device = at::kCPU);
 /// The same in the checkpoint's dtype (config.dtype).
 DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t layer);
+
+/// A mixture-of-experts layer's MoEParallelMLP options (config.is_moe(layer)): sizes,
+/// router, activation, expert_parallel_size, split_weights, and one format for every
+/// expert's projections and one for the shared expert's (a checkpoint that quantizes
+/// them differently, or quantizes the router, is an error naming both tensors).
+MoEParallelMLPOptions moe_layer_options(const ModelConfig& config, int64_t layer, at::ScalarType dtype,
+                                        at::Device device = at::kCPU);
 
 }  // namespace tp

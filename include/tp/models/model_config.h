@@ -338,6 +338,9 @@ struct ModelConfig {
   /// The order of the layers' sums (not in config.json: CausalLMOptions::numerics sets
   /// it; tp/layers/numerics/numerics.h says what kInvariant guarantees).
   Numerics numerics = Numerics::kAuto;
+  /// Per-rank weights of the model's split (not in config.json: CausalLMOptions::split_weights
+  /// sets it; empty: even; tp/models/model_split.h says how each layer is cut).
+  std::vector<double> split_weights;
 };
 
 }  // namespace tp

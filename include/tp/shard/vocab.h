@@ -33,7 +33,10 @@ struct VocabPartition {
 /// Splits `vocab_size` tokens over `world` ranks: the vocabulary is padded to a multiple
 /// of `pad_to_multiple_of` (1: no padding) and split in whole units of that size, the
 /// remainder units one each to the first ranks (tp::split's even policy), so slices may
-/// differ by one unit and a rank may own none. ShardError for non-positive arguments.
-VocabPartition partition_vocab(int64_t vocab_size, int64_t world, int64_t pad_to_multiple_of = 1);
+/// differ by one unit and a rank may own none. With `weights` (one per rank), each rank's
+/// units are within one of units * w[r] / sum(w) (tp::split's weighted policy).
+/// ShardError for non-positive arguments or weights tp::split refuses.
+VocabPartition partition_vocab(int64_t vocab_size, int64_t world, int64_t pad_to_multiple_of = 1,
+                               const std::vector<double>& weights = {});
 
 }  // namespace tp

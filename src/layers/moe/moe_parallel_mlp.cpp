@@ -60,11 +60,6 @@ void leave_to_other_ranks(const Checkpoint& checkpoint, const std::string& prefi
   for (const auto& name : checkpoint.names_with_prefix(prefix)) checkpoint.get(name, kLayer);
 }
 
-// One rank's place in the expert grid: its experts and its slice of each.
-struct Placement {
-  Range experts, range;
-};
-
 }  // namespace
 
 const char* to_string(ExpertLayout layout) {
@@ -93,14 +88,54 @@ SplitPolicy expert_split(const QuantConfig& quant) {
       combine_granularity(tp_alignment(quant, ShardMode::kColumn), tp_alignment(quant, ShardMode::kRow)));
 }
 
-Placement placement(const MoEParallelMLPOptions& o, int64_t ep, int64_t world, int64_t rank) {
-  const int64_t per_group = world / ep;
-  return {split_for_rank(o.num_experts(), ep, rank / per_group, {}, std::string(kLayer) + " experts"),
-          split_for_rank(o.intermediate_size(), per_group, rank % per_group, expert_split(o.quant()),
-                         std::string(kLayer) + " intermediate_size")};
+// The weights of ranks [first, first + count), or of each group's ranks summed (empty: even).
+std::vector<double> weights_of(const std::vector<double>& w, int64_t first, int64_t count, int64_t groups = 0) {
+  if (w.empty()) return {};
+  std::vector<double> out;
+  if (groups == 0) return {w.begin() + first, w.begin() + first + count};
+  const int64_t per_group = static_cast<int64_t>(w.size()) / groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    double sum = 0;
+    for (int64_t j = 0; j < per_group; ++j) sum += w[static_cast<size_t>(g * per_group + j)];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+int64_t resolved_ep(const MoEParallelMLPOptions& o, int64_t world) {
+  const int64_t ep = o.expert_parallel_size() == 0 ? world : o.expert_parallel_size();
+  TORCH_CHECK_VALUE(ep >= 1 && world % ep == 0, kLayer, ": expert_parallel_size=", o.expert_parallel_size(),
+                    " must divide the world size ", world,
+                    " (each expert group is world / expert_parallel_size ranks; 0: one group per rank)");
+  TORCH_CHECK_VALUE(o.split_weights().empty() || static_cast<int64_t>(o.split_weights().size()) == world, kLayer, ": ",
+                    o.split_weights().size(), " split_weights for world size ", world,
+                    " (one per rank, or none for an even split)");
+  return ep;
 }
 
 }  // namespace
+
+MoEPlacement moe_placement(const MoEParallelMLPOptions& o, int64_t world, int64_t rank) {
+  const int64_t ep = resolved_ep(o, world), per_group = world / ep, group = rank / per_group;
+  const auto& w = o.split_weights();
+  const int64_t rot = o.split_rotation();
+  return detail::with_layer_context(kLayer, [&] {
+    MoEPlacement p;
+    p.experts = split_for_rank(o.num_experts(), ep, group,
+                               SplitPolicy{}.with_weights(weights_of(w, 0, 0, ep)).with_rotation(rot),
+                               std::string(kLayer) + " experts");
+    p.rows = split_for_rank(
+        o.intermediate_size(), per_group, rank % per_group,
+        expert_split(o.quant()).with_weights(weights_of(w, group * per_group, per_group)).with_rotation(rot),
+        std::string(kLayer) + " intermediate_size");
+    if (o.shared_expert_intermediate_size() > 0) {
+      p.shared_rows = split_for_rank(o.shared_expert_intermediate_size(), world, rank,
+                                     expert_split(o.shared_expert_quant()).with_weights(w).with_rotation(rot + 1),
+                                     std::string(kLayer) + " shared_expert_intermediate_size");
+    }
+    return p;
+  });
+}
 
 void MoEParallelMLPImpl::reset() {
   run_collectively(comm, std::string(kLayer) + " construction", [&] {
@@ -120,13 +155,10 @@ void MoEParallelMLPImpl::reset() {
     TORCH_CHECK_VALUE(!o.shared_expert_gate() || o.shared_expert_intermediate_size() > 0, kLayer,
                       ": shared_expert_gate needs a shared expert (shared_expert_intermediate_size > 0)");
     const int64_t world = comm.world_size();
-    ep_ = o.expert_parallel_size() == 0 ? world : o.expert_parallel_size();
-    TORCH_CHECK_VALUE(ep_ >= 1 && world % ep_ == 0, kLayer, ": expert_parallel_size=", o.expert_parallel_size(),
-                      " must divide the world size ", world,
-                      " (each expert group is world / expert_parallel_size ranks; 0: one group per rank)");
-    const auto mine = detail::with_layer_context(kLayer, [&] { return placement(o, ep_, world, comm.rank()); });
+    ep_ = resolved_ep(o, world);
+    const MoEPlacement mine = moe_placement(o, world, comm.rank());
     experts_ = mine.experts;
-    range_ = mine.range;
+    range_ = mine.rows;
     const auto t = at::TensorOptions(o.dtype()).device(o.device());
     router_weight = register_parameter("router_weight", at::empty({o.num_experts(), o.hidden_size()}, t));
     router_bias = o.router().bias() ? register_parameter("router_bias", at::empty({o.num_experts()}, t)) : at::Tensor();
@@ -147,11 +179,7 @@ void MoEParallelMLPImpl::reset() {
     shared_.reset();
     shared_range_ = {};
     if (o.shared_expert_intermediate_size() > 0) {
-      shared_range_ = detail::with_layer_context(kLayer, [&] {
-        return split_for_rank(o.shared_expert_intermediate_size(), world, comm.rank(),
-                              expert_split(o.shared_expert_quant()),
-                              std::string(kLayer) + " shared_expert_intermediate_size");
-      });
+      shared_range_ = mine.shared_rows;
       shared_ = std::make_shared<detail::ExpertShard>(*this, "shared_expert", o.hidden_size(),
                                                       o.shared_expert_intermediate_size(), shared_range_,
                                                       o.shared_expert_quant(), /*bias=*/false,
@@ -363,11 +391,11 @@ std::map<std::string, at::Tensor> MoEParallelMLPImpl::gather_weights(const std::
   // rows, up rows, down columns, biases), one all-gather, then each expert put together
   // from its group's ranks in order.
   const auto piece_numel = [&](int64_t r) { return 2 * r * hidden + hidden * r + (bias ? 2 * r + hidden : 0); };
-  std::vector<Placement> places;
+  std::vector<MoEPlacement> places;
   std::vector<int64_t> sizes;
   for (int64_t r = 0; r < world; ++r) {
-    places.push_back(placement(o, ep_, world, r));
-    sizes.push_back(places.back().experts.size() * piece_numel(places.back().range.size()));
+    places.push_back(moe_placement(o, world, r));
+    sizes.push_back(places.back().experts.size() * piece_numel(places.back().rows.size()));
   }
   std::vector<at::Tensor> flat;
   for (const auto& shard : experts_shards_) {
@@ -380,7 +408,7 @@ std::map<std::string, at::Tensor> MoEParallelMLPImpl::gather_weights(const std::
   std::vector<std::vector<detail::ExpertTensors>> pieces(static_cast<size_t>(o.num_experts()));
   int64_t offset = 0;
   for (int64_t r = 0; r < world; ++r) {
-    const int64_t n = places[r].range.size();
+    const int64_t n = places[r].rows.size();
     for (int64_t e = places[r].experts.begin; e < places[r].experts.end; ++e) {
       const auto take = [&](std::vector<int64_t> shape) {
         int64_t numel = 1;
@@ -430,11 +458,7 @@ std::map<std::string, at::Tensor> MoEParallelMLPImpl::gather_weights(const std::
     // The shared expert's slices over every rank.
     const auto mine = shared_->local_pieces(what);
     std::vector<int64_t> shared_sizes;
-    for (int64_t r = 0; r < world; ++r) {
-      const auto range =
-          split_for_rank(o.shared_expert_intermediate_size(), world, r, expert_split(o.shared_expert_quant()));
-      shared_sizes.push_back(range.size());
-    }
+    for (int64_t r = 0; r < world; ++r) shared_sizes.push_back(moe_placement(o, world, r).shared_rows.size());
     const auto gather = [&](const at::Tensor& piece, int64_t dim) {
       return world == 1 ? piece.clone() : comm.all_gather(piece.contiguous(), dim, shared_sizes);
     };

@@ -30,6 +30,7 @@ ParallelLMHeadImpl::ParallelLMHeadImpl(ParallelLMHeadOptions options_, Communica
 ParallelLMHeadImpl::ParallelLMHeadImpl(const VocabParallelEmbedding& embedding, bool gather_output, Numerics numerics)
     : options(ParallelLMHeadOptions(embedding->options.embedding_dim(), embedding->options.num_embeddings())
                   .pad_to_multiple_of(embedding->options.pad_to_multiple_of())
+                  .split_weights(embedding->options.split_weights())
                   .gather_output(gather_output)
                   .dtype(embedding->options.dtype())
                   .device(embedding->options.device())
@@ -46,8 +47,10 @@ void ParallelLMHeadImpl::reset() {
                          {"vocab_size", options.vocab_size()},
                          {"pad_to_multiple_of", options.pad_to_multiple_of()}},
                         options.dtype());
-  partition_ = detail::with_layer_context(
-      kLayer, [&] { return partition_vocab(options.vocab_size(), comm.world_size(), options.pad_to_multiple_of()); });
+  partition_ = detail::with_layer_context(kLayer, [&] {
+    return partition_vocab(options.vocab_size(), comm.world_size(), options.pad_to_multiple_of(),
+                           options.split_weights());
+  });
   const Range rows = local_range(), real = vocab_range();
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   if (tied_) {

@@ -29,7 +29,8 @@ void VocabParallelEmbeddingImpl::reset() {
                          {"pad_to_multiple_of", options.pad_to_multiple_of()}},
                         options.dtype());
   partition_ = detail::with_layer_context(kLayer, [&] {
-    return partition_vocab(options.num_embeddings(), comm.world_size(), options.pad_to_multiple_of());
+    return partition_vocab(options.num_embeddings(), comm.world_size(), options.pad_to_multiple_of(),
+                           options.split_weights());
   });
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   weight = register_parameter("weight", at::empty({local_range().size(), options.embedding_dim()}, tensor_options));

@@ -66,6 +66,14 @@ struct MoEParallelMLPOptions {
   /// tensor parallelism). 1: every rank holds a slice of every expert; 0: as many groups
   /// as ranks (each expert whole on one rank). Must divide the world size.
   TORCH_ARG(int64_t, expert_parallel_size) = 1;
+  /// Per-rank weights for unequal devices (empty: even; else one finite positive weight
+  /// per rank): the experts go to the groups by the sums of their ranks' weights, each
+  /// expert's intermediate rows to a group's ranks by theirs, the shared expert's rows to
+  /// every rank by its weight (tp::split's largest remainder; tp/models/model_split.h).
+  TORCH_ARG(std::vector<double>, split_weights) = {};
+  /// Where the leftover units start (SplitPolicy::rotation): the experts' and each
+  /// expert's rows at this rank, the shared expert's at the next.
+  TORCH_ARG(int64_t, split_rotation) = 0;
   /// The experts' format (gate, up and down alike), as the dense layers' quant option.
   TORCH_ARG(QuantConfig, quant) = {};
   /// Biases on every expert's gate / up and down projections (GPT-OSS).
@@ -183,5 +191,16 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
 
 /// A ModuleHolder for MoEParallelMLPImpl.
 TORCH_MODULE(MoEParallelMLP);
+
+/// One rank's place in a mixture: its experts, its rows of each, its rows of the shared
+/// expert (empty without one).
+struct MoEPlacement {
+  Range experts, rows, shared_rows;
+};
+
+/// Rank `rank`'s place among `world` ranks under `options` (its expert_parallel_size,
+/// 0 meaning world; split_weights; quant alignment): what MoEParallelMLP holds there, for
+/// a model's split plan. A cut that cannot be made is a c10::ValueError naming the layer.
+MoEPlacement moe_placement(const MoEParallelMLPOptions& options, int64_t world, int64_t rank);
 
 }  // namespace tp

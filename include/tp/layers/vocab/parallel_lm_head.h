@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
@@ -41,6 +42,9 @@ struct ParallelLMHeadOptions {
   TORCH_ARG(int64_t, vocab_size);
   /// As VocabParallelEmbeddingOptions::pad_to_multiple_of (a tied head takes the embedding's).
   TORCH_ARG(int64_t, pad_to_multiple_of) = 1;
+  /// Per-rank weights for unequal devices (empty: even): each rank's share of the padded
+  /// rows within one pad_to_multiple_of unit of its weight's (tp::partition_vocab).
+  TORCH_ARG(std::vector<double>, split_weights) = {};
   /// All-gather the logits (without padding) so every rank gets [..., vocab_size].
   TORCH_ARG(bool, gather_output) = false;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;

@@ -35,6 +35,9 @@ struct VocabParallelEmbeddingOptions {
   /// Pad the vocabulary to a multiple of this and split it in whole units of it (1: no
   /// padding). The padding rows are zero and no token maps to them.
   TORCH_ARG(int64_t, pad_to_multiple_of) = 1;
+  /// Per-rank weights for unequal devices (empty: even): each rank's share of the padded
+  /// rows within one pad_to_multiple_of unit of its weight's (tp::partition_vocab).
+  TORCH_ARG(std::vector<double>, split_weights) = {};
   /// Reduce-scatter the output along dim 0 (the tokens) instead of all-reducing it: rank
   /// r keeps rows tp::sequence_ranges(ids.size(0), world)[r] (tp/layers/sequence_parallel.h).
   TORCH_ARG(bool, sequence_parallel) = false;
