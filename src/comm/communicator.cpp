@@ -4,12 +4,15 @@
 
 #include "tp/comm/communicator.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/communicator_state.h"
 #include "comm/host_identity.h"
@@ -126,6 +129,68 @@ Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
                     "; expected 0 <= rank < world_size");
   s.options = std::move(options);
   init_settings(s);
+}
+
+namespace {
+
+// The group of `ranks` (this rank the `mine`-th) inside `parent`. Over Gloo a new Gloo
+// backend on the parent's store under a prefix of its own and the parent's devices (Gloo's
+// own split needs the global ranks a group made by hand does not record); over another
+// backend (NCCL), the backend's split.
+c10::intrusive_ptr<c10d::ProcessGroup> split_group(c10d::ProcessGroup& parent, const std::vector<int64_t>& ranks,
+                                                   int64_t mine, const std::string& name,
+                                                   const CommunicatorOptions& options) {
+  const auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(parent.getBackend(c10::DeviceType::CPU).get());
+  if (gloo == nullptr) {
+    return parent.splitGroup(std::vector<int>(ranks.begin(), ranks.end()), options.timeout, std::nullopt, name, name);
+  }
+  const auto store = c10::make_intrusive<c10d::PrefixStore>(name, parent.getStore());
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices = const_cast<c10d::ProcessGroupGloo*>(gloo)->getOptions()->devices;
+  const int rank = static_cast<int>(mine), size = static_cast<int>(ranks.size());
+  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  for (auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+    group->setBackend(device, c10d::ProcessGroup::BackendType::GLOO, c10::intrusive_ptr<c10d::Backend>(backend));
+  }
+  return group;
+}
+
+}  // namespace
+
+Communicator Communicator::split(const std::vector<int64_t>& ranks) const {
+  const auto& s = *state_;
+  const int64_t mine = std::find(ranks.begin(), ranks.end(), s.rank) - ranks.begin();
+  std::vector<int64_t> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  TORCH_CHECK_VALUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end() && !sorted.empty() &&
+                        sorted.front() >= 0 && sorted.back() < s.world && mine < static_cast<int64_t>(ranks.size()),
+                    "tp::Communicator::split: rank ", s.rank, " of world_size ", s.world, " asked for the group ",
+                    c10::IntArrayRef(ranks), "; expected distinct ranks in 0..", s.world - 1, " including ", s.rank);
+  // splitGroup numbers the new group's ranks in increasing order.
+  TORCH_CHECK_VALUE(std::is_sorted(ranks.begin(), ranks.end()), "tp::Communicator::split: the group ",
+                    c10::IntArrayRef(ranks), " must list its ranks in increasing order");
+  const int64_t n = s.splits.fetch_add(1);
+  if (ranks.size() == 1) return Communicator();
+  // Each group named by the call's number and its ranks, so no two groups share keys in
+  // the parent's store.
+  std::string name = "tp_split_" + std::to_string(n);
+  for (int64_t r : ranks) name += "_" + std::to_string(r);
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  try {
+    group = split_group(*s.group, ranks, mine, name, s.options);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "tp::Communicator::split: rank ", s.rank, " could not form the group ", c10::IntArrayRef(ranks),
+                ": ", e.what_without_backtrace());
+  }
+  TORCH_CHECK(group, "tp::Communicator::split: the process group's backend cannot split (group ",
+              c10::IntArrayRef(ranks), ")");
+  TORCH_INTERNAL_ASSERT(group->getSize() == static_cast<int>(ranks.size()) && group->getRank() == mine);
+  // As make_gloo: every rank of the new group is connected when this returns.
+  Communicator out(group, s.options);
+  out.barrier();
+  return out;
 }
 
 int64_t Communicator::rank() const { return state_->rank; }

@@ -3,6 +3,7 @@
 // functions that act on it live in one header per concept (run_collective.h,
 // collectives.h, host_identity.h, call_check.h, all_reduce/*.h).
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,9 @@ struct CommunicatorState {
   mutable std::mutex hosts_mutex;
   /// TP_COMM_DEBUG=1: one line on stderr per all_reduce, naming the strategy taken.
   bool debug = false;
+  /// How many split() calls this communicator has made: part of each new group's name,
+  /// the same on every rank since every rank calls split in the same order.
+  mutable std::atomic<int64_t> splits{0};
   /// The shared-memory workspace, created by the first shared-memory all_reduce.
   mutable std::unique_ptr<ShmAllReduce> shm;
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "models/model_common.h"
 #include "tp/comm/collective_status.h"
@@ -24,6 +25,11 @@ void CausalLMImpl::reset() {
   config.split_weights = options.split_weights();
   config.numerics = resolve_numerics(options.numerics());
   const bool invariant = config.numerics == Numerics::kInvariant;
+  const int64_t dp_size = options.attention_data_parallel_size();
+  TORCH_CHECK_VALUE(dp_size == 1 || (!invariant && config.split_weights.empty()),
+                    "CausalLM: attention_data_parallel_size=", dp_size, " covers the default numerics and even splits",
+                    invariant ? " (numerics=invariant was asked)" : " (split_weights were given)");
+  dp = AttentionDataParallel::make(comm, dp_size);
   TORCH_CHECK_VALUE(!invariant || config.split_weights.empty(),
                     "CausalLM: invariant numerics sums in chunks of an even split; weighted splits (split_weights) "
                     "are not covered (use numerics=default)");
@@ -52,11 +58,11 @@ void CausalLMImpl::reset() {
                                                                  .dtype(dtype)
                                                                  .device(options.device())
                                                                  .init_weights(options.init_weights()),
-                                                             comm));
+                                                             dp.attention));
   layers.clear();
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < n_layers; ++i) {
-    layers.push_back(DecoderLayer(c, i, dtype, options.device(), comm, options.init_weights()));
+    layers.push_back(DecoderLayer(c, i, dtype, options.device(), dp, options.init_weights()));
     layer_list->push_back(layers.back());
   }
   norm = register_module("norm", Norm(NormOptions(c.hidden_size)
@@ -76,7 +82,7 @@ void CausalLMImpl::reset() {
                                                             .dtype(dtype)
                                                             .device(options.device())
                                                             .init_weights(options.init_weights()),
-                                                        comm));
+                                                        dp.attention));
   }
   if (invariant) {
     const HeadsByRank hidden{comm, {Range{0, 1}}, 1};
@@ -144,10 +150,11 @@ at::Tensor CausalLMImpl::finish_logits(const at::Tensor& local_logits) const {
 
 at::Tensor CausalLMImpl::gather_logits(const at::Tensor& local_logits) const {
   const auto& p = lm_head->partition();
+  const Communicator& group = dp.attention;
   std::vector<int64_t> sizes;
-  for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(p.real(r).size());
-  const at::Tensor real = local_logits.narrow(-1, 0, p.real(comm.rank()).size());
-  return comm.world_size() == 1 ? real : comm.all_gather(real.contiguous(), -1, sizes);
+  for (int64_t r = 0; r < group.world_size(); ++r) sizes.push_back(p.real(r).size());
+  const at::Tensor real = local_logits.narrow(-1, 0, p.real(group.rank()).size());
+  return group.world_size() == 1 ? real : group.all_gather(real.contiguous(), -1, sizes);
 }
 
 KVCache CausalLMImpl::make_cache(int64_t batch, int64_t capacity) const {
@@ -177,13 +184,23 @@ CausalLMImpl::Generated CausalLMImpl::generate(const at::Tensor& prompt, const G
   options.sampling.validate();
   at::NoGradGuard no_grad;
   const int64_t batch = prompt.size(0);
+  // Attention data parallelism: each group decodes its own prompts, every group as many
+  // steps (the MLP's collectives span them all), each row drawing as its global row.
+  int64_t first_row = 0;
+  if (dp.enabled()) {
+    const at::Tensor mine = at::full({1}, batch, at::TensorOptions(at::kLong).device(this->options.device()));
+    const at::Tensor all = comm.all_gather(mine, 0, std::vector<int64_t>(comm.world_size(), 1)).cpu();
+    const int64_t per = comm.world_size() / dp.size;
+    for (int64_t g = 0; g < dp.group; ++g) first_row += all[g * per].item<int64_t>();
+  }
   auto cache = make_cache(batch, prompt.size(1) + options.max_new_tokens);
   std::vector<at::Tensor> out;
   const at::Tensor stops = at::tensor(options.stop_token_ids, at::kLong).to(prompt.device());
   at::Tensor done = at::zeros({batch}, prompt.options().dtype(at::kBool));
   at::Tensor lengths = at::zeros({batch}, prompt.options());
   at::Tensor history = prompt;  // the repetition penalty's: the prompt and the tokens so far
-  at::Tensor next = prompt;
+  // A group without prompts still takes every step, on no tokens.
+  at::Tensor next = batch == 0 ? at::zeros({0, 1}, prompt.options()) : prompt;
   const auto& rope = config.rope;
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     if (rope.type == RopeType::kLongRope && cache.length > 0 && cache.length <= rope.original_max_position_embeddings &&
@@ -195,7 +212,9 @@ CausalLMImpl::Generated CausalLMImpl::generate(const at::Tensor& prompt, const G
       next = history;
     }
     const at::Tensor logits = forward(next, &cache, /*logits_to_keep=*/1);  // [batch, 1, local vocab]
-    const at::Tensor token = lm_head->sample(logits.select(1, 0), options.sampling, i, history);  // [batch]
+    const at::Tensor token = batch == 0 ? at::zeros({0}, prompt.options())
+                                        : lm_head->sample(logits.select(1, 0), options.sampling, i, history,
+                                                          first_row);  // [batch]
     // A stopped row shows the pad token; its input stays a token of the vocabulary (the pad
     // need not be one), and it computes on unseen.
     out.push_back(token.masked_fill(done, options.pad_token_id).unsqueeze(1));
@@ -203,7 +222,14 @@ CausalLMImpl::Generated CausalLMImpl::generate(const at::Tensor& prompt, const G
     if (stops.numel() > 0) done = done.logical_or(at::isin(token, stops));
     next = token.unsqueeze(1);
     history = at::cat({history, next}, 1);
-    if (done.all().item<bool>()) break;  // the same tokens on every rank: the same decision
+    // The same tokens on every rank of a group: the same decision; the groups agree on theirs.
+    bool finished = done.all().item<bool>();
+    if (dp.enabled()) {
+      at::Tensor open =
+          at::full({1}, finished ? 0.0 : 1.0, at::TensorOptions(at::kFloat).device(this->options.device()));
+      finished = comm.all_reduce(open).item<float>() == 0.0f;
+    }
+    if (finished) break;
   }
   return {at::cat(out, 1), lengths};
 }
@@ -255,7 +281,33 @@ int64_t split_bytes_of(const DecoderLayerImpl& layer) {
 
 }  // namespace
 
+void CausalLMImpl::reduce_data_parallel_grads() {
+  if (!dp.enabled()) return;
+  // The MLPs' and experts' parameters see every group's tokens: their gradients are whole.
+  std::set<const void*> whole;
+  for (const auto& layer : layers) {
+    const auto add = [&](const auto& holder) {
+      if (holder.is_empty()) return;
+      for (const auto& p : holder->parameters()) whole.insert(p.unsafeGetTensorImpl());
+    };
+    add(layer->gate_up);
+    add(layer->up_proj);
+    add(layer->down_proj);
+    add(layer->moe);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& p : parameters()) {
+    if (whole.count(p.unsafeGetTensorImpl()) || !p.requires_grad()) continue;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    dp.replicas.all_reduce(p.mutable_grad());
+  }
+}
+
 SplitPlan CausalLMImpl::split_plan() const {
+  TORCH_CHECK_VALUE(!dp.enabled(),
+                    "CausalLM::split_plan describes a tensor-parallel split; under attention data "
+                    "parallelism (attention_data_parallel_size=",
+                    dp.size, ") each group's attention is its own");
   SplitPlan plan = plan_model_split(config, comm.world_size(), static_cast<int64_t>(layers.size()),
                                     embed_tokens->partition().pad_to_multiple_of);
   int64_t split = module_bytes(*embed_tokens) + (config.tie_word_embeddings ? 0 : module_bytes(*lm_head));

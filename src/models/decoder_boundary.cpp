@@ -63,7 +63,9 @@ bool DecoderLayerImpl::fuses(const at::Tensor& x) const {
   const auto t = x.scalar_type();
   // Invariant numerics keeps its own path (its sums are canonical, taken whole), as the
   // row layers resolve it.
-  if (!fuse_boundary || at::GradMode::is_enabled() || resolve_numerics(config.numerics) == Numerics::kInvariant)
+  // Attention data parallelism reduces the MLP by a reduce-scatter, not an all-reduce to fuse.
+  if (!fuse_boundary || at::GradMode::is_enabled() || resolve_numerics(config.numerics) == Numerics::kInvariant ||
+      dp.enabled())
     return false;
   if (!(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) || !(x.is_cpu() || x.is_cuda())) return false;
   bool ok = fusable(post_attention_layernorm);

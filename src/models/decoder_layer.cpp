@@ -14,6 +14,7 @@
 #include "tp/comm/reduction.h"
 #include "tp/layers/numerics/heads.h"
 #include "tp/layers/numerics/numerics.h"
+#include "tp/layers/sequence_parallel.h"
 #include "tp/models/layer_options.h"
 #include "tp/models/rotary_embedding.h"
 #include "tp/quant/quant_method.h"
@@ -28,6 +29,19 @@ DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::Scal
       dtype(dtype_),
       device(device_),
       comm(std::move(comm_)),
+      dp(AttentionDataParallel::none(comm)),
+      init_weights(init_weights_) {
+  reset();
+}
+
+DecoderLayerImpl::DecoderLayerImpl(ModelConfig config_, int64_t index_, at::ScalarType dtype_, at::Device device_,
+                                   AttentionDataParallel dp_, bool init_weights_)
+    : config(std::move(config_)),
+      index(index_),
+      dtype(dtype_),
+      device(device_),
+      comm(dp_.world),
+      dp(std::move(dp_)),
       init_weights(init_weights_) {
   reset();
 }
@@ -58,7 +72,7 @@ void DecoderLayerImpl::reset() {
   opts.gate_up.init_weights(init_weights);
   opts.up.init_weights(init_weights);
   opts.down.init_weights(init_weights);
-  qkv = register_module("qkv", QKVParallelLinear(opts.qkv, comm));
+  qkv = register_module("qkv", QKVParallelLinear(opts.qkv, dp.attention));
   if (c.attention_sinks) {
     // One logit per query head, for this rank's heads (zeros until loaded).
     const auto sink_options = at::TensorOptions(dtype).device(device);
@@ -68,11 +82,21 @@ void DecoderLayerImpl::reset() {
   }
   if (c.numerics == Numerics::kInvariant) use_invariant_heads();
   // O owns exactly this rank's query heads, even when heads split unevenly.
-  o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), comm));
+  if (dp.enabled()) {
+    // The attention's output reduced within its group; the MLP's partial sums
+    // reduce-scattered over every rank by mlp_over_groups.
+    TORCH_CHECK_VALUE(c.numerics != Numerics::kInvariant && c.split_weights.empty(), p,
+                      ": attention data parallelism covers the default numerics and even splits");
+    opts.o.reduce_output(true);
+    opts.down.reduce_output(false);
+  }
+  o_proj = register_module("o_proj", RowParallelLinear(opts.o_proj(*qkv), dp.attention));
   if (c.is_moe(index)) {
     TORCH_CHECK_VALUE(!c.parallel_residual, p, ": a mixture of experts under the parallel residual is not supported");
-    moe = register_module("moe",
-                          MoEParallelMLP(moe_layer_options(c, index, dtype, device).init_weights(init_weights), comm));
+    moe = register_module(
+        "moe",
+        MoEParallelMLP(
+            moe_layer_options(c, index, dtype, device).init_weights(init_weights).reduce_output(!dp.enabled()), comm));
     return;
   }
   Range column_range;
@@ -215,6 +239,7 @@ std::string DecoderLayerImpl::moe_prefix() const { return prefix() + "." + confi
 MoECheckpointLayout DecoderLayerImpl::moe_layout() const { return config.names.moe_layout; }
 
 at::Tensor DecoderLayerImpl::mlp(const at::Tensor& x) {
+  if (dp.enabled()) return mlp_over_groups(x);
   if (!moe.is_empty()) return moe->forward(x);
   // The column layers route their mirrored input through copy_to_parallel themselves.
   // Invariant numerics: an activation whose bits do not depend on where the rank's slice
@@ -242,8 +267,28 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return forward(LayerStream(x), NextNorm{}, cos, sin, cache).hidden;
 }
 
+at::Tensor DecoderLayerImpl::mlp_over_groups(const at::Tensor& x) {
+  // This rank's piece of its group's tokens; every group's pieces gathered over the world
+  // (their counts exchanged: groups hold different batches); the MLP's partial sums
+  // reduce-scattered back to the pieces; the group's pieces gathered again. Each step's
+  // backward is the matching collective (tp/comm/differentiable.h).
+  const at::Tensor tokens = x.reshape({-1, x.size(-1)});
+  const auto group_sizes = sequence_sizes(tokens.size(0), dp.attention.world_size());
+  const at::Tensor piece = scatter_to_parallel(tokens, dp.attention, 0, group_sizes);
+  const auto world_sizes = exchange_sizes(piece, comm, 0);
+  const at::Tensor all = gather_from_parallel(piece, comm, 0, world_sizes);
+  at::Tensor mine = reduce_scatter_to_sequence_parallel(mlp_partial(all), comm, 0, world_sizes);
+  // down's bias on every rank's piece: its gradient, each piece's, summed over the world.
+  if (const at::Tensor bias = mlp_bias(); bias.defined()) mine = mine + copy_to_parallel(bias, comm);
+  return gather_from_parallel(mine, dp.attention, 0, group_sizes).reshape(x.sizes());
+}
+
 at::Tensor DecoderLayerImpl::forward_unfused(const at::Tensor& x, const at::Tensor& a) {
   at::Tensor attn = o_proj->forward(a);
+  if (config.parallel_residual && dp.enabled()) {
+    // O reduced within the group; the MLP over every rank, reduced by mlp().
+    return x + attn + mlp(post_attention_layernorm->forward(x));
+  }
   if (config.parallel_residual) {
     // O and down hand on partial sums (their output reductions are none): one all-reduce
     // serves both (each row layer adds its bias on one rank only, so each is counted once).
@@ -261,17 +306,18 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
                                        const at::Tensor& cos, const at::Tensor& sin, KVCache* cache) {
   const int64_t b = q_in.size(0), s = q_in.size(1), d = config.head_dim;
   const auto& plan = qkv->head_plan();
-  at::Tensor q = q_in.reshape({b, s, -1, d});
-  at::Tensor k = k_in.reshape({b, s, -1, d});
-  at::Tensor v = v_in.reshape({b, s, -1, d});
+  // The head counts spelled out: a group of attention data parallelism may have no tokens.
+  at::Tensor q = q_in.reshape({b, s, q_in.size(-1) / d, d});
+  at::Tensor k = k_in.reshape({b, s, k_in.size(-1) / d, d});
+  at::Tensor v = v_in.reshape({b, s, v_in.size(-1) / d, d});
   if (qk_norm()) {
     // Each rank applies the shared per-head weight to its own heads: the weight's
     // gradient is the sum of every rank's part.
     // Invariant numerics: the weights' gradient is made whole by their canonical scale
     // (use_invariant_heads), not by copy_to_parallel's all-reduce.
     const bool invariant = config.numerics == Numerics::kInvariant;
-    const at::Tensor qw = invariant ? q_norm->weight : copy_to_parallel(q_norm->weight, comm);
-    const at::Tensor kw = invariant ? k_norm->weight : copy_to_parallel(k_norm->weight, comm);
+    const at::Tensor qw = invariant ? q_norm->weight : copy_to_parallel(q_norm->weight, dp.attention);
+    const at::Tensor kw = invariant ? k_norm->weight : copy_to_parallel(k_norm->weight, dp.attention);
     q = q_norm->forward(q.contiguous(), qw);
     k = k_norm->forward(k.contiguous(), kw);
   }
@@ -283,7 +329,7 @@ at::Tensor DecoderLayerImpl::attention(const at::Tensor& q_in, const at::Tensor&
   const int64_t window = config.is_sliding(index) ? config.sliding_window : 0;
   // Each rank's heads see their own sinks; the shared sink tensor's gradient is theirs alone.
   const at::Tensor a = grouped_attention(q, k, v, plan, group, config, window, sinks, expand_kv);
-  return a.transpose(1, 2).reshape({b, s, -1});
+  return a.transpose(1, 2).reshape({b, s, a.size(1) * a.size(3)});
 }
 
 namespace {

@@ -115,7 +115,8 @@ SplitPlan plan_units(const ModelConfig& config, int64_t world, int64_t num_layer
       const SplitPolicy rows =
           opts.down.split().with_partial_tail(make_quant_method(column)->allows_partial_block(ShardMode::kColumn));
       const auto ranges = shard_call([&] { return split(config.intermediate_size, world, rows, "intermediate_size"); });
-      for (int64_t r = 0; r < world; ++r) shares[static_cast<size_t>(r)].mlp_rows = ranges[static_cast<size_t>(r)].size();
+      for (int64_t r = 0; r < world; ++r)
+        shares[static_cast<size_t>(r)].mlp_rows = ranges[static_cast<size_t>(r)].size();
     }
     plan.layers.push_back(shares);
   }
@@ -209,13 +210,11 @@ std::string SplitPlan::to_string() const {
   for (size_t i = 0; i < layers.size(); ++i) {
     const auto& l = layers[i];
     const std::string name = layer_name(static_cast<int64_t>(i));
-    row(name + " attention", [&](size_t r) {
-      return "q " + std::to_string(l[r].q_heads) + " kv " + std::to_string(l[r].kv_heads);
-    });
+    row(name + " attention",
+        [&](size_t r) { return "q " + std::to_string(l[r].q_heads) + " kv " + std::to_string(l[r].kv_heads); });
     if (l[0].experts > 0 || l[0].expert_rows > 0 || l[0].mlp_rows == 0) {
-      row(name + " experts", [&](size_t r) {
-        return std::to_string(l[r].experts) + " x " + std::to_string(l[r].expert_rows) + " rows";
-      });
+      row(name + " experts",
+          [&](size_t r) { return std::to_string(l[r].experts) + " x " + std::to_string(l[r].expert_rows) + " rows"; });
       if (l[0].shared_rows > 0)
         row(name + " shared", [&](size_t r) { return std::to_string(l[r].shared_rows) + " rows"; });
     } else {

@@ -26,8 +26,8 @@
 #include "tp/models/model_split.h"
 
 using namespace tp;
-using tp::test::fixture_dir;
 using Catch::Contains;
+using tp::test::fixture_dir;
 
 namespace {
 
@@ -61,8 +61,8 @@ TEST_CASE("CausalLM split by weights 3:1 and 1:2:1 equals transformers, its plan
     std::string name;
     std::vector<double> weights;
   };
-  for (const Case& cs : {Case{"llama", {3, 1}}, Case{"llama", {1, 2, 1}}, Case{"qwen2", {3, 1}},
-                         Case{"qwen2", {1, 2, 1}}}) {
+  for (const Case& cs :
+       {Case{"llama", {3, 1}}, Case{"llama", {1, 2, 1}}, Case{"qwen2", {3, 1}}, Case{"qwen2", {1, 2, 1}}}) {
     const std::string folder = fixture_dir() + "/" + cs.name;
     const auto ref = open_checkpoint(fixture_dir() + "/" + cs.name + ".reference.safetensors");
     const auto prompt = ref.get("model.prompt").read_all();
@@ -149,9 +149,8 @@ TEST_CASE("plan_model_split: weights no layer can honour are refused, naming wei
   };
   // Rank 0's 1/16 of 4 KV groups rounds to none; mixing toward the even split, 0.128 is
   // the first weight whose share (0.51 of a group) wins the leftover group.
-  CHECK_THAT(refusal({1, 15}, 2),
-             Contains("rank 0 gets none of the 8 query heads of layer 0's attention") &&
-                 Contains("give every rank a share of everything: 0.128:0.872"));
+  CHECK_THAT(refusal({1, 15}, 2), Contains("rank 0 gets none of the 8 query heads of layer 0's attention") &&
+                                      Contains("give every rank a share of everything: 0.128:0.872"));
   CHECK_THAT(refusal({3, 1}, 3), Contains("2 weights for a world of 3 ranks"));
   CHECK_THAT(refusal({1, 0}, 2), Contains("rank 1's weight 0 must be a finite positive"));
   CHECK_THAT(refusal({1, std::nan("")}, 2), Contains("finite positive"));
@@ -180,7 +179,8 @@ TEST_CASE("plan_model_split: weights no layer can honour are refused, naming wei
   // Refused by CausalLM on every rank, before anything is built; invariant numerics too.
   for (const auto& [weights, numerics, message] :
        {std::tuple{std::vector<double>{1, 15}, Numerics::kDefault, "cannot be honoured"},
-        std::tuple{std::vector<double>{1, 1}, Numerics::kInvariant, "weighted splits (split_weights) are not covered"}}) {
+        std::tuple{std::vector<double>{1, 1}, Numerics::kInvariant,
+                   "weighted splits (split_weights) are not covered"}}) {
     std::vector<std::string> errors(2);
     run_ranks_in_threads(
         2,

@@ -141,6 +141,15 @@ class Communicator {
   /// Returns once every rank has called it (or throws after the timeout).
   void barrier() const;
 
+  /// The ranks `ranks` of this group as a communicator of their own (rank i of it is
+  /// ranks[i]), with this one's options: collectives among them alone, as an attention
+  /// group inside a larger world (tp/models/attention_dp.h). Collective over this whole
+  /// group: every rank calls it, each with the list of its own new group (the lists
+  /// disjoint, together every rank), the calls in the same order. A single rank gets a
+  /// world-size-1 communicator; this rank missing from `ranks`, a repeated or out-of-range
+  /// rank is an error.
+  Communicator split(const std::vector<int64_t>& ranks) const;
+
   /// How many all_reduce calls took each strategy (the one actually taken,
   /// after resolving kAuto), so the choice is observable.
   std::map<AllReduceStrategy, int64_t> all_reduce_counts() const;

@@ -25,6 +25,7 @@
 #include "tp/layers/vocab/sampling.h"
 #include "tp/layers/vocab/vocab_parallel_embedding.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/models/attention_dp.h"
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
@@ -56,6 +57,13 @@ struct CausalLMOptions {
   /// A weight no layer can honour is refused before anything is built, naming the weights
   /// that work.
   TORCH_ARG(std::vector<double>, split_weights) = {};
+  /// Attention data parallelism (tp/models/attention_dp.h; TensorRT-LLM's
+  /// enable_attention_dp): D groups of world / D consecutive ranks, each with its own batch
+  /// (the ids each rank passes are its group's: any prompt count, zero included, and
+  /// length), attention, KV cache, embedding and LM head (split over the group's ranks), the
+  /// MLP and experts over every rank. 1: plain tensor parallelism. Training sums the
+  /// replicated parameters' gradients over the groups: reduce_data_parallel_grads().
+  TORCH_ARG(int64_t, attention_data_parallel_size) = 1;
   /// The order of every sum (tp/layers/numerics/numerics.h; kAuto reads TP_NUMERICS). kInvariant:
   /// logits, losses and gradients with the bits of TP 1 at every TP size and of a
   /// prompt alone in any batch; the vocabulary is then padded to a multiple of
@@ -140,6 +148,13 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   /// this); to_string() prints it. Example: std::cout << model->split_plan().to_string();
   SplitPlan split_plan() const;
 
+  /// Attention data parallelism, after a backward: every parameter outside the MLPs and
+  /// experts (attention, norms, embedding, LM head; one copy per group) gets the sum of its
+  /// groups' gradients (a parameter without one counts as zeros), so a step sees the
+  /// gradient of every group's loss, as a single device would. Collective; a no-op without
+  /// attention data parallelism.
+  void reduce_data_parallel_grads();
+
   /// config.json, then the safetensors of `folder` (sharded or not), through
   /// ModelConfig and open_checkpoint, strictly: a tensor of the folder that nothing
   /// reads (but those LoadSessionOptions::default_allow_unread() allows, and the layers
@@ -153,6 +168,9 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
   ModelConfig config;
   CausalLMOptions options;
   Communicator comm;
+  /// The attention's groups (AttentionDataParallel::none(comm) without them): the embedding,
+  /// the layers' attention, the final norm's stream and the LM head run over dp.attention.
+  AttentionDataParallel dp;
   at::ScalarType dtype = at::kFloat;  // resolved compute dtype
   VocabParallelEmbedding embed_tokens{nullptr};
   std::vector<DecoderLayer> layers;  // also in layer_list, registered as "layers" ("layers.{i}.*")

@@ -34,6 +34,7 @@
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/loader/checkpoint.h"
+#include "tp/models/attention_dp.h"
 #include "tp/models/kv_cache.h"
 #include "tp/models/model_config.h"
 #include "tp/models/norm.h"
@@ -70,6 +71,10 @@ struct NextNorm {
 class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
  public:
   DecoderLayerImpl(ModelConfig config, int64_t index, at::ScalarType dtype, at::Device device, Communicator comm,
+                   bool init_weights = true);
+  /// Under attention data parallelism (tp/models/attention_dp.h): the attention over
+  /// dp.attention, on its group's tokens; the MLP or experts over dp.world, on every group's.
+  DecoderLayerImpl(ModelConfig config, int64_t index, at::ScalarType dtype, at::Device device, AttentionDataParallel dp,
                    bool init_weights = true);
 
   void reset() override;
@@ -108,6 +113,8 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
 
   /// The MLP of the block on its (normed) input: down(act(gate) * up), or down(act(up))
   /// for an ungated MLP (a partial sum under the parallel residual: down does not reduce).
+  /// Under attention data parallelism: over every rank, on every group's tokens (x is this
+  /// group's), the result this group's, reduced.
   at::Tensor mlp(const at::Tensor& x);
   /// The same before the MLP's reduction, without down's bias (mlp_bias()): this rank's share.
   at::Tensor mlp_partial(const at::Tensor& x);
@@ -131,7 +138,9 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   int64_t index;
   at::ScalarType dtype;
   at::Device device;
-  Communicator comm;
+  Communicator comm;  // every rank: the MLP's (and, without attention data parallelism, the attention's)
+  /// The attention's groups (AttentionDataParallel::none(comm) without them).
+  AttentionDataParallel dp;
   bool init_weights = true;
   Norm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Norm pre_feedforward_layernorm{nullptr}, post_feedforward_layernorm{nullptr};  // Gemma only
@@ -157,6 +166,8 @@ class DecoderLayerImpl : public torch::nn::Cloneable<DecoderLayerImpl> {
   // each a separate pass.
   LayerStream forward_fused(const at::Tensor& x, const at::Tensor& a, const NextNorm& next);
   at::Tensor forward_unfused(const at::Tensor& x, const at::Tensor& a);
+  // The MLP over every rank on every attention group's tokens (attention data parallelism).
+  at::Tensor mlp_over_groups(const at::Tensor& x);
   bool fuses(const at::Tensor& x) const;
   // The MLP's first GEMM's per-token quantization (none for MoE blocks), and its partial
   // sum from a boundary's stream (its codes when it has them).

@@ -126,11 +126,11 @@ at::Tensor ParallelLMHeadImpl::argmax(const at::Tensor& local_logits) const {
 }
 
 at::Tensor ParallelLMHeadImpl::sample(const at::Tensor& local_logits, const SamplingParams& params, int64_t step,
-                                      const at::Tensor& previous) const {
+                                      const at::Tensor& previous, int64_t first_row) const {
   if (options.gather_output())  // the whole vocabulary on every rank: each draws alone, the same draws
     return vocab_parallel_sample(local_logits, partition_vocab(partition_.vocab_size, 1), Communicator(), params, step,
-                                 previous);
-  return vocab_parallel_sample(local_logits, partition_, comm, params, step, previous);
+                                 previous, first_row);
+  return vocab_parallel_sample(local_logits, partition_, comm, params, step, previous, first_row);
 }
 
 void ParallelLMHeadImpl::load_weights(const Checkpoint& checkpoint, const std::string& prefix) {

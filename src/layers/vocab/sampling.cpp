@@ -234,7 +234,7 @@ double sampling_uniform(uint64_t seed, int64_t step, int64_t row, int64_t token)
 
 at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPartition& partition,
                                  const Communicator& comm, const SamplingParams& params, int64_t step,
-                                 const at::Tensor& previous) {
+                                 const at::Tensor& previous, int64_t first_row) {
   constexpr const char* kOp = "vocab_parallel_sample";
   detail::check_local_logits(kOp, local_logits, partition, comm);
   TORCH_CHECK_VALUE(local_logits.dim() == 2, kOp, ": local logits must be [rows, local vocab]; got ",
@@ -277,7 +277,7 @@ at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPart
     const double* v = x.row(r);
     double top = -kInf;
     for (int64_t i = 0; i < x.n; ++i) top = std::max(top, v[i]);
-    const uint64_t key = row_key(params.seed, step, r);
+    const uint64_t key = row_key(params.seed, step, first_row + r);
     const bool draw = params.temperature > 0;
     double best = -kInf;
     int64_t id = -1;

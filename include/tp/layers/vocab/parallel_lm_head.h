@@ -87,7 +87,7 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   at::Tensor argmax(const at::Tensor& local_logits) const;
   /// A sampled token of each row of local_logits [rows, local rows]; see vocab_parallel_sample.
   at::Tensor sample(const at::Tensor& local_logits, const SamplingParams& params, int64_t step,
-                    const at::Tensor& previous = at::Tensor()) const;
+                    const at::Tensor& previous = at::Tensor(), int64_t first_row = 0) const;
 
   /// Untied: loads `prefix + ".weight"` ([vocab_size, hidden_size], floating), reading
   /// only this rank's rows. Tied: an error (load the embedding).

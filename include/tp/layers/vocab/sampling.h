@@ -57,9 +57,11 @@ double sampling_uniform(uint64_t seed, int64_t step, int64_t row, int64_t token)
 /// any floating dtype; padding columns ignored), int64 [rows], the same on every rank.
 /// `step` tells the draws of one call from another's (generate passes the position);
 /// `previous`: int64 [rows, n] token ids already in each row (prompt and generated; may be
-/// undefined), for the repetition penalty. Not differentiable.
+/// undefined), for the repetition penalty. `first_row`: the global index of row 0, whose
+/// draws row r takes as row first_row + r (attention data parallelism: the rows of the groups
+/// before this one, so a prompt draws the same in whichever group it runs). Not differentiable.
 at::Tensor vocab_parallel_sample(const at::Tensor& local_logits, const VocabPartition& partition,
                                  const Communicator& comm, const SamplingParams& params, int64_t step,
-                                 const at::Tensor& previous = at::Tensor());
+                                 const at::Tensor& previous = at::Tensor(), int64_t first_row = 0);
 
 }  // namespace tp
