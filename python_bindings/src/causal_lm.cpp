@@ -106,7 +106,16 @@ void init_causal_lm(py::module_& m) {
   bind_children(m);
   py::class_<KVCache>(m, "KVCache", "Keys and values per layer (this rank's KV heads) for incremental decoding.")
       .def_readwrite("length", &KVCache::length, "Positions filled so far (the next token's position).")
-      .def_property_readonly("capacity", &KVCache::capacity);
+      .def_property_readonly("capacity", &KVCache::capacity)
+      .def_property_readonly(
+          "bytes",
+          [](const KVCache& c) {
+            int64_t bytes = 0;
+            for (const auto* side : {&c.keys, &c.values})
+              for (const auto& t : *side) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+            return bytes;
+          },
+          "What this rank's keys and values hold, in bytes.");
 
   py::class_<LayerShare>(m, "LayerShare", "What one rank holds of one decoder layer.")
       .def_readonly("q_heads", &LayerShare::q_heads)
@@ -130,14 +139,15 @@ void init_causal_lm(py::module_& m) {
           "from_pretrained",
           [](const std::string& folder, const Communicator& comm, std::optional<at::ScalarType> dtype,
              int64_t pad_vocab_to_multiple_of, int64_t num_layers, int64_t expert_parallel_size,
-             const std::string& numerics, const std::vector<double>& split_weights) {
+             const std::string& numerics, const std::vector<double>& split_weights, int64_t attention_dp) {
             auto options = CausalLMOptions()
                                .dtype(dtype.value_or(at::ScalarType::Undefined))
                                .pad_vocab_to_multiple_of(pad_vocab_to_multiple_of)
                                .num_layers(num_layers)
                                .expert_parallel_size(expert_parallel_size)
                                .numerics(parse_numerics(numerics))
-                               .split_weights(split_weights);
+                               .split_weights(split_weights)
+                               .attention_data_parallel_size(attention_dp);
             std::shared_ptr<CausalLMImpl> model;
             {
               py::gil_scoped_release no_gil;  // collective: ranks that are threads must all get there
@@ -155,7 +165,8 @@ void init_causal_lm(py::module_& m) {
           },
           py::arg("folder"), py::arg("communicator"), py::arg("dtype") = std::nullopt,
           py::arg("pad_vocab_to_multiple_of") = 1, py::arg("num_layers") = 0, py::arg("expert_parallel_size") = 1,
-          py::arg("numerics") = "auto", py::arg("split_weights") = std::vector<double>{})
+          py::arg("numerics") = "auto", py::arg("split_weights") = std::vector<double>{},
+          py::arg("attention_data_parallel_size") = 1)
       .def(
           "forward",
           [](CausalLMImpl& model, const at::Tensor& ids, KVCache* cache, int64_t logits_to_keep) {
@@ -204,6 +215,9 @@ void init_causal_lm(py::module_& m) {
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))
       .def("gather_weights", &CausalLMImpl::gather_weights, Release())
       .def("split_plan", &CausalLMImpl::split_plan, Release())
+      .def("reduce_data_parallel_grads", &CausalLMImpl::reduce_data_parallel_grads, Release())
+      .def_property_readonly("attention_data_parallel_size", [](const CausalLMImpl& m) { return m.dp.size; })
+      .def_property_readonly("attention_group", [](const CausalLMImpl& m) { return m.dp.group; })
       .def("generate_greedy", &CausalLMImpl::generate_greedy, py::arg("prompt"), py::arg("new_tokens"), Release())
       .def(
           "generate",

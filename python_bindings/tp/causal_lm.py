@@ -194,6 +194,7 @@ class CausalLM(nn.Module):
         self._embedding_scale = impl.embedding_scale
         self._rotary_table_of = [impl.rotary_table_of(i) for i in range(len(impl.layers))]
         self._final_cap = impl.final_logit_softcapping
+        self._attention_dp = impl.attention_data_parallel_size
         self._local_vocab = impl.local_vocab
         head = impl.lm_head
         self.lm_head = (ParallelLMHead._tied_over(head, self.embed_tokens) if head.tied
@@ -208,7 +209,7 @@ class CausalLM(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str, *, dtype: Optional[torch.dtype] = None, pad_vocab_to_multiple_of: int = 1,
                         num_layers: int = 0, expert_parallel: Union[bool, int] = False, numerics: str = "auto",
-                        split_weights: Optional[Sequence[float]] = None,
+                        split_weights: Optional[Sequence[float]] = None, attention_data_parallel: int = 1,
                         group: Optional["dist.ProcessGroup"] = None,
                         communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
@@ -225,13 +226,32 @@ class CausalLM(nn.Module):
         unequal devices (e.g. [3, 1]): every layer's heads, rows, experts and vocabulary cut
         within one alignment unit of them, the leftovers rotating over the layers
         (``split_plan()`` shows the result; a weight no layer can honour is refused naming
-        weights that work). Collective: every rank calls it."""
+        weights that work). ``attention_data_parallel`` D > 1: D groups of world / D
+        consecutive ranks, each with its own batch (the ids each rank passes are its group's:
+        any prompt count, zero included, and length), attention, KV cache, embedding and LM
+        head; the MLP and experts over every rank (docs/models.md; training calls
+        ``reduce_data_parallel_grads()`` after the backward). Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
         ep = (0 if expert_parallel else 1) if isinstance(expert_parallel, bool) else int(expert_parallel)
         return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep,
-                                               numerics, list(split_weights or [])))
+                                               numerics, list(split_weights or []), attention_data_parallel))
+
+    @property
+    def attention_data_parallel_size(self) -> int:
+        return self._impl.attention_data_parallel_size
+
+    @property
+    def attention_group(self) -> int:
+        """This rank's attention group (0 without attention data parallelism)."""
+        return self._impl.attention_group
+
+    def reduce_data_parallel_grads(self) -> None:
+        """Attention data parallelism, after a backward: the parameters outside the MLPs and
+        experts (one copy per group) get the sum of the groups' gradients, as a single device
+        computing every group's loss would. Collective; a no-op without it."""
+        self._impl.reduce_data_parallel_grads()
 
     def split_plan(self) -> "_C.SplitPlan":
         """What every rank holds: heads, MLP rows, experts and vocabulary rows per layer, and
@@ -245,6 +265,13 @@ class CausalLM(nn.Module):
         Without one the children run in turn (traceable by torch.compile / export)."""
         if cache is not None:
             return self._impl.forward(ids, cache, logits_to_keep)
+        if self._attention_dp > 1:
+            # The MLP's collectives span the groups (tp/models/attention_dp.h): the C++ model
+            # runs whole (differentiable), not the children in turn.
+            if torch.compiler.is_compiling():
+                raise NotImplementedError("tp.CausalLM: torch.compile does not trace attention data parallelism; "
+                                          "run it eagerly")
+            return self._impl.forward(ids, None, logits_to_keep)
         if ids.dim() != 2:
             raise ValueError(f"CausalLM: ids must be [batch, seq]; got {list(ids.shape)}")
         b, s = ids.shape

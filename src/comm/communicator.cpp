@@ -133,6 +133,15 @@ Communicator::Communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group, 
 
 namespace {
 
+// The parent's Gloo backend for CPU tensors, or null.
+c10d::ProcessGroupGloo* gloo_backend(c10d::ProcessGroup& group) {
+  try {
+    return dynamic_cast<c10d::ProcessGroupGloo*>(group.getBackend(c10::DeviceType::CPU).get());
+  } catch (const c10::Error&) {  // no backend for CPU tensors (an NCCL-only group)
+    return nullptr;
+  }
+}
+
 // The group of `ranks` (this rank the `mine`-th) inside `parent`. Over Gloo a new Gloo
 // backend on the parent's store under a prefix of its own and the parent's devices (Gloo's
 // own split needs the global ranks a group made by hand does not record); over another
@@ -140,13 +149,13 @@ namespace {
 c10::intrusive_ptr<c10d::ProcessGroup> split_group(c10d::ProcessGroup& parent, const std::vector<int64_t>& ranks,
                                                    int64_t mine, const std::string& name,
                                                    const CommunicatorOptions& options) {
-  const auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(parent.getBackend(c10::DeviceType::CPU).get());
+  auto* gloo = gloo_backend(parent);
   if (gloo == nullptr) {
     return parent.splitGroup(std::vector<int>(ranks.begin(), ranks.end()), options.timeout, std::nullopt, name, name);
   }
   const auto store = c10::make_intrusive<c10d::PrefixStore>(name, parent.getStore());
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  gloo_options->devices = const_cast<c10d::ProcessGroupGloo*>(gloo)->getOptions()->devices;
+  gloo_options->devices = gloo->getOptions()->devices;
   const int rank = static_cast<int>(mine), size = static_cast<int>(ranks.size());
   auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
@@ -171,7 +180,16 @@ Communicator Communicator::split(const std::vector<int64_t>& ranks) const {
   // splitGroup numbers the new group's ranks in increasing order.
   TORCH_CHECK_VALUE(std::is_sorted(ranks.begin(), ranks.end()), "tp::Communicator::split: the group ",
                     c10::IntArrayRef(ranks), " must list its ranks in increasing order");
-  const int64_t n = s.splits.fetch_add(1);
+  // A number for the new groups that no earlier split over this store used (a communicator
+  // made again over the same process group starts its own count at 0): the store's counter,
+  // read by rank 0 and broadcast. Over a backend without a store of ours (NCCL) the count.
+  int64_t n = s.splits.fetch_add(1);
+  if (gloo_backend(*s.group) != nullptr && s.group->getStore()) {
+    at::Tensor seq = at::zeros({1}, at::kLong);
+    if (s.rank == 0) seq.fill_(s.group->getStore()->add("tp_split_seq", 1));
+    broadcast(seq, 0);
+    n = seq.item<int64_t>();
+  }
   if (ranks.size() == 1) return Communicator();
   // Each group named by the call's number and its ranks, so no two groups share keys in
   // the parent's store.

@@ -283,7 +283,8 @@ int64_t split_bytes_of(const DecoderLayerImpl& layer) {
 
 void CausalLMImpl::reduce_data_parallel_grads() {
   if (!dp.enabled()) return;
-  // The MLPs' and experts' parameters see every group's tokens: their gradients are whole.
+  // The MLPs' and experts' parameters see every group's tokens: their gradients are whole;
+  // every other's is summed once.
   std::set<const void*> whole;
   for (const auto& layer : layers) {
     const auto add = [&](const auto& holder) {
@@ -297,7 +298,8 @@ void CausalLMImpl::reduce_data_parallel_grads() {
   }
   at::NoGradGuard no_grad;
   for (auto& p : parameters()) {
-    if (whole.count(p.unsafeGetTensorImpl()) || !p.requires_grad()) continue;
+    // A tied embedding is listed twice: summed once (insert reports it done).
+    if (!p.requires_grad() || !whole.insert(p.unsafeGetTensorImpl()).second) continue;
     if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
     dp.replicas.all_reduce(p.mutable_grad());
   }

@@ -24,8 +24,8 @@
 #include "tp/models/causal_lm.h"
 
 using namespace tp;
-using tp::test::fixture_dir;
 using Catch::Contains;
+using tp::test::fixture_dir;
 
 namespace {
 
@@ -46,8 +46,9 @@ at::Tensor prompts(int64_t group, int64_t count, int64_t length, int64_t vocab) 
 void step(CausalLMImpl& model, const at::Tensor& ids, int64_t all_tokens) {
   if (ids.numel() > 0) {
     const at::Tensor logits = model.forward(ids);
-    const at::Tensor loss = model.lm_head->cross_entropy(logits.narrow(1, 0, ids.size(1) - 1).reshape({-1, logits.size(-1)}),
-                                                         ids.narrow(1, 1, ids.size(1) - 1).reshape({-1}));
+    const at::Tensor loss =
+        model.lm_head->cross_entropy(logits.narrow(1, 0, ids.size(1) - 1).reshape({-1, logits.size(-1)}),
+                                     ids.narrow(1, 1, ids.size(1) - 1).reshape({-1}));
     (loss.sum() / static_cast<double>(all_tokens)).backward();
   } else {
     // No tokens: the group's collectives still run (the MLP's span every group).
@@ -60,8 +61,8 @@ void step(CausalLMImpl& model, const at::Tensor& ids, int64_t all_tokens) {
 TEST_CASE("CausalLM with attention data parallelism equals TP 1 on each group's prompts", "[models][hf][dp]") {
   const std::string folder = fixture_dir() + "/llama";
   const int64_t vocab = 128, new_tokens = 6;
-  for (const Layout& layout : {Layout{2, 2, {{2, 5}, {1, 7}}}, Layout{4, 2, {{2, 6}, {3, 4}}},
-                               Layout{3, 3, {{3, 5}, {1, 7}, {0, 0}}}}) {
+  for (const Layout& layout :
+       {Layout{2, 2, {{2, 5}, {1, 7}}}, Layout{4, 2, {{2, 6}, {3, 4}}}, Layout{3, 3, {{3, 5}, {1, 7}, {0, 0}}}}) {
     const int64_t per = layout.world / layout.dp;
     std::vector<at::Tensor> logits(layout.world), tokens(layout.world);
     std::vector<std::string> errors(layout.world);
@@ -105,8 +106,8 @@ TEST_CASE("CausalLM with attention data parallelism: one SGD step equals TP 1's 
           "[models][hf][dp]") {
   const std::string folder = fixture_dir() + "/llama";
   const int64_t vocab = 128;
-  for (const Layout& layout : {Layout{2, 2, {{2, 5}, {1, 7}}}, Layout{3, 3, {{2, 4}, {1, 6}, {0, 0}}},
-                               Layout{4, 2, {{1, 5}, {2, 3}}}}) {
+  for (const Layout& layout :
+       {Layout{2, 2, {{2, 5}, {1, 7}}}, Layout{3, 3, {{2, 4}, {1, 6}, {0, 0}}}, Layout{4, 2, {{1, 5}, {2, 3}}}}) {
     int64_t all_tokens = 0;
     for (const auto& [count, length] : layout.batches) all_tokens += count * std::max<int64_t>(length - 1, 0);
     const int64_t per = layout.world / layout.dp;
