@@ -155,6 +155,32 @@ TEST_CASE("CausalLM with attention data parallelism: one SGD step equals TP 1's 
   }
 }
 
+TEST_CASE("CausalLM with attention data parallelism samples each prompt's tokens as one batch at TP 1 does",
+          "[models][hf][dp][sampling]") {
+  // The draws are per (seed, step, global row, token): rows 0-1 in group 0 and row 2 in
+  // group 1 draw as rows 0-2 of one batch.
+  const std::string folder = fixture_dir() + "/llama";
+  const at::Tensor batch = prompts(7, 3, 5, 128);
+  CausalLMImpl::GenerateOptions opts;
+  opts.max_new_tokens = 8;
+  opts.sampling.temperature = 0.9, opts.sampling.top_p = 0.95, opts.sampling.seed = 11;
+  std::vector<at::Tensor> got(2);
+  run_ranks_in_threads(
+      2,
+      [&](Communicator& comm) {
+        const auto model = CausalLMImpl::from_pretrained(
+            folder, CausalLMOptions().dtype(at::kDouble).attention_data_parallel_size(2), comm);
+        const at::Tensor mine = comm.rank() == 0 ? batch.narrow(0, 0, 2) : batch.narrow(0, 2, 1);
+        got[comm.rank()] = model->generate(mine, opts).tokens;
+      },
+      test::test_comm_options());
+  const auto reference = CausalLMImpl::from_pretrained(folder, CausalLMOptions().dtype(at::kDouble));
+  const at::Tensor want = reference->generate(batch, opts).tokens;
+  CHECK(at::equal(at::cat({got[0], got[1]}), want));
+  // Without the global row, group 1's prompt would draw as a batch's row 0 does.
+  CHECK(!at::equal(got[1], reference->generate(batch.narrow(0, 2, 1), opts).tokens));
+}
+
 TEST_CASE("CausalLM: an attention_data_parallel_size that does not divide the world is refused on every rank",
           "[models][hf][dp]") {
   std::vector<std::string> errors(3);
