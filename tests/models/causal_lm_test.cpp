@@ -44,11 +44,9 @@ TEST_CASE("CausalLM from a Hugging Face folder equals transformers at TP 1-4: lo
   table << "\nmodel   TP  max |logit err|  greedy tokens equal\n";
   for (const std::string name : {"llama", "qwen2", "qwen3"}) {
     const std::string folder = fixture_dir() + "/" + name;
-    const auto ref = open_checkpoint(fixture_dir() + "/" + name + ".reference.safetensors");
-    const auto prompt = ref.get("model.prompt").read_all();
-    const auto want_logits = ref.get("model.logits").read_all();
-    const auto want_tokens = ref.get("model.generated").read_all();
-    const double scale = std::max(1.0, want_logits.abs().max().item<double>());
+    const test::ModelReference ref = test::model_reference(name);
+    const at::Tensor &prompt = ref.prompt, &want_logits = ref.logits, &want_tokens = ref.generated;
+    const double scale = ref.scale;
     for (int64_t world = 1; world <= 4; ++world) {
       const bool feasible = !(name == "qwen3" && world == 3);
       std::vector<RankResult> ranks(world);

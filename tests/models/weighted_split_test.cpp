@@ -64,11 +64,9 @@ TEST_CASE("CausalLM split by weights 3:1 and 1:2:1 equals transformers, its plan
   for (const Case& cs :
        {Case{"llama", {3, 1}}, Case{"llama", {1, 2, 1}}, Case{"qwen2", {3, 1}}, Case{"qwen2", {1, 2, 1}}}) {
     const std::string folder = fixture_dir() + "/" + cs.name;
-    const auto ref = open_checkpoint(fixture_dir() + "/" + cs.name + ".reference.safetensors");
-    const auto prompt = ref.get("model.prompt").read_all();
-    const auto want_logits = ref.get("model.logits").read_all();
-    const auto want_tokens = ref.get("model.generated").read_all();
-    const double scale = std::max(1.0, want_logits.abs().max().item<double>());
+    const test::ModelReference ref = test::model_reference(cs.name);
+    const at::Tensor &prompt = ref.prompt, &want_logits = ref.logits, &want_tokens = ref.generated;
+    const double scale = ref.scale;
     const int64_t world = static_cast<int64_t>(cs.weights.size());
     std::vector<RankResult> ranks(world);
     run_ranks_in_threads(

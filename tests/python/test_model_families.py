@@ -49,25 +49,30 @@ def _reference(folder, name):
     return load_file(f"{folder}/{name}.reference.safetensors")
 
 
+def model_result(model, ref, rank) -> dict:
+    """A loaded model against a folder's references: the prompt's and the whole sequence's
+    logit errors, the greedy tokens, and (rank 0) gather_weights."""
+    prompt, generated = ref["model.prompt"], ref["model.generated"]
+    with torch.no_grad():
+        logits = model.gather_logits(model(prompt))
+        full = model.gather_logits(model(torch.cat([prompt, generated[:, :-1]], 1)))
+    tokens = model.generate(prompt, generated.shape[1])
+    weights = model.gather_weights()
+    return dict(
+        err=(logits - ref["model.logits"]).abs().max().item(),
+        full_err=(full - ref["model.full_logits"]).abs().max().item(),
+        scale=max(1.0, ref["model.full_logits"].abs().max().item()),
+        same_tokens=torch.equal(tokens, generated), tokens=tokens.tolist(),
+        # numpy: pickled by value (a tensor would travel as shared memory of a process that exits)
+        weights={k: v.numpy() for k, v in weights.items()} if rank == 0 else None,
+    )
+
+
 def _rank(rank, world, folder):
     out = {}
     for name in FAMILIES:
-        ref = _reference(folder, name)
         model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
-        prompt, generated = ref["model.prompt"], ref["model.generated"]
-        with torch.no_grad():
-            logits = model.gather_logits(model(prompt))
-            full = model.gather_logits(model(torch.cat([prompt, generated[:, :-1]], 1)))
-        tokens = model.generate(prompt, generated.shape[1])
-        weights = model.gather_weights()
-        out[name] = dict(
-            err=(logits - ref["model.logits"]).abs().max().item(),
-            full_err=(full - ref["model.full_logits"]).abs().max().item(),
-            scale=max(1.0, ref["model.full_logits"].abs().max().item()),
-            same_tokens=torch.equal(tokens, generated), tokens=tokens.tolist(),
-            # numpy: pickled by value (a tensor would travel as shared memory of a process that exits)
-            weights={k: v.numpy() for k, v in weights.items()} if rank == 0 else None,
-        )
+        out[name] = model_result(model, _reference(folder, name), rank)
     return out
 
 

@@ -20,7 +20,7 @@ import torch
 import family_fixtures
 import launcher
 import tp
-from test_model_families import LR, _reference, _step_bound, _stored, _train_reference
+from test_model_families import LR, _reference, _step_bound, _stored, _train_reference, model_result
 
 CASES = {"gemma2": False, "gpt_neox": False, "qwen2_moe": False, "qwen3_moe": True}  # name: expert_parallel
 WEIGHTS = {2: [3.0, 1.0], 3: [1.0, 2.0, 1.0]}
@@ -39,26 +39,12 @@ def _model(folder, name, world):
 def _rank(rank, world, folder):
     out = {}
     for name in CASES:
-        ref = _reference(folder, name)
         model = _model(folder, name, world)
-        prompt, generated = ref["model.prompt"], ref["model.generated"]
-        with torch.no_grad():
-            logits = model.gather_logits(model(prompt))
-            full = model.gather_logits(model(torch.cat([prompt, generated[:, :-1]], 1)))
-        tokens = model.generate(prompt, generated.shape[1])
-        weights = model.gather_weights()
         plan = model.split_plan()
-        out[name] = dict(
-            err=(logits - ref["model.logits"]).abs().max().item(),
-            full_err=(full - ref["model.full_logits"]).abs().max().item(),
-            scale=max(1.0, ref["model.full_logits"].abs().max().item()),
-            same_tokens=torch.equal(tokens, generated), tokens=tokens.tolist(),
-            weights={k: v.numpy() for k, v in weights.items()} if rank == 0 else None,
-            plan=str(plan),
-            shares=[[(s.q_heads, s.mlp_rows, s.experts, s.expert_rows, s.shared_rows) for s in layer]
-                    for layer in plan.layers],
-            vocab_rows=list(plan.vocab_rows),
-        )
+        out[name] = dict(model_result(model, _reference(folder, name), rank), plan=str(plan),
+                         shares=[[(s.q_heads, s.mlp_rows, s.experts, s.expert_rows, s.shared_rows) for s in layer]
+                                 for layer in plan.layers],
+                         vocab_rows=list(plan.vocab_rows))
     return out
 
 
