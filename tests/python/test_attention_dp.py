@@ -20,7 +20,7 @@ import torch
 import family_fixtures
 import launcher
 import tp
-from test_model_families import LR, _step_bound, _stored
+from test_model_families import _train_reference, check_step, sgd_step
 
 CASES = {"gemma2": False, "gpt_neox": False, "qwen2_moe": False, "qwen3_moe": True}  # name: expert_parallel
 LAYOUTS = {"dp2_tp2": (4, 2, [(2, 6), (1, 8)]), "dp3_uneven": (3, 3, [(3, 5), (1, 7), (0, 0)])}
@@ -110,14 +110,7 @@ def _train_rank(rank, world, folder):
         model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, attention_data_parallel=2,
                                             expert_parallel=ep)
         loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).sum() / all_tokens
-        loss.backward()
-        model.reduce_data_parallel_grads()
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p -= LR * p.grad
-        weights = model.gather_weights()
-        out[name] = {k: v.numpy() for k, v in weights.items()} if rank == 0 else None
+        out[name] = sgd_step(model, ids, rank, loss)[1]
     return out
 
 
@@ -125,18 +118,6 @@ def test_attention_dp_sgd_step_equals_transformers(folder, tmp_path):
     results = launcher.run(2, _train_rank, str(folder), timeout=600)
     ids = torch.cat([_prompts(g, c, n) for g, (c, n) in enumerate(TRAIN_BATCHES)])
     for name in CASES:
-        model = _hf(folder, name)
-        logits = model(ids).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= LR * p.grad
-        model.save_pretrained(tmp_path / name,
-                              save_original_format=family_fixtures.FAMILIES[name].get("save_original_format", True))
-        want = _stored(tmp_path / name)
-        got = {k: torch.from_numpy(v) for k, v in results[0][name].items()}
-        assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
-        for key, v in want.items():
-            diff = (got[key] - v).abs().max().item() / max(1.0, v.abs().max().item())
-            assert diff <= _step_bound(name, key), f"{name} attention DP 2: {key} after the step differs by {diff:.3g}"
+        _, want, changed = _train_reference(folder, name, tmp_path, ids)
+        assert changed > 1e-3, f"{name}: the step changed nothing"
+        check_step(name, results[0][name], want, "attention DP 2")

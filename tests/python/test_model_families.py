@@ -104,27 +104,46 @@ def test_families_equal_transformers(folder, world):
     print(f"\nTP {world}: max |logit err| " + ", ".join(f"{n}: {e:.2g}" for n, e in worst.items()))
 
 
+def sgd_step(model, ids, rank, loss=None):
+    """The mean cross entropy of `ids` (or the `loss` given), its backward, one SGD step; the
+    loss and (rank 0) gather_weights after it."""
+    if loss is None:
+        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
+    loss.backward()
+    if model.attention_data_parallel_size > 1:
+        model.reduce_data_parallel_grads()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:  # an expert no token reached has none (as torch.optim skips it)
+                p -= LR * p.grad
+    weights = model.gather_weights()
+    return loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None
+
+
 def _train_rank(rank, world, folder):
     out = {}
     for name in FAMILIES:
-        ids = _reference(folder, name)["model.prompt"]
         model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64)
-        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:  # an expert no token reached has none (as torch.optim skips it)
-                    p -= LR * p.grad
-        weights = model.gather_weights()
-        out[name] = (loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
+        out[name] = sgd_step(model, _reference(folder, name)["model.prompt"], rank)
     return out
 
 
-def _train_reference(folder, name, tmp_path):
-    """transformers' loss and one SGD step, its weights as its save_pretrained names them."""
+def check_step(name, got_weights, want, where):
+    """Every weight after tp's step against transformers' (_step_bound)."""
+    got = {k: torch.from_numpy(v) for k, v in got_weights.items()}
+    assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
+    diffs = {k: (got[k] - v).abs().max().item() / max(1.0, v.abs().max().item()) for k, v in want.items()}
+    for key, diff in diffs.items():
+        assert diff <= _step_bound(name, key), f"{name} {where}: {key} after the step differs by {diff:.3g}"
+    return max(diffs.values())
+
+
+def _train_reference(folder, name, tmp_path, ids=None):
+    """transformers' loss and one SGD step on `ids` (None: the folder's prompt), its weights as
+    its save_pretrained names them."""
     from transformers import AutoModelForCausalLM
 
-    ids = _reference(folder, name)["model.prompt"]
+    ids = _reference(folder, name)["model.prompt"] if ids is None else ids
     model = AutoModelForCausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64,
                                                  **family_fixtures.hf_kwargs(name)).eval()
     logits = model(ids).logits
@@ -170,12 +189,7 @@ def test_one_sgd_step_equals_transformers(folder, world, tmp_path):
         assert changed > 1e-3, f"{name}: the step changed nothing"
         for rank, res in enumerate(results):
             assert abs(res[name][0] - want_loss) <= 1e-10, f"{name} rank {rank}: loss {res[name][0]!r} vs {want_loss!r}"
-        got = {k: torch.from_numpy(v) for k, v in results[0][name][1].items()}
-        assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
-        diffs = {k: (got[k] - v).abs().max().item() / max(1.0, v.abs().max().item()) for k, v in want.items()}
-        for key, diff in diffs.items():
-            assert diff <= _step_bound(name, key), f"{name} TP {world}: {key} after the step differs by {diff:.3g}"
-        worst = max(diffs.values())
+        worst = check_step(name, results[0][name][1], want, f"TP {world}")
         print(f"\n{name} TP {world}: |loss - transformers'| {abs(results[0][name][0] - want_loss):.2g}, "
               f"max relative weight difference after the step {worst:.2g}")
 
@@ -362,16 +376,8 @@ def test_moe_families_with_expert_parallelism_equal_transformers(folder, world, 
 def _train_rank_ep(rank, world, folder, ep):
     out = {}
     for name in MOE:
-        ids = _reference(folder, name)["model.prompt"]
         model = tp.CausalLM.from_pretrained(f"{folder}/{name}", dtype=torch.float64, expert_parallel=ep)
-        loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
-        loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p -= LR * p.grad
-        weights = model.gather_weights()
-        out[name] = (loss.item(), {k: v.numpy() for k, v in weights.items()} if rank == 0 else None)
+        out[name] = sgd_step(model, _reference(folder, name)["model.prompt"], rank)
     return out
 
 
@@ -385,11 +391,7 @@ def test_moe_sgd_step_under_expert_parallelism_equals_transformers(folder, world
         assert changed > 1e-3, f"{name}: the step changed nothing"
         for rank, res in enumerate(results):
             assert abs(res[name][0] - want_loss) <= 1e-10, f"{name} rank {rank}: loss {res[name][0]!r} vs {want_loss!r}"
-        got = {k: torch.from_numpy(v) for k, v in results[0][name][1].items()}
-        assert got.keys() == want.keys(), (name, sorted(set(got) ^ set(want)))
-        for key, v in want.items():
-            diff = (got[key] - v).abs().max().item() / max(1.0, v.abs().max().item())
-            assert diff <= _step_bound(name, key), f"{name} world {world} ep {ep}: {key} after the step differs by {diff:.3g}"
+        check_step(name, results[0][name][1], want, f"world {world} ep {ep}")
 
 
 def _save_rank_ep(rank, world, folder, out, ep):
