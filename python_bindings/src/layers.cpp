@@ -152,6 +152,7 @@ void bind_qkv(py::module_& m) {
            py::arg("num_heads"), py::arg("num_kv_heads"));
   TP_OPTION(opts, QKVParallelLinearOptions, hidden_size);
   TP_OPTION(opts, QKVParallelLinearOptions, head_dim);
+  TP_OPTION(opts, QKVParallelLinearOptions, query_granularity);
   TP_OPTION(opts, QKVParallelLinearOptions, num_heads);
   TP_OPTION(opts, QKVParallelLinearOptions, num_kv_heads);
   TP_OPTION(opts, QKVParallelLinearOptions, gather_output);

@@ -44,8 +44,8 @@ void QKVParallelLinearImpl::reset() {
     core_ = detail::make_column_core(
         kLayer, spec, comm,
         [&](int64_t r, const SplitPolicy& policy) {
-          auto plan =
-              plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r, policy);
+          auto plan = plan_heads(options.num_heads(), options.num_kv_heads(), options.head_dim(), comm.world_size(), r,
+                                 policy, options.query_granularity());
           if (r == comm.rank()) head_plan_ = plan;
           return plan.qkv_plan();
         },

@@ -139,6 +139,12 @@ DecoderLayerOptions decoder_layer_options(const ModelConfig& config, int64_t lay
                  .numerics(config.numerics)
                  .device(device);
   out.qkv.split(model_split_policy(config, layer, SplitKind::kAttention));
+  // O's cut follows the query heads: they are cut on its quant groups too, where whole runs
+  // of KV groups allow it (else as before: the heads alone, and O refuses a cut off its groups).
+  const int64_t o_groups = tp_alignment(out.o.quant(), ShardMode::kRow);
+  const int64_t q_group = config.num_attention_heads / config.num_key_value_heads * config.head_dim;
+  if (config.num_key_value_heads % (combine_granularity(q_group, o_groups) / q_group) == 0)
+    out.qkv.query_granularity(o_groups);
   // The MLP's column layer and down (row) must cut the intermediate dimension alike: one
   // granularity that satisfies both formats' alignments.
   const QuantConfig& column = config.gated_mlp ? out.gate_up.quant() : out.up.quant();

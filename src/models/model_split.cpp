@@ -96,7 +96,8 @@ SplitPlan plan_units(const ModelConfig& config, int64_t world, int64_t num_layer
                                   .with_partial_tail(qkv_method->allows_partial_block(ShardMode::kColumn));
     for (int64_t r = 0; r < world; ++r) {
       const HeadPlan p = shard_call([&] {
-        return plan_heads(config.num_attention_heads, config.num_key_value_heads, config.head_dim, world, r, heads);
+        return plan_heads(config.num_attention_heads, config.num_key_value_heads, config.head_dim, world, r, heads,
+                          opts.qkv.query_granularity());
       });
       shares[static_cast<size_t>(r)].q_heads = p.q_heads.size();
       shares[static_cast<size_t>(r)].kv_heads = p.kv_heads.size();
@@ -127,16 +128,15 @@ SplitPlan plan_units(const ModelConfig& config, int64_t world, int64_t num_layer
   return plan;
 }
 
-// The first cut a rank holds none of ("rank 0 gets none of the 8 query heads of layer 0's
-// attention"), or "" when every rank holds some of every cut.
-std::string first_empty_share(const SplitPlan& plan, const ModelConfig& config) {
-  std::ostringstream s;
-  const auto check = [&](const std::vector<int64_t>& held, int64_t total, const std::string& what) {
-    for (size_t r = 0; r < held.size() && s.tellp() == 0; ++r) {
-      if (held[r] == 0) s << "rank " << r << " gets none of the " << total << " " << what;
-    }
+// Per cut of a plan, each rank's units: [cut][rank], cuts in the order `names` gets them.
+std::vector<std::vector<int64_t>> cuts_of(const SplitPlan& plan, const ModelConfig& config,
+                                          std::vector<std::string>* names = nullptr) {
+  std::vector<std::vector<int64_t>> cuts;
+  const auto add = [&](std::vector<int64_t> held, int64_t total, const std::string& what) {
+    cuts.push_back(std::move(held));
+    if (names) names->push_back(std::to_string(total) + " " + what);
   };
-  for (size_t i = 0; i < plan.layers.size() && s.tellp() == 0; ++i) {
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
     std::vector<int64_t> q, rows, shared;
     for (const auto& x : plan.layers[i]) {
       q.push_back(x.q_heads);
@@ -144,23 +144,38 @@ std::string first_empty_share(const SplitPlan& plan, const ModelConfig& config) 
       shared.push_back(x.shared_rows);
     }
     const std::string where = " of " + layer_name(static_cast<int64_t>(i));
-    check(q, config.num_attention_heads, "query heads" + where + "'s attention");
+    add(q, config.num_attention_heads, "query heads" + where + "'s attention");
     if (config.is_moe(static_cast<int64_t>(i))) {
-      check(rows, config.moe.num_experts, "experts' rows" + where);
+      add(rows, config.moe.num_experts, "experts' rows" + where);
       if (config.moe.shared_expert_intermediate_size > 0)
-        check(shared, config.moe.shared_expert_intermediate_size, "shared expert's rows" + where);
+        add(shared, config.moe.shared_expert_intermediate_size, "shared expert's rows" + where);
     } else {
-      check(rows, config.intermediate_size, "intermediate rows" + where + "'s MLP");
+      add(rows, config.intermediate_size, "intermediate rows" + where + "'s MLP");
     }
   }
-  const int64_t padded = std::accumulate(plan.vocab_rows.begin(), plan.vocab_rows.end(), int64_t{0});
-  check(plan.vocab_rows, padded, "vocabulary rows");
-  return s.str();
+  add(plan.vocab_rows, std::accumulate(plan.vocab_rows.begin(), plan.vocab_rows.end(), int64_t{0}), "vocabulary rows");
+  return cuts;
+}
+
+// The first cut a rank holds none of where the even split gives it some ("rank 0 gets none
+// of the 8 query heads of layer 0's attention"), or "". (A cut too coarse for every rank even
+// evenly, one 128-block of KV heads over two ranks, leaves a rank idle there at any weights.)
+std::string first_empty_share(const SplitPlan& plan, const SplitPlan& even, const ModelConfig& config) {
+  std::vector<std::string> names;
+  const auto cuts = cuts_of(plan, config, &names);
+  const auto even_cuts = cuts_of(even, config);
+  for (size_t c = 0; c < cuts.size(); ++c) {
+    for (size_t r = 0; r < cuts[c].size(); ++r) {
+      if (cuts[c][r] == 0 && even_cuts[c][r] > 0) return "rank " + std::to_string(r) + " gets none of the " + names[c];
+    }
+  }
+  return "";
 }
 
 // The weights nearest `w` on the way to the even split that give every rank some of every
-// cut, printed to three places (and checked so), or "" when not even the even split does.
-std::string weights_that_work(ModelConfig config, int64_t world, int64_t num_layers, int64_t pad) {
+// cut the even split gives it some of, printed to three places (and checked so).
+std::string weights_that_work(ModelConfig config, const SplitPlan& even, int64_t world, int64_t num_layers,
+                              int64_t pad) {
   const std::vector<double> w = config.split_weights;
   const double sum = std::accumulate(w.begin(), w.end(), 0.0);
   for (int step = 1; step <= 100; ++step) {
@@ -171,7 +186,7 @@ std::string weights_that_work(ModelConfig config, int64_t world, int64_t num_lay
       mixed.push_back(std::round(f * 1000.0) / 1000.0);
     }
     config.split_weights = mixed;
-    if (first_empty_share(plan_units(config, world, num_layers, pad), config).empty()) return ratio(mixed);
+    if (first_empty_share(plan_units(config, world, num_layers, pad), even, config).empty()) return ratio(mixed);
   }
   return "";
 }
@@ -185,12 +200,15 @@ SplitPlan plan_model_split(const ModelConfig& config, int64_t world, int64_t num
   check_weights(w, world);
   if (world > config.num_key_value_heads) check_replica_groups(w, config.num_key_value_heads, config.source);
   SplitPlan plan = plan_units(config, world, num_layers, pad_vocab_to_multiple_of);
-  const std::string empty = first_empty_share(plan, config);
+  ModelConfig even_config = config;
+  even_config.split_weights.clear();
+  const SplitPlan even = plan_units(even_config, world, num_layers, pad_vocab_to_multiple_of);
+  const std::string empty = first_empty_share(plan, even, config);
   if (!empty.empty()) {
-    const std::string fix = weights_that_work(config, world, num_layers, pad_vocab_to_multiple_of);
+    const std::string fix = weights_that_work(config, even, world, num_layers, pad_vocab_to_multiple_of);
     TORCH_CHECK_VALUE(false, "split_weights ", ratio(w), " cannot be honoured by ", config.source, ": ", empty,
-                      ", so its device would idle there; ",
-                      fix.empty() ? "not even the even split gives every rank a share: use fewer ranks"
+                      " (the even split gives it some), so its device would idle there; ",
+                      fix.empty() ? "no weights between these and the even split give every rank its share"
                                   : "the nearest weights that give every rank a share of everything: " + fix);
   }
   return plan;

@@ -66,7 +66,7 @@ void check_weights(const std::vector<double>& weights, int64_t world) {
 }  // namespace
 
 HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t world, int64_t rank,
-                    const SplitPolicy& policy) {
+                    const SplitPolicy& policy, int64_t q_granularity) {
   check_positive("num_heads", num_heads);
   check_positive("num_kv_heads", num_kv_heads);
   check_positive("head_dim", head_dim);
@@ -98,14 +98,17 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
   // of g. The q condition follows from the k one, but both are written out so the
   // reason is visible.
   const int64_t unit_k = combine_granularity(head_dim, g) / head_dim;
-  const int64_t unit_q = combine_granularity(group * head_dim, g) / (group * head_dim);
+  if (q_granularity < 1) shard_fail("plan_heads: q_granularity=", q_granularity, " must be >= 1");
+  const int64_t unit_q =
+      combine_granularity(group * head_dim, combine_granularity(g, q_granularity)) / (group * head_dim);
   const int64_t unit_kv = combine_granularity(unit_k, unit_q);
   if (num_kv_heads % unit_kv != 0) {
     shard_fail("plan_heads: num_kv_heads=", num_kv_heads, " (head_dim=", head_dim,
-               ") cannot be split on the granularity ", g, ": boundaries must fall on multiples of ", g,
-               " elements, i.e. every ", unit_kv, " KV heads, and ", num_kv_heads, " is not a multiple of ", unit_kv,
-               "; pad num_kv_heads to ", round_up(num_kv_heads, unit_kv),
-               " or use a granularity that divides head_dim");
+               ") cannot be split on the granularity ", g,
+               q_granularity > 1 ? " with the query heads on multiples of " + std::to_string(q_granularity) : "",
+               ": boundaries must fall on multiples of ", g, " elements, i.e. every ", unit_kv, " KV heads, and ",
+               num_kv_heads, " is not a multiple of ", unit_kv, "; pad num_kv_heads to ",
+               round_up(num_kv_heads, unit_kv), " or use a granularity that divides head_dim");
   }
 
   if (world <= num_kv_heads) {
@@ -137,7 +140,15 @@ HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, i
 
   // This KV head's query heads over the ranks sharing it. head_dim is a multiple
   // of g here, so every whole head is a valid boundary: granularity 1 head.
-  SplitPolicy within = policy.with_granularity(1);
+  // Whole heads, in runs that keep the query boundaries on q_granularity.
+  const int64_t unit_within = combine_granularity(head_dim, q_granularity) / head_dim;
+  if (group % unit_within != 0) {
+    shard_fail("plan_heads: world_size=", world, " replicates each of the num_kv_heads=", num_kv_heads,
+               " KV heads, and its ", group, " query heads of ", head_dim, " cannot be cut on the granularity ",
+               q_granularity, " (runs of ", unit_within,
+               " heads); world sizes that work: ", working_worlds(num_kv_heads, num_heads, replication_ok));
+  }
+  SplitPolicy within = policy.with_granularity(unit_within);
   if (!policy.weights.empty()) {
     const auto first = policy.weights.begin() + static_cast<std::ptrdiff_t>(kv * replicas);
     within.weights.assign(first, first + static_cast<std::ptrdiff_t>(replicas));

@@ -20,9 +20,10 @@ using tp::SplitPolicy;
 constexpr uint64_t kSeed = 0x4ead5;
 
 std::vector<HeadPlan> all_ranks(int64_t heads, int64_t kv, int64_t head_dim, int64_t world,
-                                const SplitPolicy& policy = {}) {
+                                const SplitPolicy& policy = {}, int64_t q_granularity = 1) {
   std::vector<HeadPlan> plans;
-  for (int64_t r = 0; r < world; ++r) plans.push_back(tp::plan_heads(heads, kv, head_dim, world, r, policy));
+  for (int64_t r = 0; r < world; ++r)
+    plans.push_back(tp::plan_heads(heads, kv, head_dim, world, r, policy, q_granularity));
   return plans;
 }
 
@@ -101,6 +102,17 @@ TEST_CASE("plan_heads: an element granularity becomes a whole number of heads", 
   CHECK(kv_of(all_ranks(32, 8, 80, 2, block)) == std::vector<Range>{{0, 8}, {8, 8}});
   // A granularity that divides head_dim changes nothing.
   CHECK(q_of(all_ranks(16, 4, 128, 3, SplitPolicy{}.with_granularity(32))) == q_of(all_ranks(16, 4, 128, 3)));
+}
+
+TEST_CASE("plan_heads: a query granularity cuts the query heads on O's groups, K and V left free", "[shard]") {
+  // 8 heads of 32 over 4 KV heads, O in 128-groups: query heads in runs of 4 (2 KV heads).
+  CHECK(q_of(all_ranks(8, 4, 32, 2, {}, 128)) == std::vector<Range>{{0, 4}, {4, 8}});
+  CHECK(q_of(all_ranks(8, 4, 32, 4, {}, 128)) == std::vector<Range>{{0, 4}, {4, 8}, {8, 8}, {8, 8}});
+  CHECK(q_of(all_ranks(8, 4, 32, 4)) == std::vector<Range>{{0, 2}, {2, 4}, {4, 6}, {6, 8}});
+  // Replicated KV heads (1 over 2 ranks): the group's 4 query heads in runs of 2.
+  CHECK(q_of(all_ranks(4, 1, 32, 2, {}, 64)) == std::vector<Range>{{0, 2}, {2, 4}});
+  CHECK_THROWS_WITH(tp::plan_heads(4, 1, 32, 2, 0, {}, 96), Catch::Contains("with the query heads on multiples of 96"));
+  CHECK_THROWS_WITH(tp::plan_heads(12, 2, 32, 4, 0, {}, 128), Catch::Contains("cannot be cut on the granularity 128"));
 }
 
 TEST_CASE("plan_heads: weights and rotation apply to KV heads, or to query heads within a group", "[shard]") {

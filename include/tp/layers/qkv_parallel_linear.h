@@ -56,6 +56,10 @@ struct QKVParallelLinearOptions {
   /// Weights/rotation over KV-head groups; granularity in elements (combined with the
   /// quant alignment) restricts which head boundaries are allowed.
   TORCH_ARG(SplitPolicy, split) = {};
+  /// The query heads' boundaries also fall on multiples of this many elements of the q
+  /// dimension (tp::plan_heads' q_granularity): the row alignment of the O projection that
+  /// reads them, so its cut is whole quant groups (decoder_layer_options sets it).
+  TORCH_ARG(int64_t, query_granularity) = 1;
   TORCH_ARG(at::ScalarType, dtype) = at::kFloat;
   TORCH_ARG(at::Device, device) = at::kCPU;
   /// false: the parameters are allocated uninitialized (at::empty) and left unfilled, as

@@ -64,8 +64,10 @@ struct SplitPlan {
 /// vocabulary padded to `pad_vocab_to_multiple_of`) over `world` ranks: every rank's units,
 /// computed by the same calls the layers make. Throws c10::ValueError, on every rank alike,
 /// when a weight cannot be honoured: a weight count other than `world`, a weight that is not
-/// a finite positive number, a rank whose weight rounds to none of some layer's units (the
-/// error names the layer, the units and weights that work), or KV heads replicated over
+/// a finite positive number, a rank whose weight rounds to none of some layer's units where
+/// the even split gives it some (the error names the layer, the units and the nearest
+/// weights that work; a cut too coarse for every rank, one quant block of KV heads over two
+/// ranks, leaves a rank idle at any weights, as it does evenly), or KV heads replicated over
 /// groups of ranks whose weights differ (each group holds one KV head: the weights that work
 /// are given).
 SplitPlan plan_model_split(const ModelConfig& config, int64_t world, int64_t num_layers,

@@ -36,7 +36,10 @@ struct HeadPlan {
 /// (or, when KV heads are replicated, to the query heads within a group).
 /// Throws ShardError when num_heads % num_kv_heads != 0, or world > num_kv_heads
 /// and world % num_kv_heads != 0 (listing the world sizes that work).
+/// `q_granularity`: the query heads' boundaries also fall on multiples of this many elements
+/// of the q dimension (the row alignment of the O projection that reads them: a 128-group of
+/// an INT4 O over heads of 32 takes query heads four at a time), without holding K and V to it.
 HeadPlan plan_heads(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t world, int64_t rank,
-                    const SplitPolicy& policy = {});
+                    const SplitPolicy& policy = {}, int64_t q_granularity = 1);
 
 }  // namespace tp
