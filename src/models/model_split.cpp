@@ -17,14 +17,7 @@ namespace tp {
 
 SplitPolicy model_split_policy(const ModelConfig& config, int64_t layer, SplitKind kind) {
   if (config.split_weights.empty()) return {};
-  int64_t rotation = 0;
-  switch (kind) {
-    case SplitKind::kAttention: rotation = layer; break;
-    case SplitKind::kMlp:
-    case SplitKind::kExperts: rotation = layer + 1; break;
-    case SplitKind::kSharedExpert: rotation = layer + 2; break;
-    case SplitKind::kVocab: rotation = 0; break;
-  }
+  const int64_t rotation = kind == SplitKind::kAttention ? layer : layer + 1;
   return SplitPolicy{}.with_weights(config.split_weights).with_rotation(rotation);
 }
 

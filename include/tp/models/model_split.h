@@ -20,13 +20,12 @@
 
 namespace tp {
 
-/// The parts of a model a weighted split cuts, each with its own rotation.
+/// The parts of a decoder layer a weighted split cuts, each with its own rotation. (A
+/// mixture's experts take the MLP's rotation, its shared expert the next: MoEParallelMLPOptions::
+/// split_rotation; the vocabulary's leftover starts at rank 0.)
 enum class SplitKind {
-  kAttention,     ///< the KV-head groups (QKV; O follows its query heads)
-  kMlp,           ///< the dense MLP's intermediate rows, and each expert's
-  kExperts,       ///< a mixture's experts over the expert-parallel groups
-  kSharedExpert,  ///< the shared expert's intermediate rows
-  kVocab,         ///< the embedding's and LM head's rows
+  kAttention,  ///< the KV-head groups (QKV; O follows its query heads)
+  kMlp,        ///< the MLP's intermediate rows, or a mixture's experts and their rows
 };
 
 /// The policy `kind` of layer `layer` is cut with under config.split_weights: the
