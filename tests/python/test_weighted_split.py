@@ -10,8 +10,8 @@ and 1:2:1 over three:
 - gather_weights gives back the folder's tensors;
 - the plan every rank gets is the same and gives each rank its weight's share of the heads,
   rows and experts (within one unit);
-- one SGD step of the vocab-parallel cross entropy at 3:1: the loss and every weight after
-  it equal transformers' step (test_model_families' bounds).
+- one SGD step of the vocab-parallel cross entropy at 3:1 and 1:2:1: the loss and every
+  weight after it equal transformers' step (test_model_families' bounds).
 """
 
 import pytest
@@ -96,11 +96,12 @@ def _train_rank(rank, world, folder):
     return out
 
 
-def test_weighted_split_sgd_step_equals_transformers(folder, tmp_path):
-    results = launcher.run(2, _train_rank, str(folder), timeout=600)
+@pytest.mark.parametrize("world", [2, 3])
+def test_weighted_split_sgd_step_equals_transformers(folder, world, tmp_path):
+    results = launcher.run(world, _train_rank, str(folder), timeout=600)
     for name in CASES:
         want_loss, want, changed = _train_reference(folder, name, tmp_path)
         assert changed > 1e-3, f"{name}: the step changed nothing"
         for rank, res in enumerate(results):
             assert abs(res[name][0] - want_loss) <= 1e-10, f"{name} rank {rank}: loss {res[name][0]!r} vs {want_loss!r}"
-        check_step(name, results[0][name][1], want, "weights 3:1")
+        check_step(name, results[0][name][1], want, f"weights {WEIGHTS[world]}")
