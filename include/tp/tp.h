@@ -11,6 +11,7 @@
 #include "tp/layers/gate_up_parallel_linear.h"
 #include "tp/layers/gather_weights.h"
 #include "tp/layers/loading/load_session.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
 #include "tp/layers/sequence_parallel.h"

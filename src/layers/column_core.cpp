@@ -7,6 +7,7 @@
 
 #include "layers/layer_common.h"
 #include "layers/loading/strict_load.h"
+#include "layers/lora/lora_base.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/loader/load_shard.h"
@@ -92,19 +93,37 @@ void ColumnCore::reset_parameters() {
 void ColumnCore::set_step(Reduction entry, Reduction exit, std::shared_ptr<const InvariantPlan> invariant) {
   entry_ = entry;
   exit_ = std::move(exit);
+  auto base = std::make_shared<LoRABase>();
+  base->layer = layer_;
+  base->comm = comm_;
+  base->in_features = in_features_;
+  base->plans = plans_;
+  // One segment (ColumnParallelLinear): its adapter's segment is "linear", as a row layer's.
+  for (auto& p : base->plans)
+    if (p.pieces.size() == 1) p.pieces[0].name = "linear";
+  base->entry = entry;
+  if (replicas_) {
+    for (const auto& p : replicas_->mine) base->replicas.push_back({p.local_offset, p.slot_offset, p.rows});
+    base->replica_rows = replicas_->rows;
+  }
+  base->invariant = invariant != nullptr;
+  base->options = at::TensorOptions().dtype(method_->activation_dtype()).device(method_->weight_device());
+  lora_ = std::make_shared<LoRAImpl>(std::move(base));
   step_ = make_column_step(
       {layer_, method_, std::move(entry), plan().local_size, in_features_, replicas_, std::move(invariant)});
 }
 
 at::Tensor ColumnCore::forward(const at::Tensor& x) const {
   check_input(layer_, x, in_features_, "in_features", method_->activation_dtype(), method_->weight_device());
-  const at::Tensor y = step_->forward(x, weight_, bias_);
+  at::Tensor y = step_->forward(x, weight_, bias_);
+  if (lora_->active()) y = lora_->add_to(x, std::move(y));
   // gather_output: the output's all-gather, with every segment rebuilt whole (gather()).
   return exit_.op == ReduceOp::kAllGather ? gather(y, exit_.dim) : y;
 }
 
 TokenQuant ColumnCore::input_quant(const at::Tensor& x) const {
-  const bool takes = step_->name() == "default/column" && entry_.op == ReduceOp::kNone;
+  // An adapter reads the input itself: the codes would not do.
+  const bool takes = step_->name() == "default/column" && entry_.op == ReduceOp::kNone && !lora_->active();
   return takes && x.defined() ? method_->token_quant(x) : TokenQuant::kNone;
 }
 
@@ -112,6 +131,8 @@ at::Tensor ColumnCore::forward_quantized(const at::Tensor& codes, const at::Tens
   TORCH_CHECK_VALUE(codes.defined() && codes.dim() >= 1 && codes.size(-1) == in_features_, layer_,
                     ": pre-quantized input must be [..., in_features = ", in_features_, "]; got ",
                     codes.defined() ? codes.sizes() : c10::IntArrayRef{});
+  TORCH_CHECK_VALUE(!lora_->active(), layer_,
+                    ": a pre-quantized input is not taken while an adapter is selected (it reads the input itself)");
   const at::Tensor y = step_->forward_quantized(codes, scales, bias_);
   return exit_.op == ReduceOp::kAllGather ? gather(y, exit_.dim) : y;
 }

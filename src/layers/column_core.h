@@ -20,6 +20,7 @@
 #include "layers/step.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -72,6 +73,8 @@ class ColumnCore {
   const Reduction& output_reduction() const { return exit_; }
   /// The step's name ("default/column", "invariant/column").
   std::string step_name() const { return step_->name(); }
+  /// The layer's LoRA adapters (tp/layers/lora/lora.h), cut by this plan; made by set_step.
+  const std::shared_ptr<LoRAImpl>& lora() const { return lora_; }
   /// Whether some local rows are copies of rows other ranks hold (replicated KV heads).
   bool has_replicas() const { return replicas_ != nullptr; }
   /// The layer's reductions and, under invariant numerics, the plan of its sums (null
@@ -112,6 +115,7 @@ class ColumnCore {
   std::shared_ptr<const ReplicaSum> replicas_;  // null when no row is replicated
   Reduction entry_, exit_;
   std::shared_ptr<const LinearStep> step_;  // the GEMM and the input's collective
+  std::shared_ptr<LoRAImpl> lora_;          // the adapters added to the step's output
 };
 
 /// What the column layers' options share (their sizes differ; these do not).

@@ -84,4 +84,9 @@ std::vector<Range> ColumnParallelLinearImpl::ranges() const {
 const Reduction& ColumnParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
 const Reduction& ColumnParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
+LoRAImpl& ColumnParallelLinearImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", core_->lora());
+  return *core_->lora();
+}
+
 }  // namespace tp

@@ -114,4 +114,9 @@ Range GateUpParallelLinearImpl::local_range() const { return core_->plan().piece
 const Reduction& GateUpParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
 const Reduction& GateUpParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
+LoRAImpl& GateUpParallelLinearImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", core_->lora());
+  return *core_->lora();
+}
+
 }  // namespace tp

@@ -195,4 +195,9 @@ SplitPolicy QKVParallelLinearImpl::attention_output_split() const {
 const Reduction& QKVParallelLinearImpl::input_reduction() const { return core_->input_reduction(); }
 const Reduction& QKVParallelLinearImpl::output_reduction() const { return core_->output_reduction(); }
 
+LoRAImpl& QKVParallelLinearImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", core_->lora());
+  return *core_->lora();
+}
+
 }  // namespace tp

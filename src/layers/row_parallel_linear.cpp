@@ -5,6 +5,7 @@
 
 #include "layers/layer_common.h"
 #include "layers/loading/strict_load.h"
+#include "layers/lora/lora_base.h"
 #include "layers/numerics/invariant_linear.h"
 #include "layers/step.h"
 #include "tp/comm/collective_status.h"
@@ -58,7 +59,18 @@ void RowParallelLinearImpl::reset() {
     weight = method_->weight();
     bias =
         options.bias() ? register_parameter("bias", at::empty({options.out_features()}, tensor_options)) : at::Tensor();
-    step_ = detail::make_row_step({kLayer, method_, exit_, options.out_features(), range_.size(), std::move(plan)});
+    auto base = std::make_shared<detail::LoRABase>();
+    base->layer = kLayer;
+    base->comm = comm;
+    base->row = true;
+    base->in_features = options.in_features();
+    base->in_ranges = ranges_;
+    base->plans = {plan_single("linear", options.out_features(), 1, 0)};
+    base->invariant = plan != nullptr;
+    base->options = at::TensorOptions().dtype(method_->activation_dtype()).device(method_->weight_device());
+    lora_ = std::make_shared<LoRAImpl>(std::move(base));
+    step_ =
+        detail::make_row_step({kLayer, method_, exit_, options.out_features(), range_.size(), std::move(plan), lora_});
     if (options.init_weights()) reset_parameters();
   });
 }
@@ -100,6 +112,11 @@ at::Tensor RowParallelLinearImpl::forward_partial(const at::Tensor& input) {
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   return step_->forward(local_input(input), weight, bias);
+}
+
+LoRAImpl& RowParallelLinearImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", lora_);
+  return *lora_;
 }
 
 std::map<std::string, at::Tensor> RowParallelLinearImpl::gather_weights(const std::string& prefix) const {

@@ -76,10 +76,12 @@ class DefaultRowStep final : public LinearStep {
     // GEMM and contributes zeros (plus the bias on rank 0).
     at::Tensor y =
         parallel_linear(s_.method, x, bias, /*add_bias=*/exit.group.rank() == 0, s_.out_features, s_.in_local);
+    if (s_.lora && s_.lora->active()) y = s_.lora->add_to(x, std::move(y));  // before the one reduction
     return exit.apply_consuming(std::move(y));  // y is this step's own: reduced in place when nothing records
   }
   at::Tensor partial(const at::Tensor& x, const at::Tensor& weight) const override {
-    return parallel_linear(s_.method, x, /*bias=*/{}, /*add_bias=*/false, s_.out_features, s_.in_local);
+    at::Tensor y = parallel_linear(s_.method, x, /*bias=*/{}, /*add_bias=*/false, s_.out_features, s_.in_local);
+    return s_.lora && s_.lora->active() ? s_.lora->add_to(x, std::move(y)) : y;
   }
   std::string name() const override { return "default/row"; }
 

@@ -22,6 +22,7 @@
 #include "layers/linear_function.h"
 #include "layers/numerics/invariant_linear.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/quant/quant_method.h"
 
 namespace tp::detail {
@@ -69,6 +70,7 @@ struct RowStepSpec {
   Reduction exit;
   int64_t out_features = 0, in_local = 0;
   std::shared_ptr<const InvariantPlan> invariant;  // set: invariant numerics
+  std::shared_ptr<const LoRAImpl> lora;            // adapters: their partial sum joins the GEMM's
 };
 
 std::unique_ptr<LinearStep> make_column_step(ColumnStepSpec spec);

@@ -17,6 +17,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -96,6 +97,9 @@ class ColumnParallelLinearImpl : public torch::nn::Cloneable<ColumnParallelLinea
   /// Unquantized layers only (a quantized layer's weights are frozen: they are still
   /// the checkpoint's). Example: tp::save_safetensors(path, fc->gather_weights("model.mlp.up_proj"));
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
+  /// This layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan; registered as
+  /// its child "lora" (so parameters() lists them) on the first call.
+  LoRAImpl& lora();
   /// This rank's rows of the global output, [begin, end).
   /// How the input enters (none: mirrored; all_gather over tokens: sequence_parallel) and
   /// what the output gets (none: this rank's columns; all_gather: gather_output), as the

@@ -16,6 +16,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
@@ -101,6 +102,9 @@ class GateUpParallelLinearImpl : public torch::nn::Cloneable<GateUpParallelLinea
   /// the names load_weights reads with `layout`: `prefix + ".gate_proj.weight"` and
   /// ".up_proj.weight" (kSeparate, the default), or one [gate|up] tensor (kFused).
   /// Every rank calls it (it all-gathers) and gets the same tensors. Unquantized only.
+  /// This layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan; registered as
+  /// its child "lora" (so parameters() lists them) on the first call.
+  LoRAImpl& lora();
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
                                                    const GateUpCheckpointLayout& layout = {}) const;
   /// This rank's slice of the intermediate dimension (the down projection's input).

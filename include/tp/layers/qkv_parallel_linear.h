@@ -18,6 +18,7 @@
 
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/loader/fused_layout.h"
@@ -116,6 +117,9 @@ class QKVParallelLinearImpl : public torch::nn::Cloneable<QKVParallelLinearImpl>
   /// kInterleavedGroups). Every rank calls it (it
   /// all-gathers) and gets the same tensors. Unquantized layers only.
   /// Example: tp::save_safetensors(path, qkv->gather_weights("model.layers.0.self_attn"));
+  /// This layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan; registered as
+  /// its child "lora" (so parameters() lists them) on the first call.
+  LoRAImpl& lora();
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix,
                                                    const QKVCheckpointLayout& layout = {}) const;
   /// Which heads this rank owns.

@@ -21,6 +21,7 @@
 #include "tp/comm/all_reduce_strategy.h"
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -104,6 +105,9 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   /// `prefix + ".weight"` (and ".bias"). Every rank calls it (it all-gathers) and gets
   /// the same tensors. Unquantized layers only.
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
+  /// This layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan; registered as
+  /// its child "lora" (so parameters() lists them) on the first call.
+  LoRAImpl& lora();
   /// This rank's columns of the global weight (= its slice of the input), [begin, end).
   Range local_range() const { return range_; }
   /// Every rank's input range, in rank order.
@@ -126,6 +130,7 @@ class RowParallelLinearImpl : public torch::nn::Cloneable<RowParallelLinearImpl>
   std::shared_ptr<QuantMethod> method_;  // the format's weights and GEMM (hidden, as in the column layers)
   Reduction exit_;
   std::shared_ptr<const detail::LinearStep> step_;  // the GEMM and the collective (layers/step.h)
+  std::shared_ptr<LoRAImpl> lora_;                  // adapters, read by the step
 };
 
 /// A ModuleHolder for RowParallelLinearImpl.

@@ -1,0 +1,355 @@
+#include "tp/layers/lora/lora.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+#include <set>
+
+#include "layers/lora/lora_base.h"
+#include "tp/comm/collective_status.h"
+#include "tp/comm/differentiable.h"
+#include "tp/loader/load_shard.h"
+
+namespace tp {
+
+double LoRAConfig::scaling() const {
+  return use_rslora_ ? alpha_ / std::sqrt(static_cast<double>(rank_)) : alpha_ / static_cast<double>(rank_);
+}
+
+void LoRASelection::select(const std::string& name) {
+  whole_ = name;
+  per_row_.clear();
+}
+
+void LoRASelection::select_rows(std::vector<std::string> per_row) {
+  const bool same = !per_row.empty() && std::all_of(per_row.begin(), per_row.end(),
+                                                    [&](const std::string& n) { return n == per_row.front(); });
+  if (same) return select(per_row.front());
+  whole_.clear();
+  per_row_ = std::move(per_row);
+}
+
+std::vector<std::string> LoRASelection::names() const {
+  std::set<std::string> names(per_row_.begin(), per_row_.end());
+  if (!whole_.empty()) names.insert(whole_);
+  names.erase("");
+  return {names.begin(), names.end()};
+}
+
+namespace {
+
+// The rows of B that are replicas of rows other ranks hold (a replicated KV head): forward
+// the identity, backward their gradients summed over the holders, so the copies stay equal
+// under an optimizer. Every rank calls it for the same segments (the replicas are global).
+struct SumReplicaGrads : torch::autograd::Function<SumReplicaGrads> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& b,
+                            const detail::LoRABase* base, int64_t local_offset) {
+    ctx->saved_data["offset"] = local_offset;
+    ctx->saved_data["base"] = reinterpret_cast<int64_t>(base);
+    return b.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto* base = reinterpret_cast<const detail::LoRABase*>(ctx->saved_data["base"].toInt());
+    const int64_t offset = ctx->saved_data["offset"].toInt();
+    at::Tensor g = grads[0].contiguous();
+    at::Tensor buffer = at::zeros({base->replica_rows, g.size(1)}, g.options());
+    const int64_t rows = g.size(0);
+    for (const auto& p : base->replicas) {
+      const int64_t begin = std::max(p.local_offset, offset), end = std::min(p.local_offset + p.rows, offset + rows);
+      if (begin < end) buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin).copy_(g.narrow(0, begin - offset, end - begin));
+    }
+    base->comm.all_reduce(buffer);
+    g = g.clone();
+    for (const auto& p : base->replicas) {
+      const int64_t begin = std::max(p.local_offset, offset), end = std::min(p.local_offset + p.rows, offset + rows);
+      if (begin < end) g.narrow(0, begin - offset, end - begin).copy_(buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin));
+    }
+    return {g, at::Tensor(), at::Tensor()};
+  }
+};
+
+bool recording(const at::Tensor& x, const at::Tensor& y) {
+  return at::GradMode::is_enabled() && (x.requires_grad() || y.requires_grad());
+}
+
+void check_name(const std::string& layer, const std::string& name) {
+  TORCH_CHECK_VALUE(!name.empty() && name.find('.') == std::string::npos, layer,
+                    ": an adapter's name must be non-empty and hold no '.'; got '", name, "'");
+}
+
+}  // namespace
+
+LoRAImpl::LoRAImpl(std::shared_ptr<const detail::LoRABase> base)
+    : base_(std::move(base)), selection_(std::make_shared<LoRASelection>()) {}
+
+std::vector<std::string> LoRAImpl::segment_names() const {
+  std::vector<std::string> out;
+  for (const auto& piece : base_->plan().pieces) out.push_back(piece.name);
+  return out;
+}
+
+size_t LoRAImpl::segment_index(const std::string& segment) const {
+  const auto names = segment_names();
+  const auto it = std::find(names.begin(), names.end(), segment);
+  TORCH_CHECK_VALUE(it != names.end(), base_->layer, ": no segment '", segment, "'; it has ", c10::Join(", ", names));
+  return static_cast<size_t>(it - names.begin());
+}
+
+LoRAImpl::Adapter& LoRAImpl::make(const std::string& name, const LoRAConfig& config, const std::vector<bool>& on) {
+  const auto& b = *base_;
+  check_name(b.layer, name);
+  TORCH_CHECK_VALUE(!b.invariant, b.layer, ": LoRA adapters are not covered by invariant numerics (use numerics=default)");
+  TORCH_CHECK_VALUE(!has(name), b.layer, ": it has an adapter '", name, "' already");
+  TORCH_CHECK_VALUE(config.rank() > 0 && std::isfinite(config.alpha()), b.layer, ": adapter '", name,
+                    "' needs rank > 0 and a finite alpha; got rank ", config.rank(), ", alpha ", config.alpha());
+  Adapter adapter;
+  adapter.config = config;
+  adapter.module = std::make_shared<torch::nn::Module>("tp::LoRAAdapter");
+  const auto& plan = b.plan();
+  const int64_t r = config.rank();
+  for (size_t s = 0; s < plan.pieces.size(); ++s) {
+    if (!on[s]) {
+      adapter.A.emplace_back();
+      adapter.B.emplace_back();
+      continue;
+    }
+    auto segment = std::make_shared<torch::nn::Module>("tp::LoRASegment");
+    const int64_t a_cols = b.row ? b.in_ranges.at(b.comm.rank()).size() : b.in_features;
+    const int64_t b_rows = plan.pieces[s].size();
+    adapter.A.push_back(segment->register_parameter("lora_A", at::empty({r, a_cols}, b.options)));
+    adapter.B.push_back(segment->register_parameter("lora_B", at::zeros({b_rows, r}, b.options)));
+    adapter.module->register_module(plan.pieces[s].name, segment);
+  }
+  register_module(name, adapter.module);
+  return adapters_.emplace(name, std::move(adapter)).first->second;
+}
+
+void LoRAImpl::add(const std::string& name, const LoRAConfig& config, const std::vector<std::string>& segments) {
+  const auto names = segment_names();
+  std::vector<bool> on(names.size(), segments.empty());
+  for (const auto& s : segments) on[segment_index(s)] = true;
+  run_collectively(base_->comm, base_->layer + ".lora.add", [&] {
+    auto& adapter = make(name, config, on);
+    // PEFT's default: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) over the
+    // whole [r, in], the same on every rank (rank 0's, broadcast); B zeros.
+    at::NoGradGuard no_grad;
+    const double bound = 1.0 / std::sqrt(static_cast<double>(base_->in_features));
+    for (auto& a : adapter.A) {
+      if (!a.defined()) continue;
+      at::Tensor whole = at::empty({config.rank(), base_->in_features}, base_->options).uniform_(-bound, bound);
+      if (base_->comm.world_size() > 1) base_->comm.broadcast(whole, 0);
+      const Range cols = base_->row ? base_->in_ranges.at(base_->comm.rank()) : Range{0, base_->in_features};
+      a.copy_(whole.narrow(1, cols.begin, cols.size()));
+    }
+  });
+}
+
+void LoRAImpl::load(const Checkpoint& checkpoint, const std::string& name, const LoRAConfig& config,
+                    const std::vector<std::string>& prefixes) {
+  const auto& b = *base_;
+  const auto& plan = b.plan();
+  TORCH_CHECK_VALUE(prefixes.size() == plan.pieces.size(), b.layer, ": load of adapter '", name, "' needs ",
+                    plan.pieces.size(), " prefixes (", c10::Join(", ", segment_names()), "); got ", prefixes.size());
+  std::vector<bool> on;
+  for (const auto& p : prefixes) on.push_back(!p.empty());
+  run_collectively(b.comm, b.layer + ".lora.load", [&] {
+    auto& adapter = make(name, config, on);
+    at::NoGradGuard no_grad;
+    const int64_t r = config.rank();
+    for (size_t s = 0; s < prefixes.size(); ++s) {
+      if (!on[s]) continue;
+      const auto& piece = plan.pieces[s];
+      const auto read = [&](const std::string& suffix, std::vector<int64_t> shape, ShardMode mode, Range range) {
+        const std::string tensor = prefixes[s] + suffix;
+        const auto& source = checkpoint.get(tensor, b.layer);
+        TORCH_CHECK_VALUE(source.shape() == shape, b.layer, ": adapter '", name, "' tensor ", tensor, " has shape ",
+                          c10::IntArrayRef(source.shape()), "; expected ", c10::IntArrayRef(shape), " (rank ", r,
+                          ", the base's ", b.in_features, " inputs and segment '", piece.name, "' of ",
+                          piece.segment_size, " outputs)");
+        const auto dtype = source.dtype();
+        TORCH_CHECK_VALUE(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                          b.layer, ": adapter tensor ", tensor, " is ", dtype, "; LoRA factors are float64, float32, "
+                          "float16 or bfloat16");
+        at::Tensor t = load_shard(source, mode, range, {}, b.layer);
+        TORCH_CHECK_VALUE(t.numel() == 0 || at::isfinite(t).all().item<bool>(), b.layer, ": adapter tensor ", tensor,
+                          " holds a non-finite value");
+        return t;
+      };
+      const Range in_cols = b.row ? b.in_ranges.at(b.comm.rank()) : Range{0, b.in_features};
+      adapter.A[s].copy_(read(".lora_A.weight", {r, b.in_features}, ShardMode::kRow, in_cols));
+      adapter.B[s].copy_(read(".lora_B.weight", {piece.segment_size, r}, ShardMode::kColumn, piece.source));
+    }
+  });
+}
+
+std::map<std::string, at::Tensor> LoRAImpl::gather(const std::string& name,
+                                                   const std::vector<std::string>& prefixes) const {
+  const auto& adapter = adapters_.at(name);
+  const auto& b = *base_;
+  TORCH_CHECK_VALUE(prefixes.size() == adapter.A.size(), b.layer, ": gather of adapter '", name, "' needs ",
+                    adapter.A.size(), " prefixes");
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  for (size_t s = 0; s < adapter.A.size(); ++s) {
+    if (!adapter.A[s].defined()) continue;
+    at::Tensor a = adapter.A[s], bm = adapter.B[s];
+    if (b.row) {
+      std::vector<int64_t> sizes;
+      for (const auto& r : b.in_ranges) sizes.push_back(r.size());
+      a = gather_from_parallel(a, b.comm, 1, sizes);
+    } else {
+      // Each distinct piece of the segment once (replicas from their first holder), in order.
+      std::vector<int64_t> sizes;
+      for (const auto& p : b.plans) sizes.push_back(p.pieces[s].size());
+      const at::Tensor all = gather_from_parallel(bm, b.comm, 0, sizes);
+      std::vector<std::pair<int64_t, at::Tensor>> blocks;
+      int64_t offset = 0;
+      for (const auto& p : b.plans) {
+        const Range src = p.pieces[s].source;
+        const bool seen = std::any_of(blocks.begin(), blocks.end(), [&](const auto& x) { return x.first == src.begin; });
+        if (!seen && src.size() > 0) blocks.emplace_back(src.begin, all.narrow(0, offset, src.size()));
+        offset += src.size();
+      }
+      std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      std::vector<at::Tensor> parts;
+      for (auto& blk : blocks) parts.push_back(blk.second);
+      bm = at::cat(parts, 0);
+    }
+    out[prefixes[s] + ".lora_A.weight"] = a.is_same(adapter.A[s]) ? a.clone() : a.contiguous();
+    out[prefixes[s] + ".lora_B.weight"] = bm.is_same(adapter.B[s]) ? bm.clone() : bm.contiguous();
+  }
+  return out;
+}
+
+void LoRAImpl::remove(const std::string& name) {
+  TORCH_CHECK_VALUE(has(name), base_->layer, ": no adapter '", name, "'");
+  adapters_.erase(name);
+  unregister_module(name);
+}
+
+std::vector<std::string> LoRAImpl::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : adapters_) out.push_back(name);
+  return out;
+}
+
+const LoRAConfig& LoRAImpl::config(const std::string& name) const {
+  const auto it = adapters_.find(name);
+  TORCH_CHECK_VALUE(it != adapters_.end(), base_->layer, ": no adapter '", name, "'; it has ",
+                    c10::Join(", ", names()));
+  return it->second.config;
+}
+
+at::Tensor LoRAImpl::lora_A(const std::string& name, const std::string& segment) const {
+  config(name);
+  return adapters_.at(name).A.at(segment_index(segment));
+}
+
+at::Tensor LoRAImpl::lora_B(const std::string& name, const std::string& segment) const {
+  config(name);
+  return adapters_.at(name).B.at(segment_index(segment));
+}
+
+void LoRAImpl::share_selection(std::shared_ptr<LoRASelection> selection) {
+  TORCH_CHECK_VALUE(selection != nullptr, base_->layer, ": share_selection needs a selection");
+  selection_ = std::move(selection);
+}
+
+bool LoRAImpl::active() const {
+  if (adapters_.empty()) return false;
+  if (!selection_->whole().empty()) return has(selection_->whole());
+  for (const auto& n : selection_->per_row())
+    if (!n.empty() && has(n)) return true;
+  return false;
+}
+
+at::Tensor LoRAImpl::delta(const Adapter& adapter, const at::Tensor& x) const {
+  const auto& b = *base_;
+  const double scaling = adapter.config.scaling();
+  if (b.row) {
+    // This rank's columns of A give a partial h; B is mirrored, its gradient the sum of the
+    // ranks' parts (copy_to_parallel's backward). The result joins the base's partial sum.
+    const at::Tensor h = at::matmul(x, adapter.A[0].t());
+    return at::matmul(h, copy_to_parallel(adapter.B[0], b.comm).t()).mul_(scaling);
+  }
+  std::vector<at::Tensor> a;
+  for (const auto& t : adapter.A)
+    if (t.defined()) a.push_back(t);
+  const at::Tensor a_cat = a.size() == 1 ? a[0] : at::cat(a, 0);
+  at::Tensor h;
+  if (b.entry.op == ReduceOp::kAllGather) {
+    // Sequence parallelism: this rank's tokens through A (mirrored: its gradient summed over
+    // the ranks' tokens), then gathered like the base's input (backward: reduce-scatter).
+    Reduction entry = b.entry;
+    if (entry.dim < 0) entry.dim += x.dim();
+    h = entry.apply(at::matmul(x, copy_to_parallel(a_cat, b.comm).t()));
+  } else {
+    // Mirrored input: x A^T is the same on every rank; its gradient (hence A's and x's) the
+    // sum of every rank's rows' parts.
+    h = copy_to_parallel(at::matmul(x, a_cat.t()), b.comm);
+  }
+  const auto& plan = b.plan();
+  std::vector<at::Tensor> out;
+  int64_t col = 0;
+  const int64_t r = adapter.config.rank();
+  for (size_t s = 0; s < plan.pieces.size(); ++s) {
+    const int64_t rows = plan.pieces[s].size();
+    if (!adapter.A[s].defined()) {
+      auto shape = h.sizes().vec();
+      shape.back() = rows;
+      out.push_back(at::zeros(shape, h.options()));
+      continue;
+    }
+    at::Tensor bs = adapter.B[s];
+    if (b.replica_rows > 0) bs = SumReplicaGrads::apply(bs, &b, plan.pieces[s].local_offset);
+    out.push_back(at::matmul(h.narrow(-1, col, r), bs.t()));
+    col += r;
+  }
+  return (out.size() == 1 ? out[0] : at::cat(out, -1)).mul_(scaling);
+}
+
+at::Tensor LoRAImpl::add_to(const at::Tensor& x, at::Tensor y) const {
+  const auto& sel = *selection_;
+  if (!sel.whole().empty()) {
+    if (!has(sel.whole())) return y;
+    at::Tensor d = delta(adapters_.at(sel.whole()), x);
+    return recording(x, y) || recording(d, d) ? y + d : y.add_(d);
+  }
+  const auto& rows = sel.per_row();
+  if (rows.empty()) return y;
+  TORCH_CHECK_VALUE(x.dim() >= 2 && x.size(0) == static_cast<int64_t>(rows.size()), base_->layer,
+                    ": the adapter selection names ", rows.size(), " rows; the input has shape ", x.sizes(),
+                    " (its first dimension must be the batch's rows)");
+  TORCH_CHECK_VALUE(base_->entry.op != ReduceOp::kAllGather, base_->layer,
+                    ": a per-row adapter selection is not taken under sequence parallelism (the tokens are split "
+                    "over the ranks); select one adapter for the whole batch");
+  // Grouped: one pair of GEMMs per adapter over its rows, no per-row loop.
+  for (const auto& name : sel.names()) {
+    if (!has(name)) continue;
+    std::vector<int64_t> idx;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] == name) idx.push_back(static_cast<int64_t>(i));
+    const at::Tensor index = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(x.device());
+    const at::Tensor d = delta(adapters_.at(name), x.index_select(0, index));
+    y = recording(x, y) || recording(d, d) ? y.index_add(0, index, d) : y.index_add_(0, index, d);
+  }
+  return y;
+}
+
+void LoRAImpl::pretty_print(std::ostream& stream) const {
+  stream << "tp::LoRA(";
+  bool first = true;
+  for (const auto& [name, a] : adapters_) {
+    stream << (first ? "" : ", ") << name << "(r=" << a.config.rank() << ", alpha=" << a.config.alpha()
+           << (a.config.use_rslora() ? ", rslora" : "") << ")";
+    first = false;
+  }
+  stream << ")";
+}
+
+}  // namespace tp
