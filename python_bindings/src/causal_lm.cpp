@@ -18,6 +18,7 @@
 
 #include "bindings.h"
 #include "tp/comm/communicator.h"
+#include "tp/models/adapters.h"
 #include "tp/models/causal_lm.h"
 #include "tp/models/decoder_layer.h"
 #include "tp/models/kv_cache.h"
@@ -215,6 +216,37 @@ void init_causal_lm(py::module_& m) {
       .def("make_cache", &CausalLMImpl::make_cache, py::arg("batch"), py::arg("capacity"))
       .def("gather_weights", &CausalLMImpl::gather_weights, Release())
       .def("split_plan", &CausalLMImpl::split_plan, Release())
+      .def(
+          "load_adapter",
+          [](CausalLMImpl& m, const std::string& folder, const std::string& name) { load_adapter(m, folder, name); },
+          py::arg("folder"), py::arg("name"), Release())
+      .def(
+          "add_adapter",
+          [](CausalLMImpl& m, const std::string& name, int64_t r, double alpha, bool rslora,
+             const std::vector<std::string>& targets, const std::string& regex) {
+            PeftLoRAConfig config;
+            config.lora.rank(r).alpha(alpha).use_rslora(rslora);
+            config.target_modules = targets;
+            if (regex == "all-linear")
+              config.all_linear = true;
+            else
+              config.target_regex = regex;
+            add_adapter(m, name, config);
+          },
+          py::arg("name"), py::arg("r"), py::arg("lora_alpha"), py::arg("use_rslora"), py::arg("target_modules"),
+          py::arg("target_regex"), Release())
+      .def(
+          "gather_adapter", [](const CausalLMImpl& m, const std::string& name) { return gather_adapter(m, name); },
+          py::arg("name"), Release())
+      .def(
+          "save_adapter",
+          [](const CausalLMImpl& m, const std::string& folder, const std::string& name) {
+            save_adapter(m, folder, name);
+          },
+          py::arg("folder"), py::arg("name"), Release())
+      .def_property_readonly("adapter_names", [](const CausalLMImpl& m) { return adapter_names(m); })
+      .def_property_readonly("adapter_selection",
+                             [](const std::shared_ptr<CausalLMImpl>& m) { return m->adapter_selection; })
       .def("reduce_data_parallel_grads", &CausalLMImpl::reduce_data_parallel_grads, Release())
       .def_property_readonly("attention_data_parallel_size", [](const CausalLMImpl& m) { return m.dp.size; })
       .def_property_readonly("attention_group", [](const CausalLMImpl& m) { return m.dp.group; })

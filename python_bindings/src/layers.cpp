@@ -19,6 +19,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/layers/column_parallel_linear.h"
 #include "tp/layers/gate_up_parallel_linear.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/layers/qkv_parallel_linear.h"
 #include "tp/layers/row_parallel_linear.h"
@@ -93,8 +94,53 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
           [](const Impl& layer) { return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt; })
       .def("named_parameters", &own_parameters<Impl>,
            "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
+      .def_property_readonly(
+          "lora",
+          [](const std::shared_ptr<Impl>& layer) {
+            LoRAImpl& lora = layer->lora();  // registered as the child "lora" from now on
+            return std::shared_ptr<LoRAImpl>(layer, &lora);
+          },
+          "The layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan.")
       .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
   return cls;
+}
+
+void bind_lora(py::module_& m) {
+  py::class_<LoRASelection, std::shared_ptr<LoRASelection>>(
+      m, "LoRASelection", "Which adapter each row of a batch takes (\"\" = none); the same on every rank.")
+      .def("select", &LoRASelection::select, py::arg("name"))
+      .def("select_rows", &LoRASelection::select_rows, py::arg("per_row"))
+      .def("clear", &LoRASelection::clear)
+      .def_property_readonly("whole", &LoRASelection::whole)
+      .def_property_readonly("per_row", &LoRASelection::per_row)
+      .def_property_readonly("names", &LoRASelection::names);
+  py::class_<LoRAImpl, std::shared_ptr<LoRAImpl>>(m, "LoRA",
+                                                  "A linear layer's LoRA adapters, cut by the layer's own plan.")
+      .def("names", &LoRAImpl::names)
+      .def("segment_names", &LoRAImpl::segment_names)
+      .def(
+          "rank", [](const LoRAImpl& l, const std::string& name) { return l.config(name).rank(); }, py::arg("name"))
+      .def(
+          "scaling", [](const LoRAImpl& l, const std::string& name) { return l.config(name).scaling(); },
+          py::arg("name"))
+      .def(
+          "lora_A",
+          [](const LoRAImpl& l, const std::string& name, const std::string& segment) -> std::optional<at::Tensor> {
+            at::Tensor t = l.lora_A(name, segment);
+            return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+          },
+          py::arg("name"), py::arg("segment"))
+      .def(
+          "lora_B",
+          [](const LoRAImpl& l, const std::string& name, const std::string& segment) -> std::optional<at::Tensor> {
+            at::Tensor t = l.lora_B(name, segment);
+            return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+          },
+          py::arg("name"), py::arg("segment"))
+      .def_property_readonly(
+          "selection",
+          [](const std::shared_ptr<LoRAImpl>& l) { return std::shared_ptr<LoRASelection>(l, &l->selection()); })
+      .def("__repr__", [](const LoRAImpl& l) { return to_repr([&](std::ostream& o) { l.pretty_print(o); }); });
 }
 
 /// The column layers' pre-quantized input (the fused boundary's codes).
@@ -201,6 +247,7 @@ void bind_gate_up(py::module_& m) {
 }  // namespace
 
 void init_layers(py::module_& m) {
+  bind_lora(m);
   py::enum_<TokenQuant>(m, "TokenQuant",
                         "A per-token activation quantization a layer's GEMM applies first, which "
                         "forward_quantized takes done already (tp/quant/quant_method.h).")

@@ -179,6 +179,30 @@ class DecoderLayer(nn.Module):
         return f"index={self._impl.index}"
 
 
+class _LoRA(nn.Module):
+    """A linear layer's adapters (the C++ tp::LoRA): ``<adapter>.<segment>.lora_A`` / ``lora_B``,
+    the C++ tensors themselves, under the C++ names."""
+
+    def __init__(self, impl: "_C.LoRA"):
+        super().__init__()
+        self._impl = impl
+        for name in impl.names():
+            adapter = nn.Module()
+            for segment in impl.segment_names():
+                a = impl.lora_A(name, segment)
+                if a is None:
+                    continue
+                factors = nn.Module()
+                factors.lora_A = _as_parameter(a)
+                factors.lora_B = _as_parameter(impl.lora_B(name, segment))
+                adapter.add_module(segment, factors)
+            self.add_module(name, adapter)
+
+    def extra_repr(self) -> str:
+        text = repr(self._impl)
+        return text[text.index("(") + 1 : text.rindex(")")]
+
+
 class CausalLM(nn.Module):
     """The C++ tp::CausalLM. ``forward(ids)`` gives this rank's local logits
     [batch, seq, local vocab rows] (padding columns -inf); ``gather_logits`` all of them;
@@ -200,8 +224,11 @@ class CausalLM(nn.Module):
         self.lm_head = (ParallelLMHead._tied_over(head, self.embed_tokens) if head.tied
                         else ParallelLMHead._from_impl(head))
         ops.handle(self)
+        self._check_parameters()
+
+    def _check_parameters(self) -> None:
         mine = [(name, id(p)) for name, p in self.named_parameters()]
-        cpp = [(name, id(t)) for name, t in impl.named_parameters()]
+        cpp = [(name, id(t)) for name, t in self._impl.named_parameters()]
         if mine != cpp:  # the children must hold exactly the C++ model's tensors, by the same names
             raise RuntimeError(f"tp.CausalLM: the modules' parameters {[n for n, _ in mine]} are not the C++ "
                                f"model's {[n for n, _ in cpp]}")
@@ -259,10 +286,84 @@ class CausalLM(nn.Module):
         ``print(model.split_plan())`` shows the table."""
         return self._impl.split_plan()
 
-    def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0):
+    # LoRA adapters (tp/models/adapters.h): PEFT's folders, each layer's adapter cut by its own plan.
+
+    def load_adapter(self, folder: str, adapter_name: str = "default") -> None:
+        """Adapter ``adapter_name`` from PEFT's ``folder`` (adapter_config.json and
+        adapter_model.safetensors), each rank reading its slices, strictly (a tensor nothing
+        reads, a target tp cannot adapt, a wrong shape: ValueError on every rank). The first
+        adapter is active for every row. Collective."""
+        self._impl.load_adapter(str(folder), adapter_name)
+        self._mirror_adapters()
+
+    def add_adapter(self, adapter_name: str, *, r: int = 8, lora_alpha: float = 8.0,
+                    target_modules: Union[str, Sequence[str]] = ("q_proj", "v_proj"), use_rslora: bool = False) -> None:
+        """A fresh adapter (PEFT's LoraConfig fields; A random and the same on every rank, B
+        zeros) on the modules ``target_modules`` names (a list of name suffixes, a regular
+        expression, or "all-linear"), for training. Collective."""
+        targets, regex = ([], target_modules) if isinstance(target_modules, str) else (list(target_modules), "")
+        self._impl.add_adapter(adapter_name, r, lora_alpha, use_rslora, targets, regex)
+        self._mirror_adapters()
+
+    @property
+    def adapters(self):
+        """The adapters' names."""
+        return list(self._impl.adapter_names)
+
+    def set_adapter(self, adapter_name: Optional[str]) -> None:
+        """Every row takes ``adapter_name`` (None: the base model alone)."""
+        self._impl.adapter_selection.select(adapter_name or "")
+
+    def adapter_parameters(self, adapter_name: Optional[str] = None):
+        """(name, parameter) of every adapter's A and B (or of ``adapter_name``'s): what an
+        optimizer trains while the base stays frozen."""
+        return [(n, p) for n, p in self.named_parameters()
+                if ".lora." in n and (adapter_name is None or f".lora.{adapter_name}." in n)]
+
+    def gather_adapter(self, adapter_name: str) -> Dict[str, torch.Tensor]:
+        """The adapter's whole tensors under PEFT's names, on every rank (collective)."""
+        return self._impl.gather_adapter(adapter_name)
+
+    def save_adapter(self, folder: str, adapter_name: str) -> None:
+        """The adapter as a PEFT folder (written by rank 0) that loads at any TP size, into tp
+        or into PEFT's PeftModel. Collective."""
+        self._impl.save_adapter(str(folder), adapter_name)
+
+    def _mirror_adapters(self) -> None:
+        """Each linear layer's adapters as its child ``lora`` (the C++ tensors as Parameters)."""
+        for layer in self.layers:
+            for attr in ("qkv", "o_proj", "gate_up", "up_proj", "down_proj"):
+                module = getattr(layer, attr, None)
+                if module is not None:
+                    module.lora = _LoRA(module._impl.lora)
+        self._check_parameters()
+
+    def _with_adapters(self, adapter_names, run):
+        """run() with each row taking adapter_names[i] ("" or None: none), then the selection as before."""
+        if adapter_names is None:
+            return run()
+        selection = self._impl.adapter_selection
+        whole, per_row = selection.whole, selection.per_row
+        selection.select_rows([name or "" for name in adapter_names])
+        try:
+            return run()
+        finally:
+            selection.select_rows(per_row) if per_row else selection.select(whole)
+
+    def forward(self, ids: torch.Tensor, cache: Optional["_C.KVCache"] = None, logits_to_keep: int = 0, *,
+                adapter_names: Optional[Sequence[Optional[str]]] = None):
         """ids int64 [batch, seq] (the same on every rank) -> local logits. With a cache the
         tokens continue the cached sequence (and advance it): the C++ model runs whole.
-        Without one the children run in turn (traceable by torch.compile / export)."""
+        Without one the children run in turn (traceable by torch.compile / export).
+        ``adapter_names``: row i takes adapter adapter_names[i] (None: the base alone) for
+        this call; otherwise the selection set_adapter made. With adapters the C++ model runs
+        whole (eagerly)."""
+        if self._impl.adapter_names:
+            if torch.compiler.is_compiling():
+                raise NotImplementedError("tp.CausalLM: torch.compile does not trace LoRA adapters yet; run eagerly")
+            return self._with_adapters(adapter_names, lambda: self._impl.forward(ids, cache, logits_to_keep))
+        if adapter_names is not None and any(adapter_names):
+            raise ValueError(f"tp.CausalLM: adapter_names {list(adapter_names)} but the model holds no adapter")
         if cache is not None:
             return self._impl.forward(ids, cache, logits_to_keep)
         if self._attention_dp > 1:
@@ -341,6 +442,7 @@ class CausalLM(nn.Module):
         eos_token_id: Optional[Union[int, Sequence[int]]] = None,
         pad_token_id: int = 0,
         return_lengths: bool = False,
+        adapter_names: Optional[Sequence[Optional[str]]] = None,
     ):
         """Decoding with a KV cache: int64 [batch, steps] new tokens, the same on every rank.
 
@@ -352,9 +454,9 @@ class CausalLM(nn.Module):
         (``numerics="invariant"``). A row ends at its first ``eos_token_id`` (then
         ``pad_token_id``), and generation once every row has ended: ``steps`` <=
         ``max_new_tokens``. ``return_lengths``: also each row's count of tokens, its stop
-        token included."""
+        token included. ``adapter_names``: row i's adapter, as in forward."""
         stops = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        tokens, lengths = self._impl.generate(
+        tokens, lengths = self._with_adapters(adapter_names, lambda: self._impl.generate(
             prompt,
             max_new_tokens,
             temperature if do_sample else 0.0,
@@ -365,7 +467,7 @@ class CausalLM(nn.Module):
             seed,
             stops,
             pad_token_id,
-        )
+        ))
         return (tokens, lengths) if return_lengths else tokens
 
     def extra_repr(self) -> str:

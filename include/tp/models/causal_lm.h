@@ -31,6 +31,7 @@
 #include "tp/models/model_config.h"
 #include "tp/models/model_split.h"
 #include "tp/models/norm.h"
+#include "tp/models/peft_config.h"
 #include "tp/models/rotary_embedding.h"
 
 namespace tp {
@@ -167,6 +168,11 @@ class CausalLMImpl : public torch::nn::Cloneable<CausalLMImpl> {
 
   ModelConfig config;
   CausalLMOptions options;
+  /// Which LoRA adapter each row of a batch takes (tp/models/adapters.h): every layer's
+  /// adapters read this one selection. Empty: the base model alone.
+  std::shared_ptr<LoRASelection> adapter_selection = std::make_shared<LoRASelection>();
+  /// The adapters the model holds, by name, as their folders configured them.
+  std::map<std::string, PeftLoRAConfig> adapter_configs;
   Communicator comm;
   /// The attention's groups (AttentionDataParallel::none(comm) without them): the embedding,
   /// the layers' attention, the final norm's stream and the LM head run over dp.attention.

@@ -46,8 +46,8 @@ namespace {
 // the identity, backward their gradients summed over the holders, so the copies stay equal
 // under an optimizer. Every rank calls it for the same segments (the replicas are global).
 struct SumReplicaGrads : torch::autograd::Function<SumReplicaGrads> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& b,
-                            const detail::LoRABase* base, int64_t local_offset) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& b, const detail::LoRABase* base,
+                            int64_t local_offset) {
     ctx->saved_data["offset"] = local_offset;
     ctx->saved_data["base"] = reinterpret_cast<int64_t>(base);
     return b.clone();
@@ -61,13 +61,17 @@ struct SumReplicaGrads : torch::autograd::Function<SumReplicaGrads> {
     const int64_t rows = g.size(0);
     for (const auto& p : base->replicas) {
       const int64_t begin = std::max(p.local_offset, offset), end = std::min(p.local_offset + p.rows, offset + rows);
-      if (begin < end) buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin).copy_(g.narrow(0, begin - offset, end - begin));
+      if (begin < end)
+        buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin)
+            .copy_(g.narrow(0, begin - offset, end - begin));
     }
     base->comm.all_reduce(buffer);
     g = g.clone();
     for (const auto& p : base->replicas) {
       const int64_t begin = std::max(p.local_offset, offset), end = std::min(p.local_offset + p.rows, offset + rows);
-      if (begin < end) g.narrow(0, begin - offset, end - begin).copy_(buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin));
+      if (begin < end)
+        g.narrow(0, begin - offset, end - begin)
+            .copy_(buffer.narrow(0, p.slot_offset + begin - p.local_offset, end - begin));
     }
     return {g, at::Tensor(), at::Tensor()};
   }
@@ -103,7 +107,8 @@ size_t LoRAImpl::segment_index(const std::string& segment) const {
 LoRAImpl::Adapter& LoRAImpl::make(const std::string& name, const LoRAConfig& config, const std::vector<bool>& on) {
   const auto& b = *base_;
   check_name(b.layer, name);
-  TORCH_CHECK_VALUE(!b.invariant, b.layer, ": LoRA adapters are not covered by invariant numerics (use numerics=default)");
+  TORCH_CHECK_VALUE(!b.invariant, b.layer,
+                    ": LoRA adapters are not covered by invariant numerics (use numerics=default)");
   TORCH_CHECK_VALUE(!has(name), b.layer, ": it has an adapter '", name, "' already");
   TORCH_CHECK_VALUE(config.rank() > 0 && std::isfinite(config.alpha()), b.layer, ": adapter '", name,
                     "' needs rank > 0 and a finite alpha; got rank ", config.rank(), ", alpha ", config.alpha());
@@ -173,7 +178,8 @@ void LoRAImpl::load(const Checkpoint& checkpoint, const std::string& name, const
                           piece.segment_size, " outputs)");
         const auto dtype = source.dtype();
         TORCH_CHECK_VALUE(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-                          b.layer, ": adapter tensor ", tensor, " is ", dtype, "; LoRA factors are float64, float32, "
+                          b.layer, ": adapter tensor ", tensor, " is ", dtype,
+                          "; LoRA factors are float64, float32, "
                           "float16 or bfloat16");
         at::Tensor t = load_shard(source, mode, range, {}, b.layer);
         TORCH_CHECK_VALUE(t.numel() == 0 || at::isfinite(t).all().item<bool>(), b.layer, ": adapter tensor ", tensor,
@@ -211,7 +217,8 @@ std::map<std::string, at::Tensor> LoRAImpl::gather(const std::string& name,
       int64_t offset = 0;
       for (const auto& p : b.plans) {
         const Range src = p.pieces[s].source;
-        const bool seen = std::any_of(blocks.begin(), blocks.end(), [&](const auto& x) { return x.first == src.begin; });
+        const bool seen =
+            std::any_of(blocks.begin(), blocks.end(), [&](const auto& x) { return x.first == src.begin; });
         if (!seen && src.size() > 0) blocks.emplace_back(src.begin, all.narrow(0, offset, src.size()));
         offset += src.size();
       }

@@ -21,10 +21,10 @@ struct LoRABase {
   Communicator comm;
   /// Row-parallel base: A split with `in_ranges`, B whole. Column: A whole, B split with `plans`.
   bool row = false;
-  int64_t in_features = 0;          // global
-  std::vector<Range> in_ranges;     // row: every rank's input columns
-  std::vector<SegmentPlan> plans;   // column: every rank's plan of the output; row: one segment, whole
-  Reduction entry;                  // column: none (mirrored input) or the sequence-parallel all-gather
+  int64_t in_features = 0;         // global
+  std::vector<Range> in_ranges;    // row: every rank's input columns
+  std::vector<SegmentPlan> plans;  // column: every rank's plan of the output; row: one segment, whole
+  Reduction entry;                 // column: none (mirrored input) or the sequence-parallel all-gather
   /// Column: this rank's rows that other ranks hold too (replicated KV heads) and their
   /// slots in the backward's all-reduce (the base's ReplicaSum, the same numbering).
   struct Replica {

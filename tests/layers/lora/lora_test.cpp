@@ -41,7 +41,7 @@ struct Case {
   Kind kind = Kind::kColumn;
   int64_t world = 1, in = 0, tokens = 0;
   std::vector<std::string> segments, prefixes;
-  std::vector<int64_t> sizes;  // output rows of each segment
+  std::vector<int64_t> sizes;   // output rows of each segment
   std::vector<double> weights;  // split weights (empty: even)
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   at::Tensor w, b;
@@ -217,20 +217,22 @@ void run_case(const Case& c, const std::vector<std::string>& rows, uint64_t seed
         };
         switch (c.kind) {
           case Kind::kColumn: {
-            ColumnParallelLinear l(ColumnParallelLinearOptions(c.in, c.out()).bias(true).split(policy).dtype(at::kDouble), comm);
+            ColumnParallelLinear l(
+                ColumnParallelLinearOptions(c.in, c.out()).bias(true).split(policy).dtype(at::kDouble), comm);
             out.pieces = single_piece("linear", c.out(), l->local_range());
             run(l, x, cols(G, out.pieces));
             break;
           }
           case Kind::kRow: {
-            RowParallelLinear l(RowParallelLinearOptions(c.in, c.out()).bias(true).split(policy).dtype(at::kDouble), comm);
+            RowParallelLinear l(RowParallelLinearOptions(c.in, c.out()).bias(true).split(policy).dtype(at::kDouble),
+                                comm);
             out.in_range = l->local_range();
             run(l, x.narrow(-1, out.in_range.begin, out.in_range.size()), G);
             break;
           }
           case Kind::kQKV: {
-            QKVParallelLinear l(QKVParallelLinearOptions(c.in, c.head_dim, c.heads, c.kv_heads).bias(true).dtype(at::kDouble),
-                                comm);
+            QKVParallelLinear l(
+                QKVParallelLinearOptions(c.in, c.head_dim, c.heads, c.kv_heads).bias(true).dtype(at::kDouble), comm);
             out.pieces = l->head_plan().qkv_plan().pieces;
             run(l, x, cols(G, out.pieces));
             break;
@@ -264,7 +266,8 @@ void run_case(const Case& c, const std::vector<std::string>& rows, uint64_t seed
   at::Tensor loss = c.kind == Kind::kRow ? (y * G).sum() : at::zeros({}, at::kDouble);
   for (int64_t r = 0; r < c.world && c.kind != Kind::kRow; ++r)
     for (const auto& p : outs[r].pieces)
-      loss = loss + (y.narrow(-1, p.fused_source().begin, p.size()) * G.narrow(-1, p.fused_source().begin, p.size())).sum();
+      loss = loss +
+             (y.narrow(-1, p.fused_source().begin, p.size()) * G.narrow(-1, p.fused_source().begin, p.size())).sum();
   loss.backward();
   const auto err = [](const at::Tensor& a, const at::Tensor& b) { return test::relative_error(a, b); };
   for (int64_t r = 0; r < c.world; ++r) {
@@ -305,7 +308,7 @@ TEST_CASE("LoRA on the four layers equals the single-device reference, forward a
     for (int64_t world = 1; world <= 4; ++world) {
       seed += 1000;
       const Case c = make_case(kind, world, seed);
-      run_case(c, {"a", "a"}, seed);                // one adapter for the batch
+      run_case(c, {"a", "a"}, seed);               // one adapter for the batch
       run_case(c, {"b", "", "a", "b"}, seed + 7);  // a mixed batch: each row its own, one none
     }
   }
@@ -330,8 +333,10 @@ TEST_CASE("LoRA gathers its factors whole and refuses what it cannot take", "[la
         }
         // A B of the wrong shape, given to rank 2 alone: every rank fails, naming the tensor.
         Checkpoint bad = ckpt;
-        if (comm.rank() == 2) bad.add("bad.q.lora_B.weight", at::zeros({c.sizes[0] + 1, 4}, at::kDouble));
-        else bad.add("bad.q.lora_B.weight", c.adapters[1].B[0]);
+        if (comm.rank() == 2)
+          bad.add("bad.q.lora_B.weight", at::zeros({c.sizes[0] + 1, 4}, at::kDouble));
+        else
+          bad.add("bad.q.lora_B.weight", c.adapters[1].B[0]);
         bad.add("bad.q.lora_A.weight", c.adapters[1].A[0]);
         try {
           l->lora().load(bad, "c", c.adapters[1].config, {"bad.q", "", ""});

@@ -1,0 +1,209 @@
+#include "tp/models/adapters.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "tp/comm/collective_status.h"
+#include "tp/layers/loading/load_session.h"
+#include "tp/loader/safetensors_writer.h"
+#include "tp/models/layer_options.h"
+
+namespace tp {
+
+namespace {
+
+// PEFT's names: the base model's module paths under "base_model.model.".
+const std::string kPeftPrefix = "base_model.model.";
+
+// One linear layer an adapter can sit on: its LoRA and, per output segment, the module
+// name (the checkpoint prefix of that segment's weight) PEFT gives it.
+struct Site {
+  LoRAImpl* lora = nullptr;
+  std::vector<std::string> modules;
+};
+
+// A module tp holds but cannot adapt (yet): a target that names it is refused.
+struct Unadaptable {
+  std::string module, why;
+};
+
+struct Sites {
+  std::vector<Site> sites;
+  std::vector<Unadaptable> refused;
+};
+
+Sites sites_of(CausalLMImpl& model) {
+  Sites out;
+  const auto& names = model.config.names;
+  for (auto& layer : model.layers) {
+    auto& l = *layer;
+    const auto opts = decoder_layer_options(l.config, l.index, l.dtype, l.device);
+    if (names.qkv.layout() == QKVLayout::kSeparate) {
+      out.sites.push_back({&l.qkv->lora(),
+                           {opts.qkv_prefix + "." + names.qkv.q_name(), opts.qkv_prefix + "." + names.qkv.k_name(),
+                            opts.qkv_prefix + "." + names.qkv.v_name()}});
+    } else {
+      out.refused.push_back({opts.qkv_prefix + "." + names.qkv.fused_name(), "a fused q/k/v tensor on disk"});
+    }
+    out.sites.push_back({&l.o_proj->lora(), {opts.o_prefix}});
+    if (!l.moe.is_empty()) {
+      out.refused.push_back({l.moe_prefix(), "a mixture of experts"});
+      continue;
+    }
+    if (l.config.gated_mlp) {
+      if (names.gate_up.layout() == GateUpLayout::kSeparate) {
+        out.sites.push_back({&l.gate_up->lora(),
+                             {opts.gate_up_prefix + "." + names.gate_up.gate_name(),
+                              opts.gate_up_prefix + "." + names.gate_up.up_name()}});
+      } else {
+        out.refused.push_back({opts.gate_up_prefix + "." + names.gate_up.fused_name(), "a fused gate/up tensor on disk"});
+      }
+    } else {
+      out.sites.push_back({&l.up_proj->lora(), {opts.up_prefix}});
+    }
+    out.sites.push_back({&l.down_proj->lora(), {opts.down_prefix}});
+  }
+  return out;
+}
+
+void check_model(const CausalLMImpl& model, const std::string& name) {
+  TORCH_CHECK_VALUE(model.dp.size == 1, "CausalLM: adapter '", name,
+                    "': LoRA is not supported with attention data parallelism yet (the MLP's rows are every group's)");
+}
+
+// The modules `config` targets, each checked adaptable; the targets that match nothing refused.
+std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const PeftLoRAConfig& config,
+                                                          const std::string& what) {
+  for (const auto& r : all.refused)
+    TORCH_CHECK_VALUE(!config.matches(r.module), what, ": it targets ", r.module, ", ", r.why,
+                      ", which tp cannot put an adapter on yet");
+  std::vector<std::pair<Site*, std::vector<bool>>> out;
+  std::set<std::string> matched;
+  for (auto& site : all.sites) {
+    std::vector<bool> on;
+    for (const auto& m : site.modules) on.push_back(config.matches(m));
+    if (std::find(on.begin(), on.end(), true) != on.end()) out.emplace_back(&site, on);
+    for (const auto& t : config.target_modules)
+      for (const auto& m : site.modules)
+        if (m == t || (m.size() > t.size() && m.compare(m.size() - t.size() - 1, t.size() + 1, "." + t) == 0))
+          matched.insert(t);
+  }
+  for (const auto& t : config.target_modules) {
+    TORCH_CHECK_VALUE(matched.count(t) > 0, what, ": target_modules names '", t,
+                      "', which matches no linear layer tp can adapt in this model (",
+                      all.sites.empty() ? std::string("none") : all.sites.front().modules.front(), ", ...)");
+  }
+  TORCH_CHECK_VALUE(!out.empty(), what, ": its targets match no linear layer of this model");
+  return out;
+}
+
+}  // namespace
+
+void load_adapter(CausalLMImpl& model, const std::string& folder, const std::string& name) {
+  check_model(model, name);
+  const std::string what = "adapter '" + name + "' (" + folder + ")";
+  TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
+  const PeftLoRAConfig config = PeftLoRAConfig::from_pretrained(folder);
+  const std::string file = folder + "/adapter_model.safetensors";
+  TORCH_CHECK_VALUE(std::filesystem::exists(file), what, ": no adapter_model.safetensors",
+                    std::filesystem::exists(folder + "/adapter_model.bin")
+                        ? " (adapter_model.bin is a pickle tp does not read: save with safe_serialization=True)"
+                        : "");
+  const Checkpoint checkpoint = open_checkpoint(file);
+  auto all = sites_of(model);
+  const auto on = targeted(all, config, what);
+  // Strict: every tensor of the file is read, but the layers num_layers leaves out.
+  auto allow = LoadSessionOptions::default_allow_unread();
+  for (auto i = static_cast<int64_t>(model.layers.size()); i < model.config.num_hidden_layers; ++i)
+    allow.push_back(kPeftPrefix + model.config.layer_prefix(i) + ".*");
+  LoadSession session(checkpoint, model.comm, LoadSessionOptions().allow_unread(allow));
+  run_collectively(model.comm, "CausalLM.load_adapter", [&] {
+    for (const auto& [site, mask] : on)
+      for (size_t s = 0; s < mask.size(); ++s) {
+        const std::string tensor = kPeftPrefix + site->modules[s] + ".lora_A.weight";
+        TORCH_CHECK_VALUE(!mask[s] || checkpoint.contains(tensor), what, ": it targets ", site->modules[s],
+                          " but holds no ", tensor);
+      }
+  });
+  for (const auto& [site, mask] : on) {
+    std::vector<std::string> prefixes;
+    for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
+    site->lora->load(session.checkpoint(), name, config.lora, prefixes);
+    site->lora->share_selection(model.adapter_selection);
+  }
+  session.finish();
+  model.adapter_configs[name] = config;
+  if (model.adapter_configs.size() == 1) model.adapter_selection->select(name);
+}
+
+void add_adapter(CausalLMImpl& model, const std::string& name, const PeftLoRAConfig& config) {
+  check_model(model, name);
+  TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
+  auto all = sites_of(model);
+  for (const auto& [site, mask] : targeted(all, config, "adapter '" + name + "'")) {
+    std::vector<std::string> segments;
+    const auto names = site->lora->segment_names();
+    for (size_t s = 0; s < mask.size(); ++s)
+      if (mask[s]) segments.push_back(names[s]);
+    site->lora->add(name, config.lora, segments);
+    site->lora->share_selection(model.adapter_selection);
+  }
+  model.adapter_configs[name] = config;
+  if (model.adapter_configs.size() == 1) model.adapter_selection->select(name);
+}
+
+std::map<std::string, at::Tensor> gather_adapter(const CausalLMImpl& model, const std::string& name) {
+  TORCH_CHECK_VALUE(model.adapter_configs.count(name) > 0, "CausalLM: no adapter '", name, "'");
+  auto all = sites_of(const_cast<CausalLMImpl&>(model));
+  std::map<std::string, at::Tensor> out;
+  for (auto& site : all.sites) {
+    if (!site.lora->has(name)) continue;
+    std::vector<std::string> prefixes;
+    for (const auto& m : site.modules) prefixes.push_back(kPeftPrefix + m);
+    const auto part = site.lora->gather(name, prefixes);
+    out.insert(part.begin(), part.end());
+  }
+  return out;
+}
+
+void save_adapter(const CausalLMImpl& model, const std::string& folder, const std::string& name) {
+  const auto tensors = gather_adapter(model, name);
+  run_collectively(model.comm, "CausalLM.save_adapter", [&] {
+    if (model.comm.rank() != 0) return;
+    std::filesystem::create_directories(folder);
+    std::ofstream config(folder + "/adapter_config.json");
+    config << model.adapter_configs.at(name).to_json();
+    TORCH_CHECK_VALUE(config.good(), "cannot write ", folder, "/adapter_config.json");
+    std::map<std::string, at::Tensor> cpu;
+    for (const auto& [k, v] : tensors) cpu[k] = v.cpu().contiguous();
+    save_safetensors(folder + "/adapter_model.safetensors", cpu);
+  });
+}
+
+std::vector<std::string> adapter_names(const CausalLMImpl& model) {
+  std::vector<std::string> out;
+  for (const auto& [name, _] : model.adapter_configs) out.push_back(name);
+  return out;
+}
+
+std::vector<at::Tensor> adapter_parameters(const CausalLMImpl& model, const std::string& name) {
+  TORCH_CHECK_VALUE(model.adapter_configs.count(name) > 0, "CausalLM: no adapter '", name, "'");
+  auto all = sites_of(const_cast<CausalLMImpl&>(model));
+  std::vector<at::Tensor> out;
+  for (auto& site : all.sites) {
+    if (!site.lora->has(name)) continue;
+    for (const auto& segment : site.lora->segment_names()) {
+      const at::Tensor a = site.lora->lora_A(name, segment);
+      if (!a.defined()) continue;
+      out.push_back(a);
+      out.push_back(site.lora->lora_B(name, segment));
+    }
+  }
+  return out;
+}
+
+}  // namespace tp

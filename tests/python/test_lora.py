@@ -1,0 +1,232 @@
+"""LoRA adapters on tp.CausalLM against PEFT's own PeftModel over transformers' model (the
+real client), at TP 1-4, in float64.
+
+The base is a Llama with one KV head (every rank of a world > 1 holds a replica of k and v),
+6 query heads (uneven over 4) and an intermediate size of 40 (uneven over 3). PEFT makes
+three adapters in the test: "a" (r 8 on every linear layer), "b" (r 16, rsLoRA, on q_proj
+and v_proj), "c" (r 8 on gate_proj and down_proj), with random A and B.
+
+- the logits of each adapter within 1e-12 of PEFT's, and 8 greedy tokens equal;
+- a batch mixing "a", "b", no adapter and "c" equal, row by row, to each row alone;
+- one SGD step on A and B (the base frozen) equal to PEFT's within 1e-10 for every adapter
+  tensor; the stepped adapter saved by tp (at every TP size, TP 4 included) loads into PEFT
+  and gives PEFT's logits;
+- at TP 2 with split weights 3:1 (a cut `dim / world` would miss) the logits again;
+- a folder tp cannot read exactly is refused on every rank, naming what: DoRA, a target tp
+  cannot adapt (the LM head), a tensor nothing reads.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import peft
+import transformers
+
+import launcher
+import tp
+
+ADAPTERS = {
+    "a": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                  "down_proj"]),
+    "b": dict(r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj"]),
+    "c": dict(r=8, lora_alpha=32, target_modules=["gate_proj", "down_proj"]),
+}
+ROWS = ["a", "b", None, "c"]
+LR = 0.5
+NEW_TOKENS = 8
+
+
+def _base_model():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=6, num_key_value_heads=1, head_dim=8,
+                                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                                      pad_token_id=None)
+    return transformers.LlamaForCausalLM(config).double().eval()
+
+
+def _greedy(model, ids):
+    """transformers' generate(do_sample=False): NEW_TOKENS tokens, no stop token."""
+    config = transformers.GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                                           bos_token_id=None, pad_token_id=0)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    return out[:, ids.shape[1]:]
+
+
+def _peft(folder, name):
+    return peft.PeftModel.from_pretrained(_base_model(), f"{folder}/{name}").double().eval()
+
+
+def _loss(logits, ids):
+    v = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = _base_model()
+    base.save_pretrained(root / "base", safe_serialization=True)
+    for i, (name, kw) in enumerate(ADAPTERS.items()):
+        torch.manual_seed(100 + i)
+        model = peft.get_peft_model(_base_model(), peft.LoraConfig(init_lora_weights=False, **kw))
+        model.save_pretrained(root / name)
+    ids = torch.randint(1, 64, (len(ROWS), 7), generator=torch.Generator().manual_seed(7))
+    ref = {"ids": ids}
+    with torch.no_grad():
+        for name in ADAPTERS:
+            pm = _peft(root, name)
+            ref[f"logits_{name}"] = pm(ids).logits
+            ref[f"tokens_{name}"] = _greedy(pm, ids)
+        ref["logits_none"] = base.eval()(ids).logits
+        ref["tokens_none"] = _greedy(base, ids)
+    # One SGD step on adapter "a"'s A and B, the base frozen.
+    pm = peft.PeftModel.from_pretrained(_base_model(), root / "a", is_trainable=True).double()
+    params = [p for n, p in pm.named_parameters() if "lora_" in n]
+    assert all(p.requires_grad for p in params) and not any(p.requires_grad for n, p in pm.named_parameters()
+                                                            if "lora_" not in n)
+    loss = _loss(pm(ids).logits, ids)
+    loss.backward()
+    with torch.no_grad():
+        for p in params:
+            p -= LR * p.grad
+        ref["loss"] = loss.detach()
+        ref["stepped"] = {k: v.clone() for k, v in peft.get_peft_model_state_dict(pm).items()}
+        ref["stepped_logits"] = pm(ids).logits
+    torch.save(ref, root / "reference.pt")
+    return root
+
+
+def _rank(rank, world, folder, weights):
+    folder = str(folder)
+    ref = torch.load(f"{folder}/reference.pt")
+    ids = ref["ids"]
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, split_weights=weights)
+    for name in ADAPTERS:
+        model.load_adapter(f"{folder}/{name}", name)
+    out = {"adapters": model.adapters}
+    with torch.no_grad():
+        for name in ADAPTERS:
+            model.set_adapter(name)
+            out[f"logits_{name}"] = model.gather_logits(model(ids))
+            out[f"tokens_{name}"] = model.generate(ids, NEW_TOKENS)
+        model.set_adapter(None)
+        out["logits_none"] = model.gather_logits(model(ids))
+        out["mixed"] = model.gather_logits(model(ids, adapter_names=ROWS))
+        out["mixed_tokens"] = model.generate(ids, NEW_TOKENS, adapter_names=ROWS)
+    if weights:
+        return out
+    # One SGD step on "a" alone, the base frozen.
+    model.set_adapter("a")
+    trained = [p for _, p in model.adapter_parameters("a")]
+    for p in model.parameters():
+        p.requires_grad_(any(p is t for t in trained))
+    local = model(ids)
+    loss = model.cross_entropy(local[:, :-1], ids[:, 1:]).mean()
+    loss.backward()
+    with torch.no_grad():
+        for p in trained:
+            p -= LR * p.grad
+    out["loss"] = loss.detach()
+    out["stepped"] = model.gather_adapter("a")
+    saved = f"{folder}/saved_{world}"
+    model.save_adapter(saved, "a")
+    with torch.no_grad():
+        out["stepped_logits"] = model.gather_logits(model(ids))
+    return out
+
+
+def _err(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_lora_equals_peft(folder, world):
+    ref = torch.load(folder / "reference.pt")
+    results = launcher.run(world, _rank, str(folder), None, timeout=600)
+    scale = max(1.0, ref["logits_a"].abs().max().item())
+    for rank, r in enumerate(results):
+        where = f"world {world} rank {rank}"
+        assert r["adapters"] == sorted(ADAPTERS)
+        for name in ADAPTERS:
+            assert _err(r[f"logits_{name}"], ref[f"logits_{name}"]) <= 1e-12 * scale, f"{where} adapter {name}"
+            assert torch.equal(r[f"tokens_{name}"], ref[f"tokens_{name}"]), f"{where} adapter {name} tokens"
+        assert _err(r["logits_none"], ref["logits_none"]) <= 1e-12 * scale, where
+        # The mixed batch, row by row, equals each row alone (its logits and its greedy tokens).
+        for i, name in enumerate(ROWS):
+            key = name or "none"
+            assert _err(r["mixed"][i], ref[f"logits_{key}"][i]) <= 1e-12 * scale, f"{where} mixed row {i} ({key})"
+            assert torch.equal(r["mixed_tokens"][i], ref[f"tokens_{key}"][i]), f"{where} mixed row {i} tokens"
+        # The SGD step: the loss and every adapter tensor after it.
+        assert abs(r["loss"].item() - ref["loss"].item()) <= 1e-12, where
+        assert sorted(r["stepped"]) == sorted(ref["stepped"]), where
+        for k, v in ref["stepped"].items():
+            assert _err(r["stepped"][k], v) <= 1e-10, f"{where} {k}"
+        assert _err(r["stepped_logits"], ref["stepped_logits"]) <= 1e-10 * scale, where
+    # What tp saved at this TP size loads into PEFT and gives PEFT's own stepped logits.
+    with torch.no_grad():
+        pm = _peft(folder, f"saved_{world}")
+        assert _err(pm(ref["ids"]).logits, ref["stepped_logits"]) <= 1e-10 * scale
+    config = json.loads((folder / f"saved_{world}" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["peft_type"] == "LORA"
+
+
+def test_lora_weighted_split_equals_peft(folder):
+    ref = torch.load(folder / "reference.pt")
+    results = launcher.run(2, _rank, str(folder), [3.0, 1.0], timeout=600)
+    scale = max(1.0, ref["logits_a"].abs().max().item())
+    for rank, r in enumerate(results):
+        for name in ADAPTERS:
+            assert _err(r[f"logits_{name}"], ref[f"logits_{name}"]) <= 1e-12 * scale, f"rank {rank} {name}"
+        for i, name in enumerate(ROWS):
+            alone = ref[f"logits_{name}" if name else "logits_none"][i]
+            assert _err(r["mixed"][i], alone) <= 1e-12 * scale, f"rank {rank} mixed row {i}"
+
+
+def _refusal(rank, world, folder, adapter):
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64)
+    try:
+        model.load_adapter(f"{folder}/{adapter}", "x")
+    except ValueError as e:
+        return str(e)
+    return "loaded"
+
+
+def _variant(folder, name, edit_config=None, extra_tensor=None):
+    dst = folder / name
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(folder / "b", dst)
+    if edit_config:
+        path = dst / "adapter_config.json"
+        config = json.loads(path.read_text())
+        config.update(edit_config)
+        path.write_text(json.dumps(config))
+    if extra_tensor:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(dst / "adapter_model.safetensors")
+        tensors.update(extra_tensor)
+        save_file(tensors, dst / "adapter_model.safetensors")
+    return name
+
+
+def test_lora_refuses_what_it_cannot_compute(folder):
+    cases = {
+        _variant(folder, "dora", {"use_dora": True}): "DoRA",
+        _variant(folder, "lm_head", {"target_modules": ["q_proj", "v_proj", "lm_head"]}): "'lm_head'",
+        _variant(folder, "pattern", {"rank_pattern": {"q_proj": 4}}): "rank_pattern",
+        _variant(folder, "pissa", {"init_lora_weights": "pissa"}): "rewrites the base weights",
+        _variant(folder, "unread", extra_tensor={"base_model.model.lm_head.lora_A.weight": torch.zeros(16, 48,
+                                                                                                     dtype=torch.float64)}):
+            "base_model.model.lm_head.lora_A.weight",
+    }
+    for adapter, expected in cases.items():
+        results = launcher.run(2, _refusal, str(folder), adapter)
+        for rank, message in enumerate(results):
+            assert expected in message, f"{adapter} rank {rank}: {message}"
