@@ -244,6 +244,12 @@ void init_causal_lm(py::module_& m) {
             save_adapter(m, folder, name);
           },
           py::arg("folder"), py::arg("name"), Release())
+      .def(
+          "merge_adapter", [](CausalLMImpl& m, const std::string& name) { merge_adapter(m, name); }, py::arg("name"),
+          Release())
+      .def(
+          "unmerge_adapter", [](CausalLMImpl& m, const std::string& name) { unmerge_adapter(m, name); },
+          py::arg("name"), Release())
       .def_property_readonly("adapter_names", [](const CausalLMImpl& m) { return adapter_names(m); })
       .def_property_readonly("adapter_selection",
                              [](const std::shared_ptr<CausalLMImpl>& m) { return m->adapter_selection; })

@@ -329,6 +329,15 @@ class CausalLM(nn.Module):
         or into PEFT's PeftModel. Collective."""
         self._impl.save_adapter(str(folder), adapter_name)
 
+    def merge_adapter(self, adapter_name: str) -> None:
+        """Merges the adapter into the (unquantized) base weights, each rank its slices, and
+        selects it for every row: the base computes it at the base's cost (PEFT's
+        merge_adapter). ``unmerge_adapter`` takes it back out."""
+        self._impl.merge_adapter(adapter_name)
+
+    def unmerge_adapter(self, adapter_name: str) -> None:
+        self._impl.unmerge_adapter(adapter_name)
+
     def _mirror_adapters(self) -> None:
         """Each linear layer's adapters as its child ``lora`` (the C++ tensors as Parameters)."""
         for layer in self.layers:

@@ -24,6 +24,7 @@ const std::string kPeftPrefix = "base_model.model.";
 struct Site {
   LoRAImpl* lora = nullptr;
   std::vector<std::string> modules;
+  at::Tensor weight;  // the base layer's stored weight (merging)
 };
 
 // A module tp holds but cannot adapt (yet): a target that names it is refused.
@@ -45,11 +46,12 @@ Sites sites_of(CausalLMImpl& model) {
     if (names.qkv.layout() == QKVLayout::kSeparate) {
       out.sites.push_back({&l.qkv->lora(),
                            {opts.qkv_prefix + "." + names.qkv.q_name(), opts.qkv_prefix + "." + names.qkv.k_name(),
-                            opts.qkv_prefix + "." + names.qkv.v_name()}});
+                            opts.qkv_prefix + "." + names.qkv.v_name()},
+                           l.qkv->weight});
     } else {
       out.refused.push_back({opts.qkv_prefix + "." + names.qkv.fused_name(), "a fused q/k/v tensor on disk"});
     }
-    out.sites.push_back({&l.o_proj->lora(), {opts.o_prefix}});
+    out.sites.push_back({&l.o_proj->lora(), {opts.o_prefix}, l.o_proj->weight});
     if (!l.moe.is_empty()) {
       out.refused.push_back({l.moe_prefix(), "a mixture of experts"});
       continue;
@@ -58,14 +60,16 @@ Sites sites_of(CausalLMImpl& model) {
       if (names.gate_up.layout() == GateUpLayout::kSeparate) {
         out.sites.push_back({&l.gate_up->lora(),
                              {opts.gate_up_prefix + "." + names.gate_up.gate_name(),
-                              opts.gate_up_prefix + "." + names.gate_up.up_name()}});
+                              opts.gate_up_prefix + "." + names.gate_up.up_name()},
+                             l.gate_up->weight});
       } else {
-        out.refused.push_back({opts.gate_up_prefix + "." + names.gate_up.fused_name(), "a fused gate/up tensor on disk"});
+        out.refused.push_back(
+            {opts.gate_up_prefix + "." + names.gate_up.fused_name(), "a fused gate/up tensor on disk"});
       }
     } else {
-      out.sites.push_back({&l.up_proj->lora(), {opts.up_prefix}});
+      out.sites.push_back({&l.up_proj->lora(), {opts.up_prefix}, l.up_proj->weight});
     }
-    out.sites.push_back({&l.down_proj->lora(), {opts.down_prefix}});
+    out.sites.push_back({&l.down_proj->lora(), {opts.down_prefix}, l.down_proj->weight});
   }
   return out;
 }
@@ -183,6 +187,38 @@ void save_adapter(const CausalLMImpl& model, const std::string& folder, const st
     save_safetensors(folder + "/adapter_model.safetensors", cpu);
   });
 }
+
+namespace {
+
+void merge(CausalLMImpl& model, const std::string& name, bool unmerge) {
+  TORCH_CHECK_VALUE(model.adapter_configs.count(name) > 0, "CausalLM: no adapter '", name, "'");
+  auto all = sites_of(model);
+  // Every layer checked before any weight changes, on every rank alike.
+  run_collectively(model.comm, unmerge ? "CausalLM.unmerge_adapter" : "CausalLM.merge_adapter", [&] {
+    for (auto& site : all.sites) {
+      if (!site.lora->has(name)) continue;
+      TORCH_CHECK_VALUE(site.lora->merged(name) == unmerge, "CausalLM: adapter '", name, "' is ",
+                        unmerge ? "not merged" : "merged already");
+      const auto segments = site.lora->segment_names();
+      for (const auto& segment : segments) {
+        const at::Tensor a = site.lora->lora_A(name, segment);
+        TORCH_CHECK_VALUE(!a.defined() || site.weight.scalar_type() == a.scalar_type(), "CausalLM: adapter '", name,
+                          "' cannot merge into ", site.modules.front(), ": its base weight is ",
+                          site.weight.scalar_type(), ", not the adapter's ", a.scalar_type(),
+                          " (a quantized base keeps its adapter separate)");
+      }
+    }
+  });
+  for (auto& site : all.sites)
+    if (site.lora->has(name)) site.lora->merge_into(name, site.weight, unmerge);
+  model.adapter_selection->select(name);
+}
+
+}  // namespace
+
+void merge_adapter(CausalLMImpl& model, const std::string& name) { merge(model, name, /*unmerge=*/false); }
+
+void unmerge_adapter(CausalLMImpl& model, const std::string& name) { merge(model, name, /*unmerge=*/true); }
 
 std::vector<std::string> adapter_names(const CausalLMImpl& model) {
   std::vector<std::string> out;

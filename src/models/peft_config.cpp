@@ -16,9 +16,9 @@ namespace {
 using detail::JsonValue;
 
 // Fields that only describe the folder or the training run: read for nothing.
-const std::set<std::string> kDescriptive = {
-    "auto_mapping",     "base_model_name_or_path", "revision", "task_type", "inference_mode", "peft_version",
-    "qalora_group_size", "megatron_core",          "loftq_config"};
+const std::set<std::string> kDescriptive = {"auto_mapping",      "base_model_name_or_path", "revision",
+                                            "task_type",         "inference_mode",          "peft_version",
+                                            "qalora_group_size", "megatron_core",           "loftq_config"};
 
 // Fields whose default (null, false, "none", {} or []) is the only value tp computes; any
 // other value is refused by name: it changes what the adapter computes.
@@ -115,10 +115,13 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
     if (targets == nullptr || targets->is_null()) fail("target_modules is absent: which modules the adapter is on");
     if (targets->is_string()) {
       const std::string& t = targets->as_string("target_modules");
-      if (t == "all-linear") out.all_linear = true;
-      else out.target_regex = t;
+      if (t == "all-linear")
+        out.all_linear = true;
+      else
+        out.target_regex = t;
     } else {
-      for (const auto& t : targets->as_array("target_modules")) out.target_modules.push_back(t.as_string("target_modules[]"));
+      for (const auto& t : targets->as_array("target_modules"))
+        out.target_modules.push_back(t.as_string("target_modules[]"));
     }
     const JsonValue* init = root.find("init_lora_weights");
     if (init != nullptr && init->is_string() && init->as_string("") != "gaussian")
@@ -127,8 +130,8 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
                     "does not hold; save it converted (PEFT's path_initial_model_for_weight_conversion)"));
     const auto& keys = root.keys("adapter_config.json");
     const auto& values = root.values("adapter_config.json");
-    static const std::set<std::string> kRead = {"peft_type", "r", "lora_alpha", "use_rslora", "lora_dropout",
-                                                "target_modules", "init_lora_weights"};
+    static const std::set<std::string> kRead = {
+        "peft_type", "r", "lora_alpha", "use_rslora", "lora_dropout", "target_modules", "init_lora_weights"};
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string& key = keys[i];
       if (kRead.count(key) || kDescriptive.count(key)) continue;

@@ -119,6 +119,16 @@ def _rank(rank, world, folder, weights):
         out["logits_none"] = model.gather_logits(model(ids))
         out["mixed"] = model.gather_logits(model(ids, adapter_names=ROWS))
         out["mixed_tokens"] = model.generate(ids, NEW_TOKENS, adapter_names=ROWS)
+        # Merged into the base (every rank its slices): the adapter's logits; unmerged: the base's.
+        model.merge_adapter("a")
+        out["merged"] = model.gather_logits(model(ids))
+        try:
+            model(ids, adapter_names=ROWS)
+        except ValueError as e:
+            out["merged_refusal"] = str(e)
+        model.unmerge_adapter("a")
+        model.set_adapter(None)
+        out["unmerged"] = model.gather_logits(model(ids))
     if weights:
         return out
     # One SGD step on "a" alone, the base frozen.
@@ -157,6 +167,9 @@ def test_lora_equals_peft(folder, world):
             assert _err(r[f"logits_{name}"], ref[f"logits_{name}"]) <= 1e-12 * scale, f"{where} adapter {name}"
             assert torch.equal(r[f"tokens_{name}"], ref[f"tokens_{name}"]), f"{where} adapter {name} tokens"
         assert _err(r["logits_none"], ref["logits_none"]) <= 1e-12 * scale, where
+        assert _err(r["merged"], ref["logits_a"]) <= 1e-12 * scale, f"{where} merged"
+        assert "merged into the base" in r["merged_refusal"], where
+        assert _err(r["unmerged"], ref["logits_none"]) <= 1e-12 * scale, f"{where} unmerged"
         # The mixed batch, row by row, equals each row alone (its logits and its greedy tokens).
         for i, name in enumerate(ROWS):
             key = name or "none"

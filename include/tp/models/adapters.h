@@ -40,6 +40,12 @@ std::map<std::string, at::Tensor> gather_adapter(const CausalLMImpl& model, cons
 /// gather_adapter, written by rank 0 as a PEFT folder (adapter_config.json and
 /// adapter_model.safetensors) that loads at any TP size, into tp or PEFT. Collective.
 void save_adapter(const CausalLMImpl& model, const std::string& folder, const std::string& name);
+/// Adapter `name` merged into every unquantized base weight it is on (this rank's slices:
+/// no communication), and selected for every row: the base then computes it, at the base's
+/// cost. unmerge_adapter takes it back out. Refused for a quantized base (its adapter
+/// stays separate).
+void merge_adapter(CausalLMImpl& model, const std::string& name);
+void unmerge_adapter(CausalLMImpl& model, const std::string& name);
 /// The adapters the model holds (their configurations: model.adapter_configs).
 std::vector<std::string> adapter_names(const CausalLMImpl& model);
 /// Adapter `name`'s local A and B tensors, in module order (what an optimizer trains).

@@ -239,6 +239,36 @@ void LoRAImpl::remove(const std::string& name) {
   unregister_module(name);
 }
 
+void LoRAImpl::merge_into(const std::string& name, at::Tensor weight, bool unmerge) {
+  config(name);
+  auto& adapter = adapters_.at(name);
+  const auto& b = *base_;
+  TORCH_CHECK_VALUE(adapter.merged == unmerge, b.layer, ": adapter '", name, "' is ",
+                    adapter.merged ? "merged already" : "not merged");
+  const at::Tensor a0 = [&] {
+    for (const auto& a : adapter.A)
+      if (a.defined()) return a;
+    return at::Tensor();
+  }();
+  TORCH_CHECK_VALUE(weight.scalar_type() == a0.scalar_type() && weight.dim() == 2, b.layer, ": merging adapter '", name,
+                    "' needs an unquantized base weight of the adapter's dtype (", a0.scalar_type(), "); it is ",
+                    weight.scalar_type(), " ", weight.sizes(), " (a quantized base keeps its adapter separate)");
+  at::NoGradGuard no_grad;
+  const double scaling = (unmerge ? -1.0 : 1.0) * adapter.config.scaling();
+  const auto& plan = b.plan();
+  for (size_t s = 0; s < adapter.A.size(); ++s) {
+    if (!adapter.A[s].defined()) continue;
+    const at::Tensor delta = at::matmul(adapter.B[s], adapter.A[s]).mul_(scaling);
+    (b.row ? weight : weight.narrow(0, plan.pieces[s].local_offset, plan.pieces[s].size())).add_(delta);
+  }
+  adapter.merged = !unmerge;
+}
+
+bool LoRAImpl::merged(const std::string& name) const {
+  config(name);
+  return adapters_.at(name).merged;
+}
+
 std::vector<std::string> LoRAImpl::names() const {
   std::vector<std::string> out;
   for (const auto& [name, _] : adapters_) out.push_back(name);
@@ -269,9 +299,21 @@ void LoRAImpl::share_selection(std::shared_ptr<LoRASelection> selection) {
 
 bool LoRAImpl::active() const {
   if (adapters_.empty()) return false;
-  if (!selection_->whole().empty()) return has(selection_->whole());
+  const auto live = [&](const std::string& n) { return has(n) && !adapters_.at(n).merged; };
+  const bool any_merged =
+      std::any_of(adapters_.begin(), adapters_.end(), [](const auto& item) { return item.second.merged; });
+  if (any_merged) {
+    // The base computes the merged adapter for every row: no row may ask for another, or for none.
+    const std::string& whole = selection_->whole();
+    TORCH_CHECK_VALUE(!whole.empty() && has(whole) && adapters_.at(whole).merged, base_->layer,
+                      ": an adapter is merged into the base, so every row takes it; select it for the whole batch, "
+                      "or unmerge it before selecting ",
+                      whole.empty() ? std::string("rows or none") : "'" + whole + "'");
+    return false;
+  }
+  if (!selection_->whole().empty()) return live(selection_->whole());
   for (const auto& n : selection_->per_row())
-    if (!n.empty() && has(n)) return true;
+    if (!n.empty() && live(n)) return true;
   return false;
 }
 

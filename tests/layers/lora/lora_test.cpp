@@ -367,3 +367,74 @@ TEST_CASE("LoRA gathers its factors whole and refuses what it cannot take", "[la
   });
   for (const auto& e : invariant) CHECK_THAT(e, Catch::Contains("invariant numerics"));
 }
+
+TEST_CASE("LoRA over quantized bases: the base frozen, the adapter trained, at TP 1-3", "[layers][lora]") {
+  // A weight-only format (INT4 GPTQ) and one that quantizes activations too (FP8 per
+  // channel): the adapter adds to the format's own output, its gradients as on an
+  // unquantized base, the base weight without one.
+  const int64_t in = 256, out = 384, r = 8, tokens = 3;
+  const LoRAConfig config = LoRAConfig().rank(r).alpha(16.0);
+  for (const std::string format : {"int4_gptq:g128", "fp8_channel"}) {
+    const QuantConfig quant = parse_quant_config(format);
+    for (const bool row : {false, true}) {
+      for (int64_t world = 1; world <= 3; ++world) {
+        INFO(format << (row ? " row" : " column") << " world=" << world);
+        const uint64_t seed = 777 + world * 10 + (row ? 5 : 0);
+        const auto stored = quantize_weight(randn({out, in}, seed).to(at::kFloat), quant);
+        Checkpoint ckpt;
+        for (const auto& [suffix, t] : stored) ckpt.add("p." + suffix, t);
+        const at::Tensor A = randn({r, in}, seed + 1).to(at::kFloat), B = randn({out, r}, seed + 2).to(at::kFloat);
+        ckpt.add("ad.p.lora_A.weight", A);
+        ckpt.add("ad.p.lora_B.weight", B);
+        const auto x = randn({tokens, in}, seed + 3).to(at::kFloat), G = randn({tokens, out}, seed + 4).to(at::kFloat);
+        std::vector<at::Tensor> ys(world), gA(world), gB(world), base(world);
+        std::vector<Range> ranges(world);
+        std::vector<bool> base_grad(world, true);
+        run_ranks_in_threads(
+            world,
+            [&](Communicator& comm) {
+              const int64_t rank = comm.rank();
+              const auto run = [&](auto& layer, const at::Tensor& xin, const at::Tensor& g) {
+                layer->load_weights(ckpt, "p");
+                layer->lora().load(ckpt, "ad", config, {"ad.p"});
+                layer->lora().selection().select("ad");
+                const at::Tensor y = layer->forward(xin);
+                (y * g).sum().backward();
+                ys[rank] = y.detach();
+                gA[rank] = layer->lora().lora_A("ad", "linear").grad();
+                gB[rank] = layer->lora().lora_B("ad", "linear").grad();
+                base_grad[rank] = layer->weight.grad().defined();
+                layer->lora().selection().clear();
+                at::NoGradGuard no_grad;
+                base[rank] = layer->forward(xin);  // the format's own output, without the adapter
+              };
+              if (row) {
+                RowParallelLinear l(RowParallelLinearOptions(in, out).bias(false).quant(quant), comm);
+                ranges[rank] = l->local_range();
+                run(l, x.narrow(1, ranges[rank].begin, ranges[rank].size()), G);
+              } else {
+                ColumnParallelLinear l(ColumnParallelLinearOptions(in, out).bias(false).quant(quant), comm);
+                ranges[rank] = l->local_range();
+                run(l, x, G.narrow(1, ranges[rank].begin, ranges[rank].size()));
+              }
+            },
+            test::test_comm_options());
+        // The reference adapter in float64 on top of each rank's own base output.
+        auto Ad = A.to(at::kDouble).requires_grad_(true), Bd = B.to(at::kDouble).requires_grad_(true);
+        const at::Tensor d = at::matmul(at::matmul(x.to(at::kDouble), Ad.t()), Bd.t()) * config.scaling();
+        (d * G.to(at::kDouble)).sum().backward();
+        for (int64_t rank = 0; rank < world; ++rank) {
+          INFO("rank " << rank);
+          const Range rg = ranges[rank];
+          const at::Tensor want = row ? d.detach() : d.detach().narrow(1, rg.begin, rg.size());
+          CHECK(test::relative_error((ys[rank] - base[rank]).to(at::kDouble), want) <= 1e-5);
+          CHECK(test::relative_error(gA[rank].to(at::kDouble),
+                                     row ? Ad.grad().narrow(1, rg.begin, rg.size()) : Ad.grad()) <= 1e-5);
+          CHECK(test::relative_error(gB[rank].to(at::kDouble),
+                                     row ? Bd.grad() : Bd.grad().narrow(0, rg.begin, rg.size())) <= 1e-5);
+          CHECK_FALSE(base_grad[rank]);
+        }
+      }
+    }
+  }
+}

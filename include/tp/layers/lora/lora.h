@@ -90,6 +90,12 @@ class LoRAImpl : public torch::nn::Module {
   /// under the names load reads with `prefixes`.
   std::map<std::string, at::Tensor> gather(const std::string& name, const std::vector<std::string>& prefixes) const;
   void remove(const std::string& name);
+  /// Adds adapter `name`'s scaling * B A to this rank's slice of the base's `weight` (an
+  /// unquantized weight of the factors' dtype), or takes it back out (`unmerge`). A merged
+  /// adapter adds nothing in forward (the base computes it), and while one is merged no
+  /// other adapter may be selected. Local: every rank merges its own slice.
+  void merge_into(const std::string& name, at::Tensor weight, bool unmerge = false);
+  bool merged(const std::string& name) const;
 
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return adapters_.count(name) > 0; }
@@ -119,6 +125,7 @@ class LoRAImpl : public torch::nn::Module {
     LoRAConfig config;
     std::shared_ptr<torch::nn::Module> module;
     std::vector<at::Tensor> A, B;  // per segment; undefined: no adapter on that segment
+    bool merged = false;
   };
   Adapter& make(const std::string& name, const LoRAConfig& config, const std::vector<bool>& on);
   at::Tensor delta(const Adapter& adapter, const at::Tensor& x) const;
