@@ -36,6 +36,7 @@
 #include "backward_bench.h"
 #include "bench_report.h"
 #include "boundary_bench.h"
+#include "lora_bench.h"
 #include "machine_limits.h"
 #include "model_bench.h"
 #include "moe_bench.h"
@@ -71,6 +72,8 @@ const char* kUsage = R"(usage: tp-bench [options]
                      or boundary alone: the layer boundary (the shape's hidden, --m tokens, each --dtype) per
                      CPU strategy at each TP size > 1: the bare all-reduce, the unfused boundary (all-reduce,
                      residual add, RMSNorm) and all_reduce_fusion, each the median of three runs
+                     or lora alone: qkv, o, gate_up and down with LoRA adapters of rank 16 beside the same
+                     layers without (0, 1 and 4 adapters in the batch) at each TP size, --m tokens, each --dtype
   --model-layers N   decoder layers of the model row                      (default 2)
   --model-vocab N    vocabulary of the model row                          (default 32000)
   --prefill N        prompt tokens of the model and moe rows              (default 256)
@@ -442,6 +445,20 @@ int boundary_main(const Args& args) {
   return run_boundary_rows(config.shape.name, b, config.tp_sizes, config.dtypes, config.verify_calls);
 }
 
+// tp-bench --rows lora: the block's layers with LoRA adapters beside the same layers without (lora_bench.h).
+int lora_main(const Args& args) {
+  const auto& config = args.config;
+  TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda(),
+                    "tp-bench --rows lora: ranks as threads on the CPU, format none, no --json / --csv");
+  LoraBenchConfig l;
+  l.shape = config.shape;
+  l.tokens = config.tokens;
+  l.tp_sizes = config.tp_sizes;
+  l.dtypes = config.dtypes;
+  l.seed = config.seed;
+  return run_lora_rows(l);
+}
+
 // tp-bench --rows moe: one mixture-of-experts layer (moe_bench.h).
 int moe_main(const Args& args) {
   const auto& config = args.config;
@@ -468,6 +485,7 @@ int main(int argc, char** argv) {
     if (args.config.rows == std::vector<std::string>{"model"}) return model_main(args);
     if (args.config.rows == std::vector<std::string>{"moe"}) return moe_main(args);
     if (args.config.rows == std::vector<std::string>{"boundary"}) return boundary_main(args);
+    if (args.config.rows == std::vector<std::string>{"lora"}) return lora_main(args);
     if (args.config.rows == std::vector<std::string>{"numerics"}) {
       TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty(),
                         "tp-bench --rows numerics: ranks as threads, no --json / --csv");

@@ -236,6 +236,40 @@ def _expert_pieces(moe, expert, path, local, inter, quant) -> Dict[str, ShardedP
     return out
 
 
+def _lora_pieces(layer, path) -> Dict[str, ShardedParameter]:
+    """A linear layer's LoRA adapters (its child ``lora``), cut as the layer is: a column
+    layer's A whole and B by the segment's rows this rank holds, a row layer's A by its
+    input columns and B whole. Global shapes are PEFT's: A [r, in], B [segment rows, r]."""
+    lora = layer._modules.get("lora")
+    if lora is None:
+        return {}
+    row = isinstance(layer, RowParallelLinear)
+    if row:
+        begin, end = layer.local_range()
+    elif isinstance(layer, QKVParallelLinear):
+        plan, o = layer.head_plan, layer._impl.options
+        d, q, kv = o.head_dim, plan.q_heads, plan.kv_heads
+        kv_piece = (kv.begin * d, (kv.end - kv.begin) * d, o.num_kv_heads * d)
+        segments = {"q": (q.begin * d, (q.end - q.begin) * d, o.num_heads * d), "k": kv_piece, "v": kv_piece}
+    else:
+        begin, end = layer.local_range()
+        total = layer._impl.options.intermediate_size if isinstance(layer, GateUpParallelLinear) else layer.out_features
+        segments = {name: (begin, end - begin, total) for name in ("gate", "up", "linear")}
+    out = {}
+    for adapter, factors in lora.named_children():
+        for segment, f in factors.named_children():
+            base = f"{path}lora.{adapter}.{segment}."
+            if row:
+                out[base + "lora_A"] = _split_along(f.lora_A, 1, [(0, begin, end - begin)], layer.in_features,
+                                                    base + "lora_A")
+                out[base + "lora_B"] = _whole(f.lora_B, base + "lora_B")
+            else:
+                glob, size, total = segments[segment]
+                out[base + "lora_A"] = _whole(f.lora_A, base + "lora_A")
+                out[base + "lora_B"] = _split_along(f.lora_B, 0, [(0, glob, size)], total, base + "lora_B")
+    return out
+
+
 def _moe_pieces(moe, path) -> Dict[str, ShardedParameter]:
     """A mixture of experts: the router (and the shared expert's gate) mirrored; each expert
     this rank holds under its global id (experts.<e>: only its holders declare it), in its
@@ -282,8 +316,10 @@ def dcp_state_dict(module: nn.Module) -> Dict[str, ShardedParameter]:
 
     def visit(m, path):
         if isinstance(m, (ColumnParallelLinear, QKVParallelLinear, GateUpParallelLinear)):
+            out.update(_lora_pieces(m, path))
             return out.update(_column_pieces(m, path))
         if isinstance(m, RowParallelLinear):
+            out.update(_lora_pieces(m, path))
             return out.update(_row_pieces(m, path))
         if isinstance(m, ParallelLMHead) and m.is_tied:
             return None

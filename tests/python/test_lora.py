@@ -243,3 +243,30 @@ def test_lora_refuses_what_it_cannot_compute(folder):
         results = launcher.run(2, _refusal, str(folder), adapter)
         for rank, message in enumerate(results):
             assert expected in message, f"{adapter} rank {rank}: {message}"
+
+
+def _dcp_rank(rank, world, folder, path, save):
+    import torch.distributed.checkpoint as dcp
+
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64)
+    if save:
+        model.load_adapter(f"{folder}/a", "a")
+        model.load_adapter(f"{folder}/b", "b")
+        dcp.save(tp.dcp_state_dict(model), checkpoint_id=path)
+    else:
+        # Fresh adapters of the same shapes (A random, B zeros), filled by the load.
+        model.add_adapter("a", **ADAPTERS["a"])
+        model.add_adapter("b", **ADAPTERS["b"])
+        dcp.load(tp.dcp_state_dict(model), checkpoint_id=path)
+    return {name: model.gather_adapter(name) for name in ("a", "b")}
+
+
+def test_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folder):
+    path = str(folder / "dcp_tp4")
+    saved = launcher.run(4, _dcp_rank, str(folder), path, True)[0]
+    for world in (1, 2, 3):
+        for rank, loaded in enumerate(launcher.run(world, _dcp_rank, str(folder), path, False)):
+            for name in ("a", "b"):
+                assert sorted(loaded[name]) == sorted(saved[name]), (world, rank, name)
+                for k, v in saved[name].items():
+                    assert torch.equal(loaded[name][k], v), f"world {world} rank {rank} {k}"

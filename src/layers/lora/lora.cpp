@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <ostream>
 #include <set>
 
@@ -115,6 +116,7 @@ LoRAImpl::Adapter& LoRAImpl::make(const std::string& name, const LoRAConfig& con
   Adapter adapter;
   adapter.config = config;
   adapter.module = std::make_shared<torch::nn::Module>("tp::LoRAAdapter");
+  adapter.prepared = std::make_shared<Adapter::Prepared>();
   const auto& plan = b.plan();
   const int64_t r = config.rank();
   for (size_t s = 0; s < plan.pieces.size(); ++s) {
@@ -362,11 +364,96 @@ at::Tensor LoRAImpl::delta(const Adapter& adapter, const at::Tensor& x) const {
   return (out.size() == 1 ? out[0] : at::cat(out, -1)).mul_(scaling);
 }
 
+// The inference path's factors: every A the adapter has, concatenated, and each B, in the
+// dtype the small GEMMs run in, stamped with the version counters of the tensors they came
+// from and made again once one changed (an optimizer step, a load). A bfloat16 / float16
+// layer keeps float32 copies too: at one row, ATen's 16-bit GEMMs of these shapes cost
+// more than the float32 ones with the conversions (2026-12-07 in benchmarks/RESULTS.md);
+// from two rows on, its 16-bit addmm into the output wins by far.
+struct LoRAImpl::Adapter::Prepared {
+  struct Factors {
+    std::vector<std::pair<const void*, int64_t>> stamp;
+    at::Tensor a_cat;
+    std::vector<at::Tensor> b;
+  };
+  Factors native, widened;
+  std::mutex mutex;
+};
+
+namespace {
+
+std::vector<std::pair<const void*, int64_t>> stamp_of(const std::vector<at::Tensor>& a,
+                                                      const std::vector<at::Tensor>& b) {
+  std::vector<std::pair<const void*, int64_t>> out;
+  for (const auto* list : {&a, &b})
+    for (const auto& t : *list)
+      if (t.defined()) out.emplace_back(t.data_ptr(), static_cast<int64_t>(t._version()));
+  return out;
+}
+
+}  // namespace
+
+void LoRAImpl::add_in_place(const Adapter& adapter, const at::Tensor& x, at::Tensor& y) const {
+  // No autograd: y += scaling (x A^T) B^T, each segment's product added into y's own
+  // columns (the gradient paths' collectives are identities forward).
+  const auto& b = *base_;
+  const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+  at::Tensor y2 = y.view({-1, y.size(-1)});
+  const bool widen =
+      x.is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) && x2.size(0) == 1;
+  at::Tensor a_cat;
+  std::vector<at::Tensor> bs;
+  {
+    auto& p = *adapter.prepared;
+    std::lock_guard<std::mutex> lock(p.mutex);
+    auto& f = widen ? p.widened : p.native;
+    auto stamp = stamp_of(adapter.A, adapter.B);
+    if (!f.a_cat.defined() || f.stamp != stamp) {
+      at::NoGradGuard no_grad;
+      const auto dtype = widen ? at::kFloat : x.scalar_type();
+      std::vector<at::Tensor> a;
+      f.b.clear();
+      for (size_t s = 0; s < adapter.A.size(); ++s) {
+        if (adapter.A[s].defined()) a.push_back(adapter.A[s].to(dtype));
+        f.b.push_back(adapter.A[s].defined() ? adapter.B[s].to(dtype) : at::Tensor());
+      }
+      f.a_cat = (a.size() == 1 ? a[0] : at::cat(a, 0)).contiguous();
+      f.stamp = std::move(stamp);
+    }
+    a_cat = f.a_cat;
+    bs = f.b;
+  }
+  const at::Tensor h = at::matmul(widen ? x2.to(at::kFloat) : x2, a_cat.t());
+  const double scaling = adapter.config.scaling();
+  const auto& plan = b.plan();
+  const int64_t r = adapter.config.rank();
+  int64_t col = 0;
+  for (size_t s = 0; s < plan.pieces.size(); ++s) {
+    if (!adapter.A[s].defined()) continue;
+    const auto& piece = plan.pieces[s];
+    at::Tensor out = b.row ? y2 : y2.narrow(1, piece.local_offset, piece.size());
+    const at::Tensor hs = b.row ? h : h.narrow(1, col, r);
+    if (out.size(1) > 0) {
+      if (widen)
+        out.add_(at::matmul(hs, bs[s].t()), scaling);
+      else
+        out.addmm_(hs, bs[s].t(), 1.0, scaling);
+    }
+    col += r;
+  }
+}
+
 at::Tensor LoRAImpl::add_to(const at::Tensor& x, at::Tensor y) const {
   const auto& sel = *selection_;
   if (!sel.whole().empty()) {
     if (!has(sel.whole())) return y;
-    at::Tensor d = delta(adapters_.at(sel.whole()), x);
+    const auto& adapter = adapters_.at(sel.whole());
+    const bool in_place = !at::GradMode::is_enabled() && base_->entry.op != ReduceOp::kAllGather && y.is_contiguous();
+    if (in_place) {
+      add_in_place(adapter, x, y);
+      return y;
+    }
+    at::Tensor d = delta(adapter, x);
     return recording(x, y) || recording(d, d) ? y + d : y.add_(d);
   }
   const auto& rows = sel.per_row();
@@ -384,7 +471,18 @@ at::Tensor LoRAImpl::add_to(const at::Tensor& x, at::Tensor y) const {
     for (size_t i = 0; i < rows.size(); ++i)
       if (rows[i] == name) idx.push_back(static_cast<int64_t>(i));
     const at::Tensor index = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(x.device());
-    const at::Tensor d = delta(adapters_.at(name), x.index_select(0, index));
+    const auto& adapter = adapters_.at(name);
+    if (!at::GradMode::is_enabled()) {
+      // The rows' own delta through the inference path, then added into their rows.
+      const at::Tensor xs = x.index_select(0, index);
+      auto shape = y.sizes().vec();
+      shape[0] = xs.size(0);
+      at::Tensor d = at::zeros(shape, y.options());
+      add_in_place(adapter, xs, d);
+      y.index_add_(0, index, d);
+      continue;
+    }
+    const at::Tensor d = delta(adapter, x.index_select(0, index));
     y = recording(x, y) || recording(d, d) ? y.index_add(0, index, d) : y.index_add_(0, index, d);
   }
   return y;

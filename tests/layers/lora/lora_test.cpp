@@ -438,3 +438,78 @@ TEST_CASE("LoRA over quantized bases: the base frozen, the adapter trained, at T
     }
   }
 }
+
+TEST_CASE("LoRA under sequence parallelism: tokens split, the adapters' gradients summed over every rank's tokens",
+          "[layers][lora]") {
+  // Column: this rank's tokens enter, the adapter's x A^T is gathered over tokens (A's
+  // gradient summed over the ranks' tokens). Row: the partial sum is reduce-scattered over
+  // tokens with the base's (B's gradient summed over the ranks' columns).
+  const int64_t in = 10, out = 9, tokens = 7, r = 3;
+  const LoRAConfig config = LoRAConfig().rank(r).alpha(5.0);
+  for (const bool row : {false, true}) {
+    for (int64_t world = 1; world <= 4; ++world) {
+      INFO((row ? "row" : "column") << " world=" << world);
+      const uint64_t seed = 5150 + world + (row ? 50 : 0);
+      const auto x = randn({tokens, in}, seed), w = randn({out, in}, seed + 1), bias = randn({out}, seed + 2);
+      const auto A = randn({r, in}, seed + 3), B = randn({out, r}, seed + 4), G = randn({tokens, out}, seed + 5);
+      Checkpoint ckpt;
+      ckpt.add("p.weight", w);
+      ckpt.add("p.bias", bias);
+      ckpt.add("ad.lora_A.weight", A);
+      ckpt.add("ad.lora_B.weight", B);
+      std::vector<at::Tensor> ys(world), gx(world), gA(world), gB(world);
+      std::vector<Range> ranges(world);
+      run_ranks_in_threads(
+          world,
+          [&](Communicator& comm) {
+            const int64_t rank = comm.rank();
+            const Range tok = sequence_ranges(tokens, world).at(rank);
+            const auto run = [&](auto& layer, const at::Tensor& xin, const at::Tensor& g) {
+              layer->load_weights(ckpt, "p");
+              layer->lora().load(ckpt, "ad", config, {"ad"});
+              layer->lora().selection().select("ad");
+              auto xr = xin.clone().requires_grad_(true);
+              const at::Tensor y = layer->forward(xr);
+              (y * g).sum().backward();
+              ys[rank] = y.detach();
+              gx[rank] = xr.grad();
+              gA[rank] = layer->lora().lora_A("ad", "linear").grad();
+              gB[rank] = layer->lora().lora_B("ad", "linear").grad();
+            };
+            if (row) {
+              RowParallelLinear l(
+                  RowParallelLinearOptions(in, out).input_is_parallel(false).sequence_parallel(true).dtype(at::kDouble),
+                  comm);
+              ranges[rank] = l->local_range();
+              run(l, x, G.narrow(0, tok.begin, tok.size()));
+            } else {
+              ColumnParallelLinear l(ColumnParallelLinearOptions(in, out).sequence_parallel(true).dtype(at::kDouble),
+                                     comm);
+              ranges[rank] = l->local_range();
+              run(l, x.narrow(0, tok.begin, tok.size()), G.narrow(1, ranges[rank].begin, ranges[rank].size()));
+            }
+          },
+          test::test_comm_options());
+      auto xr = x.clone().requires_grad_(true), Ar = A.clone().requires_grad_(true),
+           Br = B.clone().requires_grad_(true);
+      const at::Tensor y = at::linear(xr, w, bias) + at::matmul(at::matmul(xr, Ar.t()), Br.t()) * config.scaling();
+      (y * G).sum().backward();
+      for (int64_t rank = 0; rank < world; ++rank) {
+        INFO("rank " << rank);
+        const Range tok = sequence_ranges(tokens, world).at(rank), rg = ranges[rank];
+        const auto err = [](const at::Tensor& a, const at::Tensor& b) { return test::relative_error(a, b); };
+        if (row) {
+          CHECK(err(ys[rank], y.detach().narrow(0, tok.begin, tok.size())) <= kTol);
+          CHECK(err(gx[rank], xr.grad()) <= kTol);
+          CHECK(err(gA[rank], Ar.grad().narrow(1, rg.begin, rg.size())) <= kTol);
+          CHECK(err(gB[rank], Br.grad()) <= kTol);
+        } else {
+          CHECK(err(ys[rank], y.detach().narrow(1, rg.begin, rg.size())) <= kTol);
+          CHECK(err(gx[rank], xr.grad().narrow(0, tok.begin, tok.size())) <= kTol);
+          CHECK(err(gA[rank], Ar.grad()) <= kTol);
+          CHECK(err(gB[rank], Br.grad().narrow(0, rg.begin, rg.size())) <= kTol);
+        }
+      }
+    }
+  }
+}

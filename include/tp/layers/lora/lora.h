@@ -126,9 +126,12 @@ class LoRAImpl : public torch::nn::Module {
     std::shared_ptr<torch::nn::Module> module;
     std::vector<at::Tensor> A, B;  // per segment; undefined: no adapter on that segment
     bool merged = false;
+    struct Prepared;                     // what the inference path derives from A and B
+    std::shared_ptr<Prepared> prepared;  // made on first use, again once A or B changed
   };
   Adapter& make(const std::string& name, const LoRAConfig& config, const std::vector<bool>& on);
   at::Tensor delta(const Adapter& adapter, const at::Tensor& x) const;
+  void add_in_place(const Adapter& adapter, const at::Tensor& x, at::Tensor& y) const;
   size_t segment_index(const std::string& segment) const;
 
   std::shared_ptr<const detail::LoRABase> base_;
