@@ -24,9 +24,11 @@ struct Block {
 
   Block(const BlockShape& s, c10::ScalarType dtype, const Communicator& comm) {
     qkv = QKVParallelLinear(QKVParallelLinearOptions(s.hidden, s.head_dim, s.heads, s.kv_heads).dtype(dtype), comm);
-    o = RowParallelLinear(
-        RowParallelLinearOptions(s.heads * s.head_dim, s.hidden).bias(false).split(qkv->attention_output_split()).dtype(dtype),
-        comm);
+    o = RowParallelLinear(RowParallelLinearOptions(s.heads * s.head_dim, s.hidden)
+                              .bias(false)
+                              .split(qkv->attention_output_split())
+                              .dtype(dtype),
+                          comm);
     gate_up = GateUpParallelLinear(GateUpParallelLinearOptions(s.hidden, s.intermediate).dtype(dtype), comm);
     down = RowParallelLinear(RowParallelLinearOptions(s.intermediate, s.hidden).bias(false).dtype(dtype), comm);
   }
@@ -39,9 +41,9 @@ struct Block {
   }
   int64_t base_bytes() const {
     int64_t n = 0;
-    for (const auto* m : {static_cast<const torch::nn::Module*>(qkv.get()), static_cast<const torch::nn::Module*>(o.get()),
-                          static_cast<const torch::nn::Module*>(gate_up.get()),
-                          static_cast<const torch::nn::Module*>(down.get())})
+    for (const auto* m :
+         {static_cast<const torch::nn::Module*>(qkv.get()), static_cast<const torch::nn::Module*>(o.get()),
+          static_cast<const torch::nn::Module*>(gate_up.get()), static_cast<const torch::nn::Module*>(down.get())})
       for (const auto& p : m->named_parameters(/*recurse=*/false)) n += p.value().numel() * p.value().element_size();
     return n;
   }
@@ -55,7 +57,8 @@ int run_lora_rows(const LoraBenchConfig& c) {
             << s.intermediate << ", heads " << s.heads << "/" << s.kv_heads << " x " << s.head_dim
             << "), adapters of rank " << c.rank << " on qkv, o, gate_up and down\n  machine: " << cpu_description()
             << "\n  load average (1, 5, 15 min) at the start: " << load_average()
-            << "\n  time: the four layers' forwards (each on its own input, as the block row), median of " << c.iterations
+            << "\n  time: the four layers' forwards (each on its own input, as the block row), median of "
+            << c.iterations
             << " alternating rounds after 2 warm-up rounds, the slowest rank's; +x: over the same layers without "
                "adapters; limit: the adapters' bytes over the base's (a memory-bound forward's cost)\n";
   for (const auto dtype : c.dtypes) {
@@ -72,7 +75,8 @@ int run_lora_rows(const LoraBenchConfig& c) {
           at::NoGradGuard no_grad;
           for (auto p : lora.parameters()) p.normal_(0.0, 0.02);  // B away from zeros: the output is exercised
           for (const auto& seg : lora.segment_names())
-            adapter_bytes += (lora.lora_A("a0", seg).numel() + lora.lora_B("a0", seg).numel()) * lora.lora_A("a0", seg).element_size();
+            adapter_bytes += (lora.lora_A("a0", seg).numel() + lora.lora_B("a0", seg).numel()) *
+                             lora.lora_A("a0", seg).element_size();
         });
         const double limit = static_cast<double>(adapter_bytes) / static_cast<double>(block.base_bytes());
         const int64_t r = comm.rank();
@@ -85,9 +89,12 @@ int run_lora_rows(const LoraBenchConfig& c) {
           for (int64_t i = 0; i < m; ++i) per_row.push_back(kAdapters[i % 4]);
           const auto select = [&](int side) {
             block.each([&](LoRAImpl& lora) {
-              if (side == 0) lora.selection().clear();
-              else if (side == 1) lora.selection().select(kAdapters[0]);
-              else lora.selection().select_rows(per_row);
+              if (side == 0)
+                lora.selection().clear();
+              else if (side == 1)
+                lora.selection().select(kAdapters[0]);
+              else
+                lora.selection().select_rows(per_row);
             });
           };
           at::NoGradGuard no_grad;

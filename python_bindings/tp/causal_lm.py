@@ -219,11 +219,14 @@ class CausalLM(nn.Module):
         self._rotary_table_of = [impl.rotary_table_of(i) for i in range(len(impl.layers))]
         self._final_cap = impl.final_logit_softcapping
         self._attention_dp = impl.attention_data_parallel_size
+        self._has_adapters = bool(impl.adapter_names)  # a constant for torch.compile
         self._local_vocab = impl.local_vocab
         head = impl.lm_head
         self.lm_head = (ParallelLMHead._tied_over(head, self.embed_tokens) if head.tied
                         else ParallelLMHead._from_impl(head))
         ops.handle(self)
+        if self._has_adapters:  # a C++ model that holds adapters already
+            self._mirror_adapters()
         self._check_parameters()
 
     def _check_parameters(self) -> None:
@@ -345,6 +348,7 @@ class CausalLM(nn.Module):
                 module = getattr(layer, attr, None)
                 if module is not None:
                     module.lora = _LoRA(module._impl.lora)
+        self._has_adapters = True
         self._check_parameters()
 
     def _with_adapters(self, adapter_names, run):
@@ -367,7 +371,7 @@ class CausalLM(nn.Module):
         ``adapter_names``: row i takes adapter adapter_names[i] (None: the base alone) for
         this call; otherwise the selection set_adapter made. With adapters the C++ model runs
         whole (eagerly)."""
-        if self._impl.adapter_names:
+        if self._has_adapters:
             if torch.compiler.is_compiling():
                 raise NotImplementedError("tp.CausalLM: torch.compile does not trace LoRA adapters yet; run eagerly")
             return self._with_adapters(adapter_names, lambda: self._impl.forward(ids, cache, logits_to_keep))

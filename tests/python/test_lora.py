@@ -270,3 +270,12 @@ def test_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folder):
                 assert sorted(loaded[name]) == sorted(saved[name]), (world, rank, name)
                 for k, v in saved[name].items():
                     assert torch.equal(loaded[name][k], v), f"world {world} rank {rank} {k}"
+
+
+def test_lora_compile_is_refused_not_skipped(folder):
+    """torch.compile does not trace the adapters yet: refused, never a graph without them."""
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64)
+    model.load_adapter(f"{folder}/a", "a")
+    ids = torch.load(folder / "reference.pt")["ids"]
+    with pytest.raises(Exception, match="does not trace LoRA adapters"):
+        torch.compile(model, fullgraph=True, backend="eager")(ids)
