@@ -450,13 +450,8 @@ int lora_main(const Args& args) {
   const auto& config = args.config;
   TORCH_CHECK_VALUE(args.launch == "threads" && args.json.empty() && args.csv.empty() && !config.device.is_cuda(),
                     "tp-bench --rows lora: ranks as threads on the CPU, format none, no --json / --csv");
-  LoraBenchConfig l;
-  l.shape = config.shape;
-  l.tokens = config.tokens;
-  l.tp_sizes = config.tp_sizes;
-  l.dtypes = config.dtypes;
-  l.seed = config.seed;
-  return run_lora_rows(l);
+  return run_lora_rows(
+      {config.shape, config.tokens, config.tp_sizes, config.dtypes, /*rank=*/16, /*iterations=*/7, config.seed});
 }
 
 // tp-bench --rows moe: one mixture-of-experts layer (moe_bench.h).

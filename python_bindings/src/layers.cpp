@@ -105,6 +105,14 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
   return cls;
 }
 
+// A LoRA factor getter as a binding: None for a segment the adapter leaves alone.
+auto factor(at::Tensor (LoRAImpl::*get)(const std::string&, const std::string&) const) {
+  return [get](const LoRAImpl& l, const std::string& name, const std::string& segment) -> std::optional<at::Tensor> {
+    at::Tensor t = (l.*get)(name, segment);
+    return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+  };
+}
+
 void bind_lora(py::module_& m) {
   py::class_<LoRASelection, std::shared_ptr<LoRASelection>>(
       m, "LoRASelection", "Which adapter each row of a batch takes (\"\" = none); the same on every rank.")
@@ -123,20 +131,10 @@ void bind_lora(py::module_& m) {
       .def(
           "scaling", [](const LoRAImpl& l, const std::string& name) { return l.config(name).scaling(); },
           py::arg("name"))
-      .def(
-          "lora_A",
-          [](const LoRAImpl& l, const std::string& name, const std::string& segment) -> std::optional<at::Tensor> {
-            at::Tensor t = l.lora_A(name, segment);
-            return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-          },
-          py::arg("name"), py::arg("segment"))
-      .def(
-          "lora_B",
-          [](const LoRAImpl& l, const std::string& name, const std::string& segment) -> std::optional<at::Tensor> {
-            at::Tensor t = l.lora_B(name, segment);
-            return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-          },
-          py::arg("name"), py::arg("segment"))
+      .def("lora_A", factor(&LoRAImpl::lora_A), py::arg("name"), py::arg("segment"),
+           "This rank's A of the adapter's segment (None where the adapter leaves it alone).")
+      .def("lora_B", factor(&LoRAImpl::lora_B), py::arg("name"), py::arg("segment"),
+           "This rank's B of the adapter's segment (None where the adapter leaves it alone).")
       .def_property_readonly(
           "selection",
           [](const std::shared_ptr<LoRAImpl>& l) { return std::shared_ptr<LoRASelection>(l, &l->selection()); })
