@@ -111,21 +111,20 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
   check_model(model, name);
   const std::string what = "adapter '" + name + "' (" + folder + ")";
   TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
-  const PeftLoRAConfig config = PeftLoRAConfig::from_pretrained(folder);
-  const std::string file = folder + "/adapter_model.safetensors";
-  TORCH_CHECK_VALUE(std::filesystem::exists(file), what, ": no adapter_model.safetensors",
-                    std::filesystem::exists(folder + "/adapter_model.bin")
-                        ? " (adapter_model.bin is a pickle tp does not read: save with safe_serialization=True)"
-                        : "");
-  const Checkpoint checkpoint = open_checkpoint(file);
   auto all = sites_of(model);
-  const auto on = targeted(all, config, what);
-  // Strict: every tensor of the file is read, but the layers num_layers leaves out.
-  auto allow = LoadSessionOptions::default_allow_unread();
-  for (auto i = static_cast<int64_t>(model.layers.size()); i < model.config.num_hidden_layers; ++i)
-    allow.push_back(kPeftPrefix + model.config.layer_prefix(i) + ".*");
-  LoadSession session(checkpoint, model.comm, LoadSessionOptions().allow_unread(allow));
+  // The folder read and checked on each rank, a failure on any reaching every rank.
+  PeftLoRAConfig config;
+  Checkpoint checkpoint;
+  std::vector<std::pair<Site*, std::vector<bool>>> on;
   run_collectively(model.comm, "CausalLM.load_adapter", [&] {
+    config = PeftLoRAConfig::from_pretrained(folder);
+    const std::string file = folder + "/adapter_model.safetensors";
+    TORCH_CHECK_VALUE(std::filesystem::exists(file), what, ": no adapter_model.safetensors",
+                      std::filesystem::exists(folder + "/adapter_model.bin")
+                          ? " (adapter_model.bin is a pickle tp does not read: save with safe_serialization=True)"
+                          : "");
+    checkpoint = open_checkpoint(file);
+    on = targeted(all, config, what);
     for (const auto& [site, mask] : on)
       for (size_t s = 0; s < mask.size(); ++s) {
         const std::string tensor = kPeftPrefix + site->modules[s] + ".lora_A.weight";
@@ -133,6 +132,11 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
                           " but holds no ", tensor);
       }
   });
+  // Strict: every tensor of the file is read, but the layers num_layers leaves out.
+  auto allow = LoadSessionOptions::default_allow_unread();
+  for (auto i = static_cast<int64_t>(model.layers.size()); i < model.config.num_hidden_layers; ++i)
+    allow.push_back(kPeftPrefix + model.config.layer_prefix(i) + ".*");
+  LoadSession session(checkpoint, model.comm, LoadSessionOptions().allow_unread(allow));
   for (const auto& [site, mask] : on) {
     std::vector<std::string> prefixes;
     for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
@@ -148,7 +152,9 @@ void add_adapter(CausalLMImpl& model, const std::string& name, const PeftLoRACon
   check_model(model, name);
   TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
   auto all = sites_of(model);
-  for (const auto& [site, mask] : targeted(all, config, "adapter '" + name + "'")) {
+  std::vector<std::pair<Site*, std::vector<bool>>> on;
+  run_collectively(model.comm, "CausalLM.add_adapter", [&] { on = targeted(all, config, "adapter '" + name + "'"); });
+  for (const auto& [site, mask] : on) {
     std::vector<std::string> segments;
     const auto names = site->lora->segment_names();
     for (size_t s = 0; s < mask.size(); ++s)

@@ -140,20 +140,21 @@ void LoRAImpl::add(const std::string& name, const LoRAConfig& config, const std:
   const auto names = segment_names();
   std::vector<bool> on(names.size(), segments.empty());
   for (const auto& s : segments) on[segment_index(s)] = true;
-  run_collectively(base_->comm, base_->layer + ".lora.add", [&] {
-    auto& adapter = make(name, config, on);
-    // PEFT's default: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) over the
-    // whole [r, in], the same on every rank (rank 0's, broadcast); B zeros.
-    at::NoGradGuard no_grad;
-    const double bound = 1.0 / std::sqrt(static_cast<double>(base_->in_features));
-    for (auto& a : adapter.A) {
-      if (!a.defined()) continue;
-      at::Tensor whole = at::empty({config.rank(), base_->in_features}, base_->options).uniform_(-bound, bound);
-      if (base_->comm.world_size() > 1) base_->comm.broadcast(whole, 0);
-      const Range cols = base_->row ? base_->in_ranges.at(base_->comm.rank()) : Range{0, base_->in_features};
-      a.copy_(whole.narrow(1, cols.begin, cols.size()));
-    }
-  });
+  // Checked and allocated collectively (a refusal reaches every rank); then A is rank 0's
+  // draw on every rank: PEFT's default, A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in),
+  // 1/sqrt(in)) over the whole [r, in] (the broadcast outside run_collectively, whose
+  // rank-local part holds no collective); B zeros.
+  Adapter* adapter = nullptr;
+  run_collectively(base_->comm, base_->layer + ".lora.add", [&] { adapter = &make(name, config, on); });
+  at::NoGradGuard no_grad;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(base_->in_features));
+  for (auto& a : adapter->A) {
+    if (!a.defined()) continue;
+    at::Tensor whole = at::empty({config.rank(), base_->in_features}, base_->options).uniform_(-bound, bound);
+    if (base_->comm.world_size() > 1) base_->comm.broadcast(whole, 0);
+    const Range cols = base_->row ? base_->in_ranges.at(base_->comm.rank()) : Range{0, base_->in_features};
+    a.copy_(whole.narrow(1, cols.begin, cols.size()));
+  }
 }
 
 void LoRAImpl::load(const Checkpoint& checkpoint, const std::string& name, const LoRAConfig& config,
