@@ -137,13 +137,21 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
   for (auto i = static_cast<int64_t>(model.layers.size()); i < model.config.num_hidden_layers; ++i)
     allow.push_back(kPeftPrefix + model.config.layer_prefix(i) + ".*");
   LoadSession session(checkpoint, model.comm, LoadSessionOptions().allow_unread(allow));
-  for (const auto& [site, mask] : on) {
-    std::vector<std::string> prefixes;
-    for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
-    site->lora->load(session.checkpoint(), name, config.lora, prefixes);
-    site->lora->share_selection(model.adapter_selection);
+  try {
+    for (const auto& [site, mask] : on) {
+      std::vector<std::string> prefixes;
+      for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
+      site->lora->load(session.checkpoint(), name, config.lora, prefixes);
+      site->lora->share_selection(model.adapter_selection);
+    }
+    session.finish();
+  } catch (...) {
+    // All or nothing: the layers that took the adapter before the failure (the same on
+    // every rank: each step is collective) give it back, so the model is as it was.
+    for (auto& site : all.sites)
+      if (site.lora->has(name)) site.lora->remove(name);
+    throw;
   }
-  session.finish();
   model.adapter_configs[name] = config;
   if (model.adapter_configs.size() == 1) model.adapter_selection->select(name);
 }

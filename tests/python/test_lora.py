@@ -206,8 +206,10 @@ def _refusal(rank, world, folder, adapter):
     try:
         model.load_adapter(f"{folder}/{adapter}", "x")
     except ValueError as e:
-        return str(e)
-    return "loaded"
+        # Nothing of the refused adapter stays: the name loads again, and only its tensors are there.
+        model.load_adapter(f"{folder}/b", "x")
+        return str(e), model.adapters, len(model.adapter_parameters())
+    return "loaded", model.adapters, 0
 
 
 def _variant(folder, name, edit_config=None, extra_tensor=None):
@@ -241,8 +243,9 @@ def test_lora_refuses_what_it_cannot_compute(folder):
     }
     for adapter, expected in cases.items():
         results = launcher.run(2, _refusal, str(folder), adapter)
-        for rank, message in enumerate(results):
+        for rank, (message, names, params) in enumerate(results):
             assert expected in message, f"{adapter} rank {rank}: {message}"
+            assert names == ["x"] and params == 2 * 2 * 2, (adapter, rank, names, params)  # b: q, v of 2 layers
 
 
 def _dcp_rank(rank, world, folder, path, save):
