@@ -91,10 +91,12 @@ std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const Peft
     std::vector<bool> on;
     for (const auto& m : site.modules) on.push_back(config.matches(m));
     if (std::find(on.begin(), on.end(), true) != on.end()) out.emplace_back(&site, on);
-    for (const auto& t : config.target_modules)
+    for (const auto& t : config.target_modules) {
+      PeftLoRAConfig one;  // PEFT's rule for this target alone
+      one.target_modules = {t};
       for (const auto& m : site.modules)
-        if (m == t || (m.size() > t.size() && m.compare(m.size() - t.size() - 1, t.size() + 1, "." + t) == 0))
-          matched.insert(t);
+        if (one.matches(m)) matched.insert(t);
+    }
   }
   for (const auto& t : config.target_modules) {
     TORCH_CHECK_VALUE(matched.count(t) > 0, what, ": target_modules names '", t,
