@@ -286,7 +286,7 @@ TEST_CASE("an all_reduce_fusion refused or mismatched on one rank fails on every
       for (bool mismatch : {false, true}) {
         std::vector<std::string> errors(world);
         std::vector<double> seconds(world, -1);
-        std::vector<bool> after(world, false);
+        std::vector<int> after(world, 0);  // not vector<bool>: its ranks share bytes
         tp::run_ranks_in_threads(
             world,
             [&](Communicator& comm) {

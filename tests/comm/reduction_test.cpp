@@ -115,7 +115,7 @@ TEST_CASE(
     "[comm]") {
   for (int64_t world : {1, 2, 3, 4}) {
     std::vector<at::Tensor> reduced(world), consumed(world), same(world);
-    std::vector<bool> in_place(world), untouched(world);
+    std::vector<int> in_place(world), untouched(world);  // not vector<bool>: its ranks share bytes
     tp::run_ranks_in_threads(
         world,
         [&](Communicator& comm) {

@@ -101,7 +101,7 @@ TEST_CASE("A frozen unquantized base still passes input gradients (adapter train
   Checkpoint ckpt;
   ckpt.add("l.weight", w);
   std::vector<at::Tensor> gx(2);
-  std::vector<bool> no_weight_grad(2);
+  std::vector<int> no_weight_grad(2);  // not vector<bool>: its ranks share bytes
   run_ranks_in_threads(
       2,
       [&](Communicator& comm) {

@@ -389,7 +389,7 @@ TEST_CASE("LoRA over quantized bases: the base frozen, the adapter trained, at T
         const auto x = randn({tokens, in}, seed + 3).to(at::kFloat), G = randn({tokens, out}, seed + 4).to(at::kFloat);
         std::vector<at::Tensor> ys(world), gA(world), gB(world), base(world);
         std::vector<Range> ranges(world);
-        std::vector<bool> base_grad(world, true);
+        std::vector<int> base_grad(world, 1);  // not vector<bool>: its ranks share bytes
         run_ranks_in_threads(
             world,
             [&](Communicator& comm) {

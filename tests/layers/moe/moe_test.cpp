@@ -93,7 +93,7 @@ std::pair<std::vector<int64_t>, std::vector<at::Tensor>> route_token(const Spec&
       groups.emplace_back(two.sum().item<float>(), g);
     }
     std::stable_sort(groups.begin(), groups.end(), [](auto& a, auto& b) { return a.first > b.first; });
-    std::vector<bool> keep(static_cast<size_t>(r.num_groups()), false);
+    std::vector<char> keep(static_cast<size_t>(r.num_groups()), 0);
     for (int64_t g = 0; g < r.top_k_groups(); ++g) keep[static_cast<size_t>(groups[g].second)] = true;
     for (int64_t e = 0; e < kExperts; ++e)
       if (!keep[static_cast<size_t>(e / per)]) choice[e] = -std::numeric_limits<float>::infinity();
