@@ -140,12 +140,22 @@ class Registry {
   std::map<int64_t, std::weak_ptr<Communicator>> comms_;
 };
 
+/// A layer's LoRA factors (its child "lora", once registered: tp/layers/lora/lora.h), in
+/// registration order: op parameters, so a traced graph's gradients reach them.
+void append_lora(const torch::nn::Module& impl, std::vector<at::Tensor>& out) {
+  const auto children = impl.named_children();
+  if (const auto* lora = children.find("lora"))
+    for (const auto& p : (*lora)->parameters()) out.push_back(p);
+}
+
 template <class Impl>
 std::function<std::vector<at::Tensor>()> own_params(const std::weak_ptr<Impl>& weak, bool recurse = false) {
   return [weak, recurse] {
     std::vector<at::Tensor> out;
-    if (auto impl = weak.lock())
+    if (auto impl = weak.lock()) {
       for (const auto& item : impl->named_parameters(recurse)) out.push_back(item.value());
+      if (!recurse) append_lora(*impl, out);
+    }
     return out;
   };
 }
@@ -177,8 +187,13 @@ int64_t head_module(const std::shared_ptr<ParallelLMHeadImpl>& impl) {
   std::weak_ptr<ParallelLMHeadImpl> weak = impl;
   module->methods["forward"] = {
       [weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t>) { return weak.lock()->forward(in.at(0)); },
-      // Its one parameter, also when tied (the embedding's, registered there).
-      [weak] { return std::vector<at::Tensor>{weak.lock()->weight}; }};
+      // Its one parameter, also when tied (the embedding's, registered there), and its adapters'.
+      [weak] {
+        auto head = weak.lock();
+        std::vector<at::Tensor> out{head->weight};
+        append_lora(*head, out);
+        return out;
+      }};
   module->methods["cross_entropy"] = {[weak](const std::vector<at::Tensor>& in, c10::ArrayRef<int64_t> ints) {
                                         return weak.lock()->cross_entropy(in.at(0), in.at(1), ints.at(0));
                                       },

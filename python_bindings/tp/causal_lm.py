@@ -180,7 +180,7 @@ class DecoderLayer(nn.Module):
 
 
 class _LoRA(nn.Module):
-    """A linear layer's adapters (the C++ tp::LoRA): ``<adapter>.<segment>.lora_A`` / ``lora_B``,
+    """A layer's adapters (the C++ tp::LoRA): ``<adapter>.<segment>.lora_A`` / ``lora_B``,
     the C++ tensors themselves, under the C++ names."""
 
     def __init__(self, impl: "_C.LoRA"):
@@ -313,9 +313,15 @@ class CausalLM(nn.Module):
         """The adapters' names."""
         return list(self._impl.adapter_names)
 
-    def set_adapter(self, adapter_name: Optional[str]) -> None:
-        """Every row takes ``adapter_name`` (None: the base model alone)."""
-        self._impl.adapter_selection.select(adapter_name or "")
+    def set_adapter(self, adapter_name: Union[None, str, Sequence[Optional[str]]]) -> None:
+        """Every row takes ``adapter_name`` (None: the base model alone); a list: row i takes
+        adapter_name[i] (what ``adapter_names=`` does for one call, and how a compiled model
+        is told, since a graph cannot change the selection)."""
+        selection = self._impl.adapter_selection
+        if adapter_name is None or isinstance(adapter_name, str):
+            selection.select(adapter_name or "")
+        else:
+            selection.select_rows([name or "" for name in adapter_name])
 
     def adapter_parameters(self, adapter_name: Optional[str] = None):
         """(name, parameter) of every adapter's A and B (or of ``adapter_name``'s): what an
@@ -342,12 +348,14 @@ class CausalLM(nn.Module):
         self._impl.unmerge_adapter(adapter_name)
 
     def _mirror_adapters(self) -> None:
-        """Each linear layer's adapters as its child ``lora`` (the C++ tensors as Parameters)."""
+        """Each layer's adapters as its child ``lora`` (the C++ tensors as Parameters)."""
+        self.embed_tokens.lora = _LoRA(self.embed_tokens._impl.lora)
         for layer in self.layers:
             for attr in ("qkv", "o_proj", "gate_up", "up_proj", "down_proj"):
                 module = getattr(layer, attr, None)
                 if module is not None:
                     module.lora = _LoRA(module._impl.lora)
+        self.lm_head.lora = _LoRA(self.lm_head._impl.lora)
         self._has_adapters = True
         self._check_parameters()
 
@@ -370,11 +378,15 @@ class CausalLM(nn.Module):
         Without one the children run in turn (traceable by torch.compile / export).
         ``adapter_names``: row i takes adapter adapter_names[i] (None: the base alone) for
         this call; otherwise the selection set_adapter made. With adapters the C++ model runs
-        whole (eagerly)."""
-        if self._has_adapters:
-            if torch.compiler.is_compiling():
-                raise NotImplementedError("tp.CausalLM: torch.compile does not trace LoRA adapters yet; run eagerly")
+        whole eagerly; under torch.compile the children run, each layer's operator taking its
+        adapters as parameters and reading the selection when it runs (so one graph serves
+        every selection; set it with set_adapter before the call)."""
+        if self._has_adapters and not torch.compiler.is_compiling():
             return self._with_adapters(adapter_names, lambda: self._impl.forward(ids, cache, logits_to_keep))
+        if self._has_adapters and (adapter_names is not None or cache is not None):
+            raise NotImplementedError("tp.CausalLM under torch.compile: choose the adapters with set_adapter before "
+                                      "the call (adapter_names would change the selection inside the graph), and "
+                                      "run a cache eagerly")
         if adapter_names is not None and any(adapter_names):
             raise ValueError(f"tp.CausalLM: adapter_names {list(adapter_names)} but the model holds no adapter")
         if cache is not None:

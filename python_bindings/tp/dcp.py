@@ -270,6 +270,32 @@ def _lora_pieces(layer, path) -> Dict[str, ShardedParameter]:
     return out
 
 
+def _vocab_lora_pieces(layer, path) -> Dict[str, ShardedParameter]:
+    """The embedding's or the LM head's LoRA adapters (its child ``lora``), cut with the
+    vocabulary: the embedding's A [r, vocab] by this rank's real token columns (its padding
+    columns are not part of the tensor) and B whole; the head's A whole and B [vocab, r] by
+    this rank's real rows (a tied head's adapters are its own)."""
+    lora = layer._modules.get("lora")
+    if lora is None:
+        return {}
+    begin, end = layer.vocab_range()
+    embedding = isinstance(layer, VocabParallelEmbedding)
+    out = {}
+    for adapter, factors in lora.named_children():
+        for segment, f in factors.named_children():
+            base = f"{path}lora.{adapter}.{segment}."
+            if embedding:  # the real columns only (a view: a load writes into the parameter)
+                offset = begin - layer.local_range()[0] if end > begin else 0
+                out[base + "lora_A"] = _split_along(f.lora_A.narrow(1, offset, end - begin), 1,
+                                                    [(0, begin, end - begin)], layer.num_embeddings, base + "lora_A")
+                out[base + "lora_B"] = _whole(f.lora_B, base + "lora_B")
+            else:
+                out[base + "lora_A"] = _whole(f.lora_A, base + "lora_A")
+                out[base + "lora_B"] = _split_along(f.lora_B, 0, [(0, begin, end - begin)], layer.vocab_size,
+                                                    base + "lora_B")
+    return out
+
+
 def _moe_pieces(moe, path) -> Dict[str, ShardedParameter]:
     """A mixture of experts: the router (and the shared expert's gate) mirrored; each expert
     this rank holds under its global id (experts.<e>: only its holders declare it), in its
@@ -321,9 +347,10 @@ def dcp_state_dict(module: nn.Module) -> Dict[str, ShardedParameter]:
         if isinstance(m, RowParallelLinear):
             out.update(_lora_pieces(m, path))
             return out.update(_row_pieces(m, path))
-        if isinstance(m, ParallelLMHead) and m.is_tied:
-            return None
         if isinstance(m, (VocabParallelEmbedding, ParallelLMHead)):
+            out.update(_vocab_lora_pieces(m, path))
+            if isinstance(m, ParallelLMHead) and m.is_tied:
+                return None
             return out.update(_vocab_pieces(m, path))
         if isinstance(m, MoEParallelMLP):
             return out.update(_moe_pieces(m, path))

@@ -233,8 +233,11 @@ class _ParallelLinear(_OnCommunicator, nn.Module):
         return self._impl.forward(input)
 
     def _op_params(self):
-        """The layer's own tensors, in the C++ registration order (the op checks them)."""
-        return [p for p in self._parameters.values() if p is not None]
+        """The layer's own tensors, in the C++ registration order (the op checks them), then
+        its LoRA adapters' (the child ``lora``), so a traced graph's gradients reach them."""
+        own = [p for p in self._parameters.values() if p is not None]
+        lora = self._modules.get("lora")
+        return own + list(lora.parameters()) if lora is not None else own
 
     def _fake_output(self, input: torch.Tensor) -> torch.Tensor:
         """What forward returns, as an empty tensor (the operator's fake kernel). Row

@@ -9,6 +9,7 @@
 
 #include "tp/comm/collective_status.h"
 #include "tp/layers/loading/load_session.h"
+#include "tp/loader/load_shard.h"
 #include "tp/loader/safetensors_writer.h"
 #include "tp/models/layer_options.h"
 
@@ -19,12 +20,16 @@ namespace {
 // PEFT's names: the base model's module paths under "base_model.model.".
 const std::string kPeftPrefix = "base_model.model.";
 
-// One linear layer an adapter can sit on: its LoRA and, per output segment, the module
-// name (the checkpoint prefix of that segment's weight) PEFT gives it.
+// One layer an adapter can sit on: its LoRA and, per output segment, the module name (the
+// checkpoint prefix of that segment's weight) PEFT gives it.
 struct Site {
   LoRAImpl* lora = nullptr;
   std::vector<std::string> modules;
-  at::Tensor weight;  // the base layer's stored weight (merging)
+  at::Tensor weight;                        // the base layer's stored weight (merging)
+  bool all_linear = true;                   // "all-linear" takes it (not the embedding, not the LM head: PEFT's rule)
+  std::string no_merge;                     // why merging into it is refused ("" : it may be merged)
+  std::string a_suffix = ".lora_A.weight";  // PEFT's name of its A after the module's
+  Range rows, real;  // a vocabulary layer's: this rank's padded rows and real tokens of its weight
 };
 
 // A module tp holds but cannot adapt (yet): a target that names it is refused.
@@ -40,6 +45,20 @@ struct Sites {
 Sites sites_of(CausalLMImpl& model) {
   Sites out;
   const auto& names = model.config.names;
+  // A tied table is the head's weight too: merging into it would change both.
+  const std::string tied = model.config.tie_word_embeddings
+                               ? "the embedding and the LM head share one weight (tie_word_embeddings), so merging "
+                                 "into it would change both; keep the adapter separate"
+                               : "";
+  auto& embed = model.embed_tokens;
+  out.sites.push_back({&embed->lora(),
+                       {names.embed},
+                       embed->weight,
+                       false,
+                       tied,
+                       ".lora_embedding_A",
+                       embed->local_range(),
+                       embed->vocab_range()});
   for (auto& layer : model.layers) {
     auto& l = *layer;
     const auto opts = decoder_layer_options(l.config, l.index, l.dtype, l.device);
@@ -71,6 +90,15 @@ Sites sites_of(CausalLMImpl& model) {
     }
     out.sites.push_back({&l.down_proj->lora(), {opts.down_prefix}, l.down_proj->weight});
   }
+  auto& head = model.lm_head;
+  out.sites.push_back({&head->lora(),
+                       {names.lm_head},
+                       head->weight,
+                       false,
+                       tied,
+                       ".lora_A.weight",
+                       head->local_range(),
+                       head->vocab_range()});
   return out;
 }
 
@@ -89,7 +117,7 @@ std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const Peft
   std::set<std::string> matched;
   for (auto& site : all.sites) {
     std::vector<bool> on;
-    for (const auto& m : site.modules) on.push_back(config.matches(m));
+    for (const auto& m : site.modules) on.push_back(config.matches(m) && (!config.all_linear || site.all_linear));
     if (std::find(on.begin(), on.end(), true) != on.end()) out.emplace_back(&site, on);
     for (const auto& t : config.target_modules) {
       PeftLoRAConfig one;  // PEFT's rule for this target alone
@@ -100,11 +128,33 @@ std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const Peft
   }
   for (const auto& t : config.target_modules) {
     TORCH_CHECK_VALUE(matched.count(t) > 0, what, ": target_modules names '", t,
-                      "', which matches no linear layer tp can adapt in this model (",
+                      "', which matches no layer tp can adapt in this model (",
                       all.sites.empty() ? std::string("none") : all.sites.front().modules.front(), ", ...)");
   }
-  TORCH_CHECK_VALUE(!out.empty(), what, ": its targets match no linear layer of this model");
+  TORCH_CHECK_VALUE(!out.empty(), what, ": its targets match no layer of this model");
   return out;
+}
+
+// PEFT saves the base's embedding and LM head beside an adapter on them (its
+// save_embedding_layers, on by default for such targets) and puts them back into the model
+// when it loads the folder. tp keeps one base under every adapter, so the folder's copy is
+// read and must equal the base's own (this rank's rows, in the base's dtype); a resized or
+// trained table is refused by name, never silently ignored.
+void check_saved_base(const Checkpoint& checkpoint, const Site& site, const std::string& what) {
+  const std::string tensor = kPeftPrefix + site.modules.front() + ".base_layer.weight";
+  if (site.all_linear || !checkpoint.contains(tensor)) return;
+  const auto& source = checkpoint.get(tensor, what);
+  const int64_t hidden = site.weight.size(1);
+  TORCH_CHECK_VALUE(source.shape().size() == 2 && source.shape()[1] == hidden, what, ": ", tensor, " has shape ",
+                    c10::IntArrayRef(source.shape()), "; the base's ", site.modules.front(), " has ", hidden,
+                    " columns");
+  const at::Tensor mine = load_shard(source, ShardMode::kColumn, site.real, {}, what).to(site.weight.scalar_type());
+  const at::Tensor base =
+      site.weight.narrow(0, site.real.empty() ? 0 : site.real.begin - site.rows.begin, site.real.size());
+  TORCH_CHECK_VALUE(mine.sizes() == base.sizes() && at::equal(mine, base), what, ": ", tensor,
+                    " (PEFT's copy of the base's ", site.modules.front(),
+                    ", saved with the adapter) differs from this model's own; the adapter was trained over another "
+                    "(resized or trained) table, and tp keeps one base under every adapter: load that base instead");
 }
 
 }  // namespace
@@ -129,7 +179,7 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
     on = targeted(all, config, what);
     for (const auto& [site, mask] : on)
       for (size_t s = 0; s < mask.size(); ++s) {
-        const std::string tensor = kPeftPrefix + site->modules[s] + ".lora_A.weight";
+        const std::string tensor = kPeftPrefix + site->modules[s] + site->a_suffix;
         TORCH_CHECK_VALUE(!mask[s] || checkpoint.contains(tensor), what, ": it targets ", site->modules[s],
                           " but holds no ", tensor);
       }
@@ -145,6 +195,8 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
       for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
       site->lora->load(session.checkpoint(), name, config.lora, prefixes);
       site->lora->share_selection(model.adapter_selection);
+      run_collectively(model.comm, "CausalLM.load_adapter",
+                       [&] { check_saved_base(session.checkpoint(), *site, what); });
     }
     session.finish();
   } catch (...) {
@@ -213,6 +265,8 @@ void merge(CausalLMImpl& model, const std::string& name, bool unmerge) {
   run_collectively(model.comm, unmerge ? "CausalLM.unmerge_adapter" : "CausalLM.merge_adapter", [&] {
     for (auto& site : all.sites) {
       if (!site.lora->has(name)) continue;
+      TORCH_CHECK_VALUE(site.no_merge.empty(), "CausalLM: adapter '", name, "' cannot merge into ",
+                        site.modules.front(), ": ", site.no_merge);
       TORCH_CHECK_VALUE(site.lora->merged(name) == unmerge, "CausalLM: adapter '", name, "' is ",
                         unmerge ? "not merged" : "merged already");
       const auto segments = site.lora->segment_names();

@@ -2,9 +2,10 @@
 real client), at TP 1-4, in float64.
 
 The base is a Llama with one KV head (every rank of a world > 1 holds a replica of k and v),
-6 query heads (uneven over 4) and an intermediate size of 40 (uneven over 3). PEFT makes
-three adapters in the test: "a" (r 8 on every linear layer), "b" (r 16, rsLoRA, on q_proj
-and v_proj), "c" (r 8 on gate_proj and down_proj), with random A and B.
+6 query heads (uneven over 4), an intermediate size of 40 (uneven over 3) and a vocabulary
+of 64 (uneven over 3, and 48 / 16 under the 3:1 split). PEFT makes three adapters in the
+test: "a" (r 8 on every linear layer, the embedding and the LM head), "b" (r 16, rsLoRA, on
+q_proj and v_proj), "c" (r 8 on gate_proj and down_proj), with random A and B.
 
 - the logits of each adapter within 1e-12 of PEFT's, and 8 greedy tokens equal;
 - a batch mixing "a", "b", no adapter and "c" equal, row by row, to each row alone;
@@ -12,8 +13,11 @@ and v_proj), "c" (r 8 on gate_proj and down_proj), with random A and B.
   tensor; the stepped adapter saved by tp (at every TP size, TP 4 included) loads into PEFT
   and gives PEFT's logits;
 - at TP 2 with split weights 3:1 (a cut `dim / world` would miss) the logits again;
-- a folder tp cannot read exactly is refused on every rank, naming what: DoRA, a target tp
-  cannot adapt (the LM head), a tensor nothing reads.
+- under torch.compile(fullgraph=True) one graph at TP 1 and 3, its logits for two selections
+  and its adapter gradients equal eager's;
+- a folder tp cannot read exactly is refused on every rank, naming what: DoRA, a target
+  that matches nothing, a target without its tensors, a tensor nothing reads, a saved copy
+  of the embedding (PEFT's save_embedding_layers) that differs from the base's.
 """
 
 import json
@@ -32,7 +36,7 @@ import tp
 
 ADAPTERS = {
     "a": dict(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                  "down_proj"]),
+                                                  "down_proj", "embed_tokens", "lm_head"]),
     "b": dict(r=16, lora_alpha=8, use_rslora=True, target_modules=["q_proj", "v_proj"]),
     "c": dict(r=8, lora_alpha=32, target_modules=["gate_proj", "down_proj"]),
 }
@@ -96,7 +100,9 @@ def folder(tmp_path_factory):
         for p in params:
             p -= LR * p.grad
         ref["loss"] = loss.detach()
-        ref["stepped"] = {k: v.clone() for k, v in peft.get_peft_model_state_dict(pm).items()}
+        # The adapter's own tensors (PEFT's state dict holds the base's embedding and LM head
+        # too, its save_embedding_layers: tp checks them on load and does not write them).
+        ref["stepped"] = {k: v.clone() for k, v in peft.get_peft_model_state_dict(pm).items() if ".lora_" in k}
         ref["stepped_logits"] = pm(ids).logits
     torch.save(ref, root / "reference.pt")
     return root
@@ -212,11 +218,11 @@ def _refusal(rank, world, folder, adapter):
     return "loaded", model.adapters, 0
 
 
-def _variant(folder, name, edit_config=None, extra_tensor=None):
+def _variant(folder, name, edit_config=None, extra_tensor=None, source="b"):
     dst = folder / name
     if dst.exists():
         shutil.rmtree(dst)
-    shutil.copytree(folder / "b", dst)
+    shutil.copytree(folder / source, dst)
     if edit_config:
         path = dst / "adapter_config.json"
         config = json.loads(path.read_text())
@@ -234,12 +240,17 @@ def _variant(folder, name, edit_config=None, extra_tensor=None):
 def test_lora_refuses_what_it_cannot_compute(folder):
     cases = {
         _variant(folder, "dora", {"use_dora": True}): "DoRA",
-        _variant(folder, "lm_head", {"target_modules": ["q_proj", "v_proj", "lm_head"]}): "'lm_head'",
+        _variant(folder, "nothing", {"target_modules": ["q_proj", "v_proj", "rotary_emb"]}): "'rotary_emb'",
+        _variant(folder, "lm_head", {"target_modules": ["q_proj", "v_proj", "lm_head"]}):
+            "holds no base_model.model.lm_head.lora_A.weight",
         _variant(folder, "pattern", {"rank_pattern": {"q_proj": 4}}): "rank_pattern",
         _variant(folder, "pissa", {"init_lora_weights": "pissa"}): "rewrites the base weights",
         _variant(folder, "unread", extra_tensor={"base_model.model.lm_head.lora_A.weight": torch.zeros(16, 48,
                                                                                                      dtype=torch.float64)}):
             "base_model.model.lm_head.lora_A.weight",
+        _variant(folder, "resized", source="a", extra_tensor={
+            "base_model.model.model.embed_tokens.base_layer.weight": torch.ones(64, 48, dtype=torch.float64)}):
+            "differs from this model's own",
     }
     for adapter, expected in cases.items():
         results = launcher.run(2, _refusal, str(folder), adapter)
@@ -275,10 +286,52 @@ def test_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folder):
                     assert torch.equal(loaded[name][k], v), f"world {world} rank {rank} {k}"
 
 
-def test_lora_compile_is_refused_not_skipped(folder):
-    """torch.compile does not trace the adapters yet: refused, never a graph without them."""
+def _compile_rank(rank, world, folder):
+    """The model with adapters under torch.compile(fullgraph=True): one graph (each layer's
+    operator takes its adapters as parameters); a mixed batch's logits and a training step's
+    adapter gradients equal eager's (the C++ model whole); adapter_names refused inside."""
+    folder = str(folder)
+    ids = torch.load(f"{folder}/reference.pt")["ids"]
     model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64)
-    model.load_adapter(f"{folder}/a", "a")
-    ids = torch.load(folder / "reference.pt")["ids"]
-    with pytest.raises(Exception, match="does not trace LoRA adapters"):
-        torch.compile(model, fullgraph=True, backend="eager")(ids)
+    for name in ADAPTERS:
+        model.load_adapter(f"{folder}/{name}", name)
+    model.set_adapter(ROWS)
+    explanation = torch._dynamo.explain(model)(ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = {"breaks": explanation.graph_break_count}
+    with torch.no_grad():
+        out["eager"], out["compiled"] = model(ids), compiled(ids)
+        model.set_adapter("c")  # the same graph, another selection
+        out["eager_c"], out["compiled_c"] = model(ids), compiled(ids)
+    model.set_adapter("a")
+    trained = [p for _, p in model.adapter_parameters("a")]
+    for p in model.parameters():
+        p.requires_grad_(any(p is t for t in trained))
+    for key, fn in (("eager", model), ("compiled", compiled)):
+        model.zero_grad(set_to_none=True)
+        model.cross_entropy(fn(ids)[:, :-1], ids[:, 1:]).mean().backward()
+        out[f"grads_{key}"] = [p.grad for p in trained]
+    try:
+        compiled(ids, adapter_names=ROWS)
+    except Exception as e:  # noqa: BLE001 - dynamo wraps the refusal
+        out["refusal"] = str(e)
+    return out
+
+
+def test_lora_compiles_to_one_graph_equal_to_eager(folder):
+    for world in (1, 3):
+        for rank, r in enumerate(launcher.run(world, _compile_rank, str(folder), timeout=600)):
+            where = f"world {world} rank {rank}"
+            assert r["breaks"] == 0, where
+            scale = max(1.0, r["eager"].abs().max().item())
+            # The operators run without autograd (the adapters' inference path: addmm into the
+            # output), eager with it: the same sums in another order.
+            assert _err(r["compiled"], r["eager"]) <= 1e-12 * scale, where
+            assert _err(r["compiled_c"], r["eager_c"]) <= 1e-12 * scale, where
+            assert _err(r["compiled_c"], r["eager"]) > 1e-6, where  # the selection was read at run time
+            assert len(r["grads_eager"]) == len(r["grads_compiled"]) > 0, where
+            for i, (a, b) in enumerate(zip(r["grads_eager"], r["grads_compiled"])):
+                assert a is not None and b is not None, f"{where} adapter tensor {i} has no gradient"
+                assert _err(a, b) <= 1e-10 * max(1.0, a.abs().max().item()), f"{where} adapter tensor {i}"
+            assert "set_adapter" in r.get("refusal", ""), where

@@ -1,9 +1,9 @@
 #pragma once
 // LoRA adapters on a whole tp::CausalLM, in PEFT's folder format (adapter_config.json and
-// adapter_model.safetensors, tensors named "base_model.model.<module>.lora_A.weight"):
-// loaded strictly onto the model's linear layers (each cut by its layer's own plan:
-// tp/layers/lora/lora.h), made fresh for training, gathered and saved back in PEFT's layout
-// from any TP size. Which adapter each row of a batch takes is the model's
+// adapter_model.safetensors, tensors named "base_model.model.<module>.lora_A.weight", the
+// embedding's ".lora_embedding_A"): loaded strictly onto the model's linear layers, its
+// embedding and its LM head (each cut by its layer's own plan: tp/layers/lora/lora.h), made
+// fresh for training, gathered and saved back in PEFT's layout from any TP size. Which adapter each row of a batch takes is the model's
 // `adapter_selection` (every layer's LoRA reads it).
 //
 // Example:
@@ -27,7 +27,7 @@ namespace tp {
 
 /// Adapter `name` from PEFT's `folder` onto every layer it targets, each rank reading only
 /// its slices. Strict and collective: a tensor nothing reads (an adapter on a module tp
-/// cannot adapt: the embedding, the LM head, a mixture's experts, a fused on-disk q/k/v),
+/// cannot adapt: a mixture's experts, a fused on-disk q/k/v or gate/up),
 /// a targeted module without its tensors, a wrong shape or a non-finite value fails on
 /// every rank, naming the tensor. The first adapter a model gets is selected for every row.
 void load_adapter(CausalLMImpl& model, const std::string& folder, const std::string& name);
@@ -43,7 +43,7 @@ void save_adapter(const CausalLMImpl& model, const std::string& folder, const st
 /// Adapter `name` merged into every unquantized base weight it is on (this rank's slices:
 /// no communication), and selected for every row: the base then computes it, at the base's
 /// cost. unmerge_adapter takes it back out. Refused for a quantized base (its adapter
-/// stays separate).
+/// stays separate) and for a tied embedding / LM head (merging would change both).
 void merge_adapter(CausalLMImpl& model, const std::string& name);
 void unmerge_adapter(CausalLMImpl& model, const std::string& name);
 /// The adapters the model holds (their configurations: model.adapter_configs).

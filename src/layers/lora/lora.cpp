@@ -126,9 +126,8 @@ LoRAImpl::Adapter& LoRAImpl::make(const std::string& name, const LoRAConfig& con
       continue;
     }
     auto segment = std::make_shared<torch::nn::Module>("tp::LoRASegment");
-    const int64_t a_cols = b.row ? b.in_ranges.at(b.comm.rank()).size() : b.in_features;
     const int64_t b_rows = plan.pieces[s].size();
-    adapter.A.push_back(segment->register_parameter("lora_A", at::empty({r, a_cols}, b.options)));
+    adapter.A.push_back(segment->register_parameter("lora_A", at::zeros({r, b.a_columns()}, b.options)));
     adapter.B.push_back(segment->register_parameter("lora_B", at::zeros({b_rows, r}, b.options)));
     adapter.module->register_module(plan.pieces[s].name, segment);
   }
@@ -140,20 +139,24 @@ void LoRAImpl::add(const std::string& name, const LoRAConfig& config, const std:
   const auto names = segment_names();
   std::vector<bool> on(names.size(), segments.empty());
   for (const auto& s : segments) on[segment_index(s)] = true;
-  // Checked and allocated collectively (a refusal reaches every rank); then A is rank 0's
-  // draw on every rank: PEFT's default, A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in),
-  // 1/sqrt(in)) over the whole [r, in] (the broadcast outside run_collectively, whose
-  // rank-local part holds no collective); B zeros.
+  // Checked and allocated collectively (a refusal reaches every rank); then the random
+  // factor is rank 0's draw on every rank (the broadcast outside run_collectively, whose
+  // rank-local part holds no collective). PEFT's defaults: a linear layer's A ~
+  // kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)) over the whole [r, in], B
+  // zeros; an embedding's A zeros, B ~ N(0, 1).
   Adapter* adapter = nullptr;
-  run_collectively(base_->comm, base_->layer + ".lora.add", [&] { adapter = &make(name, config, on); });
+  const auto& b = *base_;
+  run_collectively(b.comm, b.layer + ".lora.add", [&] { adapter = &make(name, config, on); });
   at::NoGradGuard no_grad;
-  const double bound = 1.0 / std::sqrt(static_cast<double>(base_->in_features));
-  for (auto& a : adapter->A) {
-    if (!a.defined()) continue;
-    at::Tensor whole = at::empty({config.rank(), base_->in_features}, base_->options).uniform_(-bound, bound);
-    if (base_->comm.world_size() > 1) base_->comm.broadcast(whole, 0);
-    const Range cols = base_->row ? base_->in_ranges.at(base_->comm.rank()) : Range{0, base_->in_features};
-    a.copy_(whole.narrow(1, cols.begin, cols.size()));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(b.in_features));
+  for (size_t s = 0; s < adapter->A.size(); ++s) {
+    if (!adapter->A[s].defined()) continue;
+    at::Tensor& random = b.embedding ? adapter->B[s] : adapter->A[s];
+    at::Tensor whole = b.embedding ? at::empty(random.sizes(), b.options).normal_()
+                                   : at::empty({config.rank(), b.in_features}, b.options).uniform_(-bound, bound);
+    if (b.comm.world_size() > 1) b.comm.broadcast(whole, 0);
+    const Range cols = b.a_source(b.comm.rank());
+    random.copy_(b.embedding ? whole : whole.narrow(1, cols.begin, cols.size()));
   }
 }
 
@@ -189,9 +192,11 @@ void LoRAImpl::load(const Checkpoint& checkpoint, const std::string& name, const
                           " holds a non-finite value");
         return t;
       };
-      const Range in_cols = b.row ? b.in_ranges.at(b.comm.rank()) : Range{0, b.in_features};
-      adapter.A[s].copy_(read(".lora_A.weight", {r, b.in_features}, ShardMode::kRow, in_cols));
-      adapter.B[s].copy_(read(".lora_B.weight", {piece.segment_size, r}, ShardMode::kColumn, piece.source));
+      const Range in_cols = b.a_source(b.comm.rank());
+      adapter.A[s]
+          .narrow(1, b.a_offset(b.comm.rank()), in_cols.size())
+          .copy_(read(b.a_suffix, {r, b.in_features}, ShardMode::kRow, in_cols));
+      adapter.B[s].copy_(read(b.b_suffix, {piece.segment_size, r}, ShardMode::kColumn, piece.source));
     }
   });
 }
@@ -209,8 +214,8 @@ std::map<std::string, at::Tensor> LoRAImpl::gather(const std::string& name,
     at::Tensor a = adapter.A[s], bm = adapter.B[s];
     if (b.row) {
       std::vector<int64_t> sizes;
-      for (const auto& r : b.in_ranges) sizes.push_back(r.size());
-      a = gather_from_parallel(a, b.comm, 1, sizes);
+      for (int64_t r = 0; r < b.comm.world_size(); ++r) sizes.push_back(b.a_source(r).size());
+      a = gather_from_parallel(a.narrow(1, b.a_offset(b.comm.rank()), sizes[b.comm.rank()]), b.comm, 1, sizes);
     } else {
       // Each distinct piece of the segment once (replicas from their first holder), in order.
       std::vector<int64_t> sizes;
@@ -230,8 +235,8 @@ std::map<std::string, at::Tensor> LoRAImpl::gather(const std::string& name,
       for (auto& blk : blocks) parts.push_back(blk.second);
       bm = at::cat(parts, 0);
     }
-    out[prefixes[s] + ".lora_A.weight"] = a.is_same(adapter.A[s]) ? a.clone() : a.contiguous();
-    out[prefixes[s] + ".lora_B.weight"] = bm.is_same(adapter.B[s]) ? bm.clone() : bm.contiguous();
+    out[prefixes[s] + b.a_suffix] = a.is_same(adapter.A[s]) ? a.clone() : a.contiguous();
+    out[prefixes[s] + b.b_suffix] = bm.is_same(adapter.B[s]) ? bm.clone() : bm.contiguous();
   }
   return out;
 }
@@ -262,7 +267,10 @@ void LoRAImpl::merge_into(const std::string& name, at::Tensor weight, bool unmer
   for (size_t s = 0; s < adapter.A.size(); ++s) {
     if (!adapter.A[s].defined()) continue;
     const at::Tensor delta = at::matmul(adapter.B[s], adapter.A[s]).mul_(scaling);
-    (b.row ? weight : weight.narrow(0, plan.pieces[s].local_offset, plan.pieces[s].size())).add_(delta);
+    if (b.embedding)
+      weight.add_(delta.t());  // the table is [rows, dim]: (B A)^T, zero on its padding rows
+    else
+      (b.row ? weight : weight.narrow(0, plan.pieces[s].local_offset, plan.pieces[s].size())).add_(delta);
   }
   adapter.merged = !unmerge;
 }
@@ -273,8 +281,8 @@ bool LoRAImpl::merged(const std::string& name) const {
 }
 
 std::vector<std::string> LoRAImpl::names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, _] : adapters_) out.push_back(name);
+  std::vector<std::string> out;  // in registration order: the order parameters() lists them
+  for (const auto& item : named_children()) out.push_back(item.key());
   return out;
 }
 
@@ -323,6 +331,17 @@ bool LoRAImpl::active() const {
 at::Tensor LoRAImpl::delta(const Adapter& adapter, const at::Tensor& x) const {
   const auto& b = *base_;
   const double scaling = adapter.config.scaling();
+  if (b.embedding) {
+    // The ids this rank holds looked up in its rows of A^T (zeros for the others, as the
+    // base's table does), then through B like a row layer's partial h.
+    const Range rows = b.in_ranges.at(b.comm.rank()), real = b.in_real.at(b.comm.rank());
+    const at::Tensor mine = x.ge(real.begin).logical_and(x.lt(real.end));
+    const at::Tensor local = (x - rows.begin).masked_fill(mine.logical_not(), 0);
+    const at::Tensor a_t = adapter.A[0].t();
+    const at::Tensor table = rows.size() == 0 ? at::constant_pad_nd(a_t, {0, 0, 0, 1}) : a_t;
+    const at::Tensor h = at::embedding(table, local).masked_fill(mine.logical_not().unsqueeze(-1), 0);
+    return at::matmul(h, copy_to_parallel(adapter.B[0], b.comm).t()).mul_(scaling);
+  }
   if (b.row) {
     // This rank's columns of A give a partial h; B is mirrored, its gradient the sum of the
     // ranks' parts (copy_to_parallel's backward). The result joins the base's partial sum.
@@ -362,6 +381,11 @@ at::Tensor LoRAImpl::delta(const Adapter& adapter, const at::Tensor& x) const {
     out.push_back(at::matmul(h.narrow(-1, col, r), bs.t()));
     col += r;
   }
+  if (b.pad_rows > 0) {  // the LM head's padding columns: nothing added
+    auto shape = h.sizes().vec();
+    shape.back() = b.pad_rows;
+    out.push_back(at::zeros(shape, h.options()));
+  }
   return (out.size() == 1 ? out[0] : at::cat(out, -1)).mul_(scaling);
 }
 
@@ -398,6 +422,11 @@ void LoRAImpl::add_in_place(const Adapter& adapter, const at::Tensor& x, at::Ten
   // No autograd: y += scaling (x A^T) B^T, each segment's product added into y's own
   // columns (the gradient paths' collectives are identities forward).
   const auto& b = *base_;
+  if (b.embedding) {  // a lookup, not a GEMM: the autograd path's arithmetic, recorded by nothing
+    at::NoGradGuard no_grad;
+    y.add_(delta(adapter, x));
+    return;
+  }
   const at::Tensor x2 = x.reshape({-1, x.size(-1)});
   at::Tensor y2 = y.view({-1, y.size(-1)});
   const bool widen =

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "layers/layer_common.h"
+#include "layers/lora/lora_base.h"
 #include "layers/numerics/invariant_linear.h"
 #include "layers/step.h"
 #include "layers/vocab/common.h"
@@ -76,6 +77,16 @@ void ParallelLMHeadImpl::reset() {
   // QuantMethod: the head's weight may be the embedding's own (tied).
   step_ = detail::make_column_step(
       {kLayer, nullptr, Reduction::none(comm), rows.size(), options.hidden_size(), nullptr, std::move(plan)});
+  auto base = std::make_shared<detail::LoRABase>();
+  base->layer = kLayer;
+  base->comm = comm;
+  base->in_features = options.hidden_size();
+  for (int64_t r = 0; r < comm.world_size(); ++r)  // B: the real rows; the padding's columns get nothing
+    base->plans.push_back(make_segment_plan({Segment{"linear", options.vocab_size()}}, {partition_.real(r)}));
+  base->pad_rows = rows.size() - real.size();
+  base->invariant = numerics_ == Numerics::kInvariant;
+  base->options = tensor_options;
+  lora_ = std::make_shared<LoRAImpl>(std::move(base));
   padding_mask_ = at::Tensor();
   if (real.size() < rows.size())
     padding_mask_ =
@@ -103,6 +114,7 @@ void ParallelLMHeadImpl::pretty_print(std::ostream& stream) const {
 at::Tensor ParallelLMHeadImpl::forward(const at::Tensor& x) {
   detail::check_input(kLayer, x, options.hidden_size(), "hidden_size", weight.scalar_type(), weight.device());
   at::Tensor logits = step_->forward(x, weight, /*bias=*/{});  // [..., local rows]
+  if (lora_->active()) logits = lora_->add_to(x, std::move(logits));
   if (options.gather_output()) {
     std::vector<int64_t> sizes;
     for (int64_t r = 0; r < comm.world_size(); ++r) sizes.push_back(partition_.real(r).size());
@@ -110,6 +122,11 @@ at::Tensor ParallelLMHeadImpl::forward(const at::Tensor& x) {
   }
   if (padding_mask_.defined()) logits = logits.masked_fill(padding_mask_, -std::numeric_limits<double>::infinity());
   return logits;
+}
+
+LoRAImpl& ParallelLMHeadImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", lora_);
+  return *lora_;
 }
 
 at::Tensor ParallelLMHeadImpl::cross_entropy(const at::Tensor& local_logits, const at::Tensor& target,

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include "layers/layer_common.h"
+#include "layers/lora/lora_base.h"
 #include "layers/vocab/common.h"
 #include "tp/comm/differentiable.h"
 #include "tp/layers/sequence_parallel.h"
@@ -34,7 +35,27 @@ void VocabParallelEmbeddingImpl::reset() {
   });
   const auto tensor_options = at::TensorOptions().dtype(options.dtype()).device(options.device());
   weight = register_parameter("weight", at::empty({local_range().size(), options.embedding_dim()}, tensor_options));
+  auto base = std::make_shared<detail::LoRABase>();
+  base->layer = kLayer;
+  base->comm = comm;
+  base->row = true;
+  base->embedding = true;
+  base->in_features = options.num_embeddings();
+  for (int64_t r = 0; r < comm.world_size(); ++r) {
+    base->in_ranges.push_back(partition_.range(r));
+    base->in_real.push_back(partition_.real(r));
+  }
+  base->plans = {plan_single("embedding", options.embedding_dim(), 1, 0)};
+  base->a_suffix = ".lora_embedding_A";
+  base->b_suffix = ".lora_embedding_B";
+  base->options = tensor_options;
+  lora_ = std::make_shared<LoRAImpl>(std::move(base));
   if (options.init_weights()) reset_parameters();
+}
+
+LoRAImpl& VocabParallelEmbeddingImpl::lora() {
+  if (!named_children().contains("lora")) register_module("lora", lora_);
+  return *lora_;
 }
 
 void VocabParallelEmbeddingImpl::reset_parameters() {
@@ -64,7 +85,8 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   const at::Tensor mine = ids.ge(real.begin).logical_and(ids.lt(real.end));
   const at::Tensor local = (ids - rows.begin).masked_fill(mine.logical_not(), 0);
   const at::Tensor table = rows.size() == 0 ? at::constant_pad_nd(weight, {0, 0, 0, 1}) : weight;
-  const at::Tensor partial = at::embedding(table, local).masked_fill(mine.logical_not().unsqueeze(-1), 0);
+  at::Tensor partial = at::embedding(table, local).masked_fill(mine.logical_not().unsqueeze(-1), 0);
+  if (lora_->active()) partial = lora_->add_to(ids, std::move(partial));  // before the one reduction
   if (options.sequence_parallel())
     return reduce_scatter_to_sequence_parallel(partial, comm, 0, sequence_sizes(ids.size(0), comm.world_size()));
   // Exact sums: the partial embeddings are zeros but for one rank's row.

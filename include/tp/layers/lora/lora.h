@@ -8,9 +8,13 @@
 //   GateUp)                    (one per segment)            holds (uneven, weighted, aligned,
 //                                                           replicated KV heads alike)
 //   row (RowParallelLinear)    this rank's input columns    whole on every rank
+//   VocabParallelEmbedding     A [r, vocab]: this rank's    whole on every rank
+//   (PEFT's lora_embedding_*)  token columns
+//   ParallelLMHead             whole on every rank          this rank's real vocabulary rows
 //
-// A column layer's adapter output is this rank's rows, like the base's; a row layer's is a
-// partial sum added to the base's before its one reduction (still one collective). The
+// A column layer's adapter output is this rank's rows, like the base's; a row layer's (and
+// the embedding's: the ids looked up in A^T) is a partial sum added to the base's before its
+// one reduction (still one collective). The
 // gradients follow the split states: a mirrored factor (a column layer's A, a row layer's
 // B) gets the sum of every rank's part, a replicated KV head's rows of B the sum over its
 // replicas, as the base's weights do. Several adapters live on one layer by name; which one
@@ -71,17 +75,19 @@ class LoRASelection {
 
 class LoRAImpl : public torch::nn::Module {
  public:
-  /// Built by the layers (ColumnCore, RowParallelLinear) from their plan; users reach it
+  /// Built by the layers (ColumnCore, RowParallelLinear, the vocabulary layers) from their plan; users reach it
   /// through `layer->lora()`.
   explicit LoRAImpl(std::shared_ptr<const detail::LoRABase> base);
 
   /// A new adapter on every segment of the layer, or on `segments` (names from
   /// segment_names()). Initialised as PEFT does by default (A Kaiming-uniform, the same
-  /// on every rank; B zeros), so the layer's output is unchanged until B is trained.
+  /// on every rank; B zeros; the embedding's A zeros and B N(0, 1)), so the layer's output
+  /// is unchanged until the zero factor is trained.
   /// Refused under invariant numerics and for a name the layer has already.
   void add(const std::string& name, const LoRAConfig& config, const std::vector<std::string>& segments = {});
   /// A new adapter read from `checkpoint`: segment i from `prefixes[i] + ".lora_A.weight"`
-  /// and `".lora_B.weight"` (an empty prefix: segment i has no adapter), this rank's slice
+  /// and `".lora_B.weight"` (the embedding's: ".lora_embedding_A" and "_B"; an empty
+  /// prefix: segment i has no adapter), this rank's slice
   /// of each. Strict and collective: a wrong shape or dtype, a non-finite value or a
   /// missing tensor fails on every rank, naming the tensor and the numbers.
   void load(const Checkpoint& checkpoint, const std::string& name, const LoRAConfig& config,
@@ -97,11 +103,12 @@ class LoRAImpl : public torch::nn::Module {
   void merge_into(const std::string& name, at::Tensor weight, bool unmerge = false);
   bool merged(const std::string& name) const;
 
+  /// The adapters, in the order they were added (parameters() lists theirs in it).
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return adapters_.count(name) > 0; }
   const LoRAConfig& config(const std::string& name) const;
-  /// The base layer's output segments ("linear" for ColumnParallelLinear and RowParallelLinear;
-  /// q, k, v; gate, up).
+  /// The base layer's output segments ("linear" for ColumnParallelLinear, RowParallelLinear
+  /// and ParallelLMHead; q, k, v; gate, up; "embedding").
   std::vector<std::string> segment_names() const;
   /// Adapter `name`'s local A and B of `segment` (undefined where it has none).
   at::Tensor lora_A(const std::string& name, const std::string& segment) const;

@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/layers/numerics/numerics.h"
 #include "tp/layers/vocab/sampling.h"
 #include "tp/layers/vocab/vocab_parallel_embedding.h"
@@ -104,6 +105,10 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   Range local_range() const { return partition_.range(comm.rank()); }
   /// This rank's real tokens.
   Range vocab_range() const { return partition_.real(comm.rank()); }
+  /// This head's LoRA adapters (tp/layers/lora/lora.h: A [r, hidden] whole, B [vocab, r]
+  /// split with the vocabulary, the padding columns left alone), its own even when the head
+  /// is tied; registered as its child "lora" on the first call.
+  LoRAImpl& lora();
 
   ParallelLMHeadOptions options;
   Communicator comm;
@@ -115,6 +120,7 @@ class ParallelLMHeadImpl : public torch::nn::Cloneable<ParallelLMHeadImpl> {
   Numerics numerics_ = Numerics::kDefault;          // resolved at construction
   std::shared_ptr<const detail::LinearStep> step_;  // the GEMM and its collectives (layers/step.h)
   at::Tensor padding_mask_;  // [local rows] bool, true on padding rows; undefined without padding
+  std::shared_ptr<LoRAImpl> lora_;
 };
 
 /// A ModuleHolder for ParallelLMHeadImpl.

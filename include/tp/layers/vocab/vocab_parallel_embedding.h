@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tp/comm/communicator.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/shard/range.h"
 #include "tp/shard/vocab.h"
@@ -75,6 +77,12 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
   /// gets it: an all-gather, so every rank calls this), what load_weights reads.
   std::map<std::string, at::Tensor> gather_weights(const std::string& prefix) const;
 
+  /// This table's LoRA adapters (tp/layers/lora/lora.h; PEFT's lora_embedding_A [r, vocab],
+  /// split with the table's rows, and lora_embedding_B [embedding_dim, r], whole), added to
+  /// the partial embedding before its one reduction; registered as its child "lora" on the
+  /// first call.
+  LoRAImpl& lora();
+
   /// Which rows every rank owns.
   const VocabPartition& partition() const { return partition_; }
   /// This rank's rows of the padded table, [begin, end).
@@ -88,6 +96,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
 
  private:
   VocabPartition partition_;
+  std::shared_ptr<LoRAImpl> lora_;
 };
 
 /// A ModuleHolder for VocabParallelEmbeddingImpl.
