@@ -11,6 +11,8 @@
 #include <Python.h>
 #include <pybind11/pybind11.h>
 
+#include "tp/layers/lora/lora.h"
+
 namespace tp::python {
 
 /// AllReduceStrategy, CommunicatorOptions, Communicator (from a process group name).
@@ -52,6 +54,14 @@ std::shared_ptr<T> release_gil_on_delete(T* p) {
       delete q;
     }
   });
+}
+
+/// A layer's `lora` property: its LoRA adapters (tp/layers/lora/lora.h), kept alive by the
+/// layer; the first call registers them as the layer's child "lora".
+template <class Impl>
+std::shared_ptr<LoRAImpl> lora_of(const std::shared_ptr<Impl>& layer) {
+  LoRAImpl& lora = layer->lora();
+  return std::shared_ptr<LoRAImpl>(layer, &lora);
 }
 
 /// (name, tensor) of a torch::nn::Module's own parameters (not its children's), in

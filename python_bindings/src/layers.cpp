@@ -94,13 +94,8 @@ py::class_<Impl, std::shared_ptr<Impl>> bind_layer(py::module_& m, const char* n
           [](const Impl& layer) { return layer.bias.defined() ? std::optional<at::Tensor>(layer.bias) : std::nullopt; })
       .def("named_parameters", &own_parameters<Impl>,
            "(name, tensor) for every parameter, in registration order: the tensors forward uses.")
-      .def_property_readonly(
-          "lora",
-          [](const std::shared_ptr<Impl>& layer) {
-            LoRAImpl& lora = layer->lora();  // registered as the child "lora" from now on
-            return std::shared_ptr<LoRAImpl>(layer, &lora);
-          },
-          "The layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan.")
+      .def_property_readonly("lora", &lora_of<Impl>,
+                             "The layer's LoRA adapters (tp/layers/lora/lora.h), cut by its own plan.")
       .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
   return cls;
 }

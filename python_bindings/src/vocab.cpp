@@ -13,7 +13,6 @@
 
 #include "bindings.h"
 #include "tp/comm/communicator.h"
-#include "tp/layers/lora/lora.h"
 #include "tp/layers/vocab/loss.h"
 #include "tp/layers/vocab/parallel_lm_head.h"
 #include "tp/layers/vocab/vocab_parallel_embedding.h"
@@ -84,13 +83,8 @@ void bind_vocab_common(py::class_<Impl, std::shared_ptr<Impl>>& cls) {
       .def("local_range", &Impl::local_range)
       .def("vocab_range", &Impl::vocab_range)
       .def("named_parameters", &own_parameters<Impl>)
-      .def_property_readonly(
-          "lora",
-          [](const std::shared_ptr<Impl>& layer) {
-            LoRAImpl& lora = layer->lora();  // registered as the child "lora" from now on
-            return std::shared_ptr<LoRAImpl>(layer, &lora);
-          },
-          "The layer's LoRA adapters (tp/layers/lora/lora.h), cut with the vocabulary.")
+      .def_property_readonly("lora", &lora_of<Impl>,
+                             "The layer's LoRA adapters (tp/layers/lora/lora.h), cut with the vocabulary.")
       .def("__repr__", [](const Impl& layer) { return to_repr([&](std::ostream& o) { layer.pretty_print(o); }); });
 }
 

@@ -241,7 +241,8 @@ class CausalLM(nn.Module):
                         num_layers: int = 0, expert_parallel: Union[bool, int] = False, numerics: str = "auto",
                         split_weights: Optional[Sequence[float]] = None, attention_data_parallel: int = 1,
                         group: Optional["dist.ProcessGroup"] = None,
-                        communicator: Optional["_C.Communicator"] = None) -> "CausalLM":
+                        communicator: Optional["_C.Communicator"] = None,
+                        adapters: Optional[Dict[str, str]] = None) -> "CausalLM":
         """The model of ``folder`` in ``dtype`` (None: the checkpoint's), tensor-parallel over
         ``group`` (default: the default process group, or one rank without one).
         ``num_layers`` > 0 keeps only the first layers (their tensors alone are read).
@@ -260,13 +261,18 @@ class CausalLM(nn.Module):
         consecutive ranks, each with its own batch (the ids each rank passes are its group's:
         any prompt count, zero included, and length), attention, KV cache, embedding and LM
         head; the MLP and experts over every rank (docs/models.md; training calls
-        ``reduce_data_parallel_grads()`` after the backward). Collective: every rank calls it."""
+        ``reduce_data_parallel_grads()`` after the backward). ``adapters``: {name: PEFT adapter
+        folder}, each loaded as ``load_adapter`` loads it, the first selected for every row.
+        Collective: every rank calls it."""
         if communicator is not None and group is not None:
             raise ValueError("pass either group= or communicator=, not both")
         comm = communicator if communicator is not None else make_communicator(group)
         ep = (0 if expert_parallel else 1) if isinstance(expert_parallel, bool) else int(expert_parallel)
-        return cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep,
-                                               numerics, list(split_weights or []), attention_data_parallel))
+        model = cls(_C.CausalLM.from_pretrained(folder, comm, dtype, pad_vocab_to_multiple_of, num_layers, ep,
+                                                numerics, list(split_weights or []), attention_data_parallel))
+        for name, adapter_folder in (adapters or {}).items():
+            model.load_adapter(adapter_folder, name)
+        return model
 
     @property
     def attention_data_parallel_size(self) -> int:

@@ -42,6 +42,27 @@ struct Sites {
   std::vector<Unadaptable> refused;
 };
 
+// A linear layer's site: per output segment, PEFT's module name.
+Site linear_site(LoRAImpl& lora, std::vector<std::string> modules, at::Tensor weight) {
+  Site site;
+  site.lora = &lora;
+  site.modules = std::move(modules);
+  site.weight = std::move(weight);
+  return site;
+}
+
+// The embedding's or the LM head's site: not in "all-linear", cut with the vocabulary.
+template <class Layer>
+Site vocab_site(Layer& layer, const std::string& module, const char* a_suffix, const std::string& no_merge) {
+  Site site = linear_site(layer->lora(), {module}, layer->weight);
+  site.all_linear = false;
+  site.no_merge = no_merge;
+  site.a_suffix = a_suffix;
+  site.rows = layer->local_range();
+  site.real = layer->vocab_range();
+  return site;
+}
+
 Sites sites_of(CausalLMImpl& model) {
   Sites out;
   const auto& names = model.config.names;
@@ -50,55 +71,40 @@ Sites sites_of(CausalLMImpl& model) {
                                ? "the embedding and the LM head share one weight (tie_word_embeddings), so merging "
                                  "into it would change both; keep the adapter separate"
                                : "";
-  auto& embed = model.embed_tokens;
-  out.sites.push_back({&embed->lora(),
-                       {names.embed},
-                       embed->weight,
-                       false,
-                       tied,
-                       ".lora_embedding_A",
-                       embed->local_range(),
-                       embed->vocab_range()});
+  out.sites.push_back(vocab_site(model.embed_tokens, names.embed, ".lora_embedding_A", tied));
   for (auto& layer : model.layers) {
     auto& l = *layer;
     const auto opts = decoder_layer_options(l.config, l.index, l.dtype, l.device);
     if (names.qkv.layout() == QKVLayout::kSeparate) {
-      out.sites.push_back({&l.qkv->lora(),
-                           {opts.qkv_prefix + "." + names.qkv.q_name(), opts.qkv_prefix + "." + names.qkv.k_name(),
-                            opts.qkv_prefix + "." + names.qkv.v_name()},
-                           l.qkv->weight});
+      out.sites.push_back(
+          linear_site(l.qkv->lora(),
+                      {opts.qkv_prefix + "." + names.qkv.q_name(), opts.qkv_prefix + "." + names.qkv.k_name(),
+                       opts.qkv_prefix + "." + names.qkv.v_name()},
+                      l.qkv->weight));
     } else {
       out.refused.push_back({opts.qkv_prefix + "." + names.qkv.fused_name(), "a fused q/k/v tensor on disk"});
     }
-    out.sites.push_back({&l.o_proj->lora(), {opts.o_prefix}, l.o_proj->weight});
+    out.sites.push_back(linear_site(l.o_proj->lora(), {opts.o_prefix}, l.o_proj->weight));
     if (!l.moe.is_empty()) {
       out.refused.push_back({l.moe_prefix(), "a mixture of experts"});
       continue;
     }
     if (l.config.gated_mlp) {
       if (names.gate_up.layout() == GateUpLayout::kSeparate) {
-        out.sites.push_back({&l.gate_up->lora(),
-                             {opts.gate_up_prefix + "." + names.gate_up.gate_name(),
-                              opts.gate_up_prefix + "." + names.gate_up.up_name()},
-                             l.gate_up->weight});
+        out.sites.push_back(linear_site(l.gate_up->lora(),
+                                        {opts.gate_up_prefix + "." + names.gate_up.gate_name(),
+                                         opts.gate_up_prefix + "." + names.gate_up.up_name()},
+                                        l.gate_up->weight));
       } else {
         out.refused.push_back(
             {opts.gate_up_prefix + "." + names.gate_up.fused_name(), "a fused gate/up tensor on disk"});
       }
     } else {
-      out.sites.push_back({&l.up_proj->lora(), {opts.up_prefix}, l.up_proj->weight});
+      out.sites.push_back(linear_site(l.up_proj->lora(), {opts.up_prefix}, l.up_proj->weight));
     }
-    out.sites.push_back({&l.down_proj->lora(), {opts.down_prefix}, l.down_proj->weight});
+    out.sites.push_back(linear_site(l.down_proj->lora(), {opts.down_prefix}, l.down_proj->weight));
   }
-  auto& head = model.lm_head;
-  out.sites.push_back({&head->lora(),
-                       {names.lm_head},
-                       head->weight,
-                       false,
-                       tied,
-                       ".lora_A.weight",
-                       head->local_range(),
-                       head->vocab_range()});
+  out.sites.push_back(vocab_site(model.lm_head, names.lm_head, ".lora_A.weight", tied));
   return out;
 }
 

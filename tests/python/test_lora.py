@@ -112,9 +112,8 @@ def _rank(rank, world, folder, weights):
     folder = str(folder)
     ref = torch.load(f"{folder}/reference.pt")
     ids = ref["ids"]
-    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, split_weights=weights)
-    for name in ADAPTERS:
-        model.load_adapter(f"{folder}/{name}", name)
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, split_weights=weights,
+                                        adapters={name: f"{folder}/{name}" for name in ADAPTERS})
     out = {"adapters": model.adapters}
     with torch.no_grad():
         for name in ADAPTERS:
@@ -335,3 +334,31 @@ def test_lora_compiles_to_one_graph_equal_to_eager(folder):
                 assert a is not None and b is not None, f"{where} adapter tensor {i} has no gradient"
                 assert _err(a, b) <= 1e-10 * max(1.0, a.abs().max().item()), f"{where} adapter tensor {i}"
             assert "set_adapter" in r.get("refusal", ""), where
+
+
+def _tied_merge_rank(rank, world, folder):
+    model = tp.CausalLM.from_pretrained(f"{folder}/tied", dtype=torch.float64)
+    model.add_adapter("t", r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"])
+    ids = torch.load(f"{folder}/reference.pt")["ids"]
+    with torch.no_grad():
+        before = model.gather_logits(model(ids))
+        try:
+            model.merge_adapter("t")
+            message = "merged"
+        except ValueError as e:
+            message = str(e)
+        after = model.gather_logits(model(ids))
+    return message, torch.equal(before, after)
+
+
+def test_lora_merge_into_a_tied_table_is_refused(folder):
+    """A tied embedding is the LM head's weight too: merging an adapter into it would change
+    both, so it is refused on every rank before any weight (q_proj's included) changes."""
+    if not (folder / "tied").exists():
+        torch.manual_seed(5)
+        config = _base_model().config
+        config.tie_word_embeddings = True
+        transformers.LlamaForCausalLM(config).double().save_pretrained(folder / "tied", safe_serialization=True)
+    for rank, (message, unchanged) in enumerate(launcher.run(2, _tied_merge_rank, str(folder))):
+        assert "tie_word_embeddings" in message, f"rank {rank}: {message}"
+        assert unchanged, f"rank {rank}: a refused merge changed the model"

@@ -127,7 +127,10 @@ void run_vocab_case(const VocabCase& c, bool head, const std::vector<std::string
   INFO(what.str());
   const int64_t batch = static_cast<int64_t>(rows.size());
   const at::Tensor in = head ? randn({batch, c.tokens, c.dim}, seed + 100)
-                             : at::arange(batch * c.tokens).mul(7).add(static_cast<int64_t>(seed)).remainder(c.vocab)
+                             : at::arange(batch * c.tokens)
+                                   .mul(7)
+                                   .add(static_cast<int64_t>(seed))
+                                   .remainder(c.vocab)
                                    .view({batch, c.tokens});
   const at::Tensor G = randn({batch, c.tokens, head ? c.vocab : c.dim}, seed + 101);
   const Checkpoint ckpt = checkpoint_of(c, head);
@@ -198,8 +201,7 @@ void run_vocab_case(const VocabCase& c, bool head, const std::vector<std::string
         CHECK(err(o.gB[i], a.B.grad().narrow(0, o.real.begin, o.real.size())) <= kTol);
       } else {
         const int64_t offset = o.real.empty() ? 0 : o.real.begin - o.rows.begin;
-        CHECK(err(o.gA[i].narrow(1, offset, o.real.size()), a.A.grad().narrow(1, o.real.begin, o.real.size())) <=
-              kTol);
+        CHECK(err(o.gA[i].narrow(1, offset, o.real.size()), a.A.grad().narrow(1, o.real.begin, o.real.size())) <= kTol);
         // The padding columns: no gradient.
         at::Tensor padding = o.gA[i].clone();
         padding.narrow(1, offset, o.real.size()).zero_();
