@@ -223,10 +223,12 @@ void init_causal_lm(py::module_& m) {
       .def(
           "add_adapter",
           [](CausalLMImpl& m, const std::string& name, int64_t r, double alpha, bool rslora,
-             const std::vector<std::string>& targets, const std::string& regex) {
+             const std::vector<std::string>& targets, const std::string& regex,
+             const std::vector<std::string>& parameters) {
             PeftLoRAConfig config;
             config.lora.rank(r).alpha(alpha).use_rslora(rslora);
             config.target_modules = targets;
+            config.target_parameters = parameters;
             if (regex == "all-linear")
               config.all_linear = true;
             else
@@ -234,7 +236,7 @@ void init_causal_lm(py::module_& m) {
             add_adapter(m, name, config);
           },
           py::arg("name"), py::arg("r"), py::arg("lora_alpha"), py::arg("use_rslora"), py::arg("target_modules"),
-          py::arg("target_regex"), Release())
+          py::arg("target_regex"), py::arg("target_parameters"), Release())
       .def(
           "gather_adapter", [](const CausalLMImpl& m, const std::string& name) { return gather_adapter(m, name); },
           py::arg("name"), Release())

@@ -306,12 +306,15 @@ class CausalLM(nn.Module):
         self._mirror_adapters()
 
     def add_adapter(self, adapter_name: str, *, r: int = 8, lora_alpha: float = 8.0,
-                    target_modules: Union[str, Sequence[str]] = ("q_proj", "v_proj"), use_rslora: bool = False) -> None:
+                    target_modules: Union[str, Sequence[str]] = ("q_proj", "v_proj"), use_rslora: bool = False,
+                    target_parameters: Sequence[str] = ()) -> None:
         """A fresh adapter (PEFT's LoraConfig fields; A random and the same on every rank, B
         zeros) on the modules ``target_modules`` names (a list of name suffixes, a regular
-        expression, or "all-linear"), for training. Collective."""
+        expression, or "all-linear") and a mixture of experts' stacked tensors
+        ``target_parameters`` names ("experts.gate_up_proj", "experts.down_proj"), for
+        training. Collective."""
         targets, regex = ([], target_modules) if isinstance(target_modules, str) else (list(target_modules), "")
-        self._impl.add_adapter(adapter_name, r, lora_alpha, use_rslora, targets, regex)
+        self._impl.add_adapter(adapter_name, r, lora_alpha, use_rslora, targets, regex, list(target_parameters))
         self._mirror_adapters()
 
     @property
@@ -361,6 +364,8 @@ class CausalLM(nn.Module):
                 module = getattr(layer, attr, None)
                 if module is not None:
                     module.lora = _LoRA(module._impl.lora)
+            if layer._moe:
+                layer.moe._mirror_lora()
         self.lm_head.lora = _LoRA(self.lm_head._impl.lora)
         self._has_adapters = True
         self._check_parameters()

@@ -315,6 +315,36 @@ def _moe_pieces(moe, path) -> Dict[str, ShardedParameter]:
     if "shared_expert" in moe._modules:
         out.update(_expert_pieces(moe, moe.shared_expert, f"{path}shared_expert.", impl.shared_expert_range,
                                   impl.shared_expert_intermediate_size, impl.shared_expert_quant_config))
+    out.update(_expert_lora_pieces(moe, path))
+    return out
+
+
+def _expert_lora_pieces(moe, path) -> Dict[str, ShardedParameter]:
+    """The routed experts' LoRA adapters (the block's child ``lora``), stacked over all
+    experts: gate_up_A [experts, r, hidden] and down_B [experts, hidden, r] by this rank's
+    experts (mirrored in its group); gate_up_B [experts, 2 * intermediate, r] (gate rows,
+    then up rows) and down_A [experts, r, intermediate] also by its slice of the rows."""
+    lora = moe._modules.get("lora")
+    if lora is None:
+        return {}
+    impl = moe._impl
+    first, _ = impl.local_experts
+    begin, stop = impl.local_range
+    experts, inter, rows = impl.options.num_experts, impl.intermediate_size, stop - begin
+    out = {}
+    for adapter, factors in lora.named_children():
+        base = f"{path}lora.{adapter}."
+        for name, t in factors._parameters.items():
+            t = t.detach()
+            if name in ("gate_up_A", "down_B"):
+                shape, pieces = (experts,) + tuple(t.shape[1:]), [((first, 0, 0), t)]
+            elif name == "gate_up_B":
+                shape = (experts, 2 * inter, t.shape[2])
+                pieces = [((first, begin, 0), t.narrow(1, 0, rows)), ((first, inter + begin, 0), t.narrow(1, rows, rows))]
+            else:  # down_A
+                shape, pieces = (experts, t.shape[1], inter), [((first, 0, begin), t)]
+            pieces = [p for p in pieces if p[1].numel() > 0]
+            out[base + name] = ShardedParameter(shape, pieces, base + name)
     return out
 
 

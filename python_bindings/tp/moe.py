@@ -173,6 +173,14 @@ class MoEParallelMLP(_OnCommunicator, nn.Module):
             _owner(self, name).register_buffer(name.rsplit(".", 1)[-1], tensor)
         ops.handle(self)
 
+    def _mirror_lora(self) -> None:
+        """The C++ block's child ``lora`` (its routed experts' LoRA adapters,
+        ``lora.<adapter>.gate_up_A`` ...) mirrored again, after adapters came or went."""
+        self._modules.pop("lora", None)
+        for name, tensor in self._impl.named_parameters():
+            if name.startswith("lora."):
+                _owner(self, name).register_parameter(name.rsplit(".", 1)[-1], _as_parameter(tensor))
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         """The C++ forward (GIL released, the all-reduce included); under torch.compile the
         operator torch.ops.tp.moe_parallel_mlp."""

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -32,15 +33,34 @@ struct Site {
   Range rows, real;  // a vocabulary layer's: this rank's padded rows and real tokens of its weight
 };
 
-// A module tp holds but cannot adapt (yet): a target that names it is refused.
+// A mixture of experts' routed experts: PEFT's target_parameters "<module>.gate_up_proj" and
+// "<module>.down_proj" (transformers 5's stacked tensors), each a ParamWrapper.
+struct ExpertSite {
+  ExpertLoRAImpl* lora = nullptr;
+  std::string module;  // "model.layers.<i>.mlp.experts"
+  bool interleaved = false;
+};
+
+// A module tp holds but cannot adapt (yet): a target that names it is refused. `linear`:
+// PEFT's "all-linear" takes it (a torch.nn.Linear in transformers' model).
 struct Unadaptable {
   std::string module, why;
+  bool linear = true;
 };
 
 struct Sites {
   std::vector<Site> sites;
+  std::vector<ExpertSite> experts;
   std::vector<Unadaptable> refused;
 };
+
+// PEFT's names of an expert adapter's tensors: with both projections targeted, the
+// ParamWrapper of gate_up_proj (the tensor transformers registers first) is wrapped by
+// down_proj's, so its tensors sit under "<module>.base_layer".
+std::pair<std::string, std::string> expert_prefixes(const ExpertSite& site, bool gate_up, bool down) {
+  const std::string module = kPeftPrefix + site.module;
+  return {gate_up ? (down ? module + ".base_layer" : module) : "", down ? module : ""};
+}
 
 // A linear layer's site: per output segment, PEFT's module name.
 Site linear_site(LoRAImpl& lora, std::vector<std::string> modules, at::Tensor weight) {
@@ -86,7 +106,21 @@ Sites sites_of(CausalLMImpl& model) {
     }
     out.sites.push_back(linear_site(l.o_proj->lora(), {opts.o_prefix}, l.o_proj->weight));
     if (!l.moe.is_empty()) {
-      out.refused.push_back({l.moe_prefix(), "a mixture of experts"});
+      // transformers 5's module names (PEFT's), whatever the checkpoint calls the block.
+      const std::string mlp = l.prefix() + ".mlp";
+      const auto layout = l.moe_layout();
+      out.experts.push_back({&l.moe->lora(), mlp + ".experts", layout.interleaved_gate_up()});
+      out.refused.push_back({mlp + ".experts",
+                             "stacked expert tensors (PEFT adapts them through target_parameters: "
+                             "\"experts.gate_up_proj\", \"experts.down_proj\")",
+                             false});
+      out.refused.push_back({mlp + "." + layout.router_name(), "the router", false});
+      const auto& mo = l.moe->options;
+      if (mo.shared_expert_intermediate_size() > 0)
+        for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+          out.refused.push_back({mlp + "." + layout.shared_expert_name() + "." + proj, "the shared expert"});
+      if (mo.shared_expert_gate())
+        out.refused.push_back({mlp + "." + layout.shared_expert_gate_name(), "the shared expert's gate"});
       continue;
     }
     if (l.config.gated_mlp) {
@@ -113,13 +147,35 @@ void check_model(const CausalLMImpl& model, const std::string& name) {
                     "': LoRA is not supported with attention data parallelism yet (the MLP's rows are every group's)");
 }
 
+struct Targets {
+  std::vector<std::pair<Site*, std::vector<bool>>> linear;             // a site and which of its segments
+  std::vector<std::pair<ExpertSite*, std::pair<bool, bool>>> experts;  // (gate_up, down)
+};
+
 // The modules `config` targets, each checked adaptable; the targets that match nothing refused.
-std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const PeftLoRAConfig& config,
-                                                          const std::string& what) {
+Targets targeted(Sites& all, const PeftLoRAConfig& config, const std::string& what) {
   for (const auto& r : all.refused)
-    TORCH_CHECK_VALUE(!config.matches(r.module), what, ": it targets ", r.module, ", ", r.why,
-                      ", which tp cannot put an adapter on yet");
-  std::vector<std::pair<Site*, std::vector<bool>>> out;
+    TORCH_CHECK_VALUE(config.all_linear ? !r.linear : !config.matches(r.module), what, ": it targets ", r.module, ", ",
+                      r.why, ", which tp cannot put an adapter on", r.linear ? " yet" : "");
+  Targets targets;
+  for (auto& site : all.experts) {
+    const bool gate_up = config.matches_parameter(site.module + ".gate_up_proj");
+    const bool down = config.matches_parameter(site.module + ".down_proj");
+    if (gate_up || down) targets.experts.push_back({&site, {gate_up, down}});
+  }
+  for (const auto& t : config.target_parameters) {
+    PeftLoRAConfig one;
+    one.target_parameters = {t};
+    const bool found = std::any_of(all.experts.begin(), all.experts.end(), [&](const ExpertSite& site) {
+      return one.matches_parameter(site.module + ".gate_up_proj") || one.matches_parameter(site.module + ".down_proj");
+    });
+    TORCH_CHECK_VALUE(found, what, ": target_parameters names '", t,
+                      "', which matches no stacked expert tensor of this model (",
+                      all.experts.empty() ? std::string("it has no mixture of experts")
+                                          : all.experts.front().module + ".gate_up_proj, ...",
+                      ")");
+  }
+  auto& out = targets.linear;
   std::set<std::string> matched;
   for (auto& site : all.sites) {
     std::vector<bool> on;
@@ -137,8 +193,8 @@ std::vector<std::pair<Site*, std::vector<bool>>> targeted(Sites& all, const Peft
                       "', which matches no layer tp can adapt in this model (",
                       all.sites.empty() ? std::string("none") : all.sites.front().modules.front(), ", ...)");
   }
-  TORCH_CHECK_VALUE(!out.empty(), what, ": its targets match no layer of this model");
-  return out;
+  TORCH_CHECK_VALUE(!out.empty() || !targets.experts.empty(), what, ": its targets match no layer of this model");
+  return targets;
 }
 
 // PEFT saves the base's embedding and LM head beside an adapter on them (its
@@ -173,7 +229,7 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
   // The folder read and checked on each rank, a failure on any reaching every rank.
   PeftLoRAConfig config;
   Checkpoint checkpoint;
-  std::vector<std::pair<Site*, std::vector<bool>>> on;
+  Targets on;
   run_collectively(model.comm, "CausalLM.load_adapter", [&] {
     config = PeftLoRAConfig::from_pretrained(folder);
     const std::string file = folder + "/adapter_model.safetensors";
@@ -183,12 +239,18 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
                           : "");
     checkpoint = open_checkpoint(file);
     on = targeted(all, config, what);
-    for (const auto& [site, mask] : on)
+    for (const auto& [site, mask] : on.linear)
       for (size_t s = 0; s < mask.size(); ++s) {
         const std::string tensor = kPeftPrefix + site->modules[s] + site->a_suffix;
         TORCH_CHECK_VALUE(!mask[s] || checkpoint.contains(tensor), what, ": it targets ", site->modules[s],
                           " but holds no ", tensor);
       }
+    for (const auto& [site, which] : on.experts) {
+      const auto [gate_up, down] = expert_prefixes(*site, which.first, which.second);
+      for (const auto& [prefix, param] : {std::pair{gate_up, ".gate_up_proj"}, std::pair{down, ".down_proj"}})
+        TORCH_CHECK_VALUE(prefix.empty() || checkpoint.contains(prefix + ".lora_A.weight"), what, ": it targets ",
+                          site->module, param, " but holds no ", prefix, ".lora_A.weight");
+    }
   });
   // Strict: every tensor of the file is read, but the layers num_layers leaves out.
   auto allow = LoadSessionOptions::default_allow_unread();
@@ -196,7 +258,12 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
     allow.push_back(kPeftPrefix + model.config.layer_prefix(i) + ".*");
   LoadSession session(checkpoint, model.comm, LoadSessionOptions().allow_unread(allow));
   try {
-    for (const auto& [site, mask] : on) {
+    for (const auto& [site, which] : on.experts) {
+      const auto [gate_up, down] = expert_prefixes(*site, which.first, which.second);
+      site->lora->load(session.checkpoint(), name, config.lora, gate_up, down, site->interleaved);
+      site->lora->share_selection(model.adapter_selection);
+    }
+    for (const auto& [site, mask] : on.linear) {
       std::vector<std::string> prefixes;
       for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
       site->lora->load(session.checkpoint(), name, config.lora, prefixes);
@@ -210,6 +277,8 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
     // every rank: each step is collective) give it back, so the model is as it was.
     for (auto& site : all.sites)
       if (site.lora->has(name)) site.lora->remove(name);
+    for (auto& site : all.experts)
+      if (site.lora->has(name)) site.lora->remove(name);
     throw;
   }
   model.adapter_configs[name] = config;
@@ -220,9 +289,13 @@ void add_adapter(CausalLMImpl& model, const std::string& name, const PeftLoRACon
   check_model(model, name);
   TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
   auto all = sites_of(model);
-  std::vector<std::pair<Site*, std::vector<bool>>> on;
+  Targets on;
   run_collectively(model.comm, "CausalLM.add_adapter", [&] { on = targeted(all, config, "adapter '" + name + "'"); });
-  for (const auto& [site, mask] : on) {
+  for (const auto& [site, which] : on.experts) {
+    site->lora->add(name, config.lora, which.first, which.second);
+    site->lora->share_selection(model.adapter_selection);
+  }
+  for (const auto& [site, mask] : on.linear) {
     std::vector<std::string> segments;
     const auto names = site->lora->segment_names();
     for (size_t s = 0; s < mask.size(); ++s)
@@ -243,6 +316,13 @@ std::map<std::string, at::Tensor> gather_adapter(const CausalLMImpl& model, cons
     std::vector<std::string> prefixes;
     for (const auto& m : site.modules) prefixes.push_back(kPeftPrefix + m);
     const auto part = site.lora->gather(name, prefixes);
+    out.insert(part.begin(), part.end());
+  }
+  for (auto& site : all.experts) {
+    if (!site.lora->has(name)) continue;
+    const bool gate_up = site.lora->lora_A(name, "gate_up").defined(), down = site.lora->lora_A(name, "down").defined();
+    const auto [gu, d] = expert_prefixes(site, gate_up, down);
+    const auto part = site.lora->gather(name, gu, d, site.interleaved);
     out.insert(part.begin(), part.end());
   }
   return out;
@@ -269,6 +349,9 @@ void merge(CausalLMImpl& model, const std::string& name, bool unmerge) {
   auto all = sites_of(model);
   // Every layer checked before any weight changes, on every rank alike.
   run_collectively(model.comm, unmerge ? "CausalLM.unmerge_adapter" : "CausalLM.merge_adapter", [&] {
+    for (const auto& site : all.experts)
+      TORCH_CHECK_VALUE(!site.lora->has(name), "CausalLM: adapter '", name, "' cannot merge into ", site.module,
+                        ": merging into the experts' stacked tensors is not supported yet; keep the adapter separate");
     for (auto& site : all.sites) {
       if (!site.lora->has(name)) continue;
       TORCH_CHECK_VALUE(site.no_merge.empty(), "CausalLM: adapter '", name, "' cannot merge into ",
@@ -313,6 +396,15 @@ std::vector<at::Tensor> adapter_parameters(const CausalLMImpl& model, const std:
       if (!a.defined()) continue;
       out.push_back(a);
       out.push_back(site.lora->lora_B(name, segment));
+    }
+  }
+  for (auto& site : all.experts) {
+    if (!site.lora->has(name)) continue;
+    for (const char* projection : {"gate_up", "down"}) {
+      const at::Tensor a = site.lora->lora_A(name, projection);
+      if (!a.defined()) continue;
+      out.push_back(a);
+      out.push_back(site.lora->lora_B(name, projection));
     }
   }
   return out;

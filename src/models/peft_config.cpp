@@ -33,7 +33,6 @@ const std::map<std::string, const char*> kMustBeDefault = {
     {"layers_pattern", "an adapter on some layers only"},
     {"layer_replication", "layers replicated by the adapter"},
     {"lora_bias", "a bias on lora_B"},
-    {"target_parameters", "adapters on parameters (MoE experts' fused tensors)"},
     {"trainable_token_indices", "trained embedding rows"},
     {"alora_invocation_tokens", "activated LoRA"},
     {"use_qalora", "QA-LoRA"},
@@ -74,16 +73,27 @@ std::string json_string(const std::string& s) {
 
 }  // namespace
 
-bool PeftLoRAConfig::matches(const std::string& module) const {
-  if (all_linear) return true;
-  if (!target_regex.empty()) return std::regex_match(module, std::regex(target_regex));
-  for (const auto& t : target_modules) {
-    if (module == t) return true;
-    if (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
-        module[module.size() - t.size() - 1] == '.')
+namespace {
+
+// PEFT's rule for a list of names: equal, or a suffix after a ".".
+bool suffix_match(const std::string& name, const std::vector<std::string>& targets) {
+  for (const auto& t : targets) {
+    if (name == t) return true;
+    if (name.size() > t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0 &&
+        name[name.size() - t.size() - 1] == '.')
       return true;
   }
   return false;
+}
+
+}  // namespace
+
+bool PeftLoRAConfig::matches_parameter(const std::string& key) const { return suffix_match(key, target_parameters); }
+
+bool PeftLoRAConfig::matches(const std::string& module) const {
+  if (all_linear) return true;
+  if (!target_regex.empty()) return std::regex_match(module, std::regex(target_regex));
+  return suffix_match(module, target_modules);
 }
 
 PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::string& where) {
@@ -111,9 +121,16 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
     if (out.lora.rank() <= 0) fail(c10::str("r is ", out.lora.rank(), "; a rank is positive"));
     const JsonValue* dropout = root.find("lora_dropout");
     if (dropout && !dropout->is_null()) out.dropout = dropout->as_double("lora_dropout");
+    const JsonValue* parameters = root.find("target_parameters");
+    if (parameters != nullptr && !parameters->is_null())
+      for (const auto& t : parameters->as_array("target_parameters"))
+        out.target_parameters.push_back(t.as_string("target_parameters[]"));
     const JsonValue* targets = root.find("target_modules");
-    if (targets == nullptr || targets->is_null()) fail("target_modules is absent: which modules the adapter is on");
-    if (targets->is_string()) {
+    if ((targets == nullptr || targets->is_null()) && out.target_parameters.empty())
+      fail("target_modules is absent: which modules the adapter is on");
+    if (targets == nullptr || targets->is_null()) {
+      // target_parameters alone
+    } else if (targets->is_string()) {
       const std::string& t = targets->as_string("target_modules");
       if (t == "all-linear")
         out.all_linear = true;
@@ -131,7 +148,8 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
     const auto& keys = root.keys("adapter_config.json");
     const auto& values = root.values("adapter_config.json");
     static const std::set<std::string> kRead = {
-        "peft_type", "r", "lora_alpha", "use_rslora", "lora_dropout", "target_modules", "init_lora_weights"};
+        "peft_type",        "r", "lora_alpha", "use_rslora", "lora_dropout", "target_modules", "init_lora_weights",
+        "target_parameters"};
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string& key = keys[i];
       if (kRead.count(key) || kDescriptive.count(key)) continue;
@@ -177,6 +195,11 @@ std::string PeftLoRAConfig::to_json() const {
   } else {
     os << "[";
     for (size_t i = 0; i < target_modules.size(); ++i) os << (i ? ", " : "") << json_string(target_modules[i]);
+    os << "]";
+  }
+  if (!target_parameters.empty()) {
+    os << ",\n  \"target_parameters\": [";
+    for (size_t i = 0; i < target_parameters.size(); ++i) os << (i ? ", " : "") << json_string(target_parameters[i]);
     os << "]";
   }
   os << ",\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  \"use_dora\": false,\n  \"modules_to_save\": null,\n"

@@ -21,10 +21,15 @@ struct PeftLoRAConfig {
   std::vector<std::string> target_modules;
   std::string target_regex;
   bool all_linear = false;  ///< "all-linear": every linear layer but the LM head
+  /// PEFT's target_parameters: stacked expert tensors ("experts.gate_up_proj",
+  /// "experts.down_proj"); a parameter matches a name it equals or ends with after a ".".
+  std::vector<std::string> target_parameters;
   /// lora_dropout (training only; tp applies none, so training with it differs from PEFT's).
   double dropout = 0.0;
 
   bool matches(const std::string& module) const;
+  /// Whether target_parameters takes the parameter `key` ("<module>.<parameter>").
+  bool matches_parameter(const std::string& key) const;
   static PeftLoRAConfig from_json(const std::string& text, const std::string& where);
   static PeftLoRAConfig from_pretrained(const std::string& folder);
   /// adapter_config.json's text for a folder PEFT's PeftModel.from_pretrained loads.

@@ -6,6 +6,7 @@
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
 #include "layers/loading/strict_load.h"
+#include "layers/moe/expert_lora_step.h"
 #include "tp/loader/load_shard.h"
 
 namespace tp::detail {
@@ -60,11 +61,14 @@ void ExpertShard::reset_parameters() {
   reset_bias(down_bias_, intermediate_);
 }
 
-at::Tensor ExpertShard::forward(const at::Tensor& x, const ExpertActivation& act) const {
+at::Tensor ExpertShard::forward(const at::Tensor& x, const ExpertActivation& act, const ExpertLoRAStep* lora,
+                                int64_t expert, const at::Tensor& token) const {
   const int64_t r = range_.size();
-  const at::Tensor gate_up = parallel_linear(gate_up_, x, gate_up_bias_, /*add_bias=*/true, 2 * r, hidden_);
+  at::Tensor gate_up = parallel_linear(gate_up_, x, gate_up_bias_, /*add_bias=*/true, 2 * r, hidden_);
+  if (lora != nullptr) gate_up = lora->add_gate_up(expert, x, token, gate_up);
   const at::Tensor h = act(gate_up.narrow(-1, 0, r), gate_up.narrow(-1, r, r));
-  return parallel_linear(down_, h, down_bias_, adds_down_bias_, hidden_, r);
+  at::Tensor y = parallel_linear(down_, h, down_bias_, adds_down_bias_, hidden_, r);
+  return lora != nullptr ? lora->add_down(expert, h, token, y) : y;
 }
 
 void ExpertShard::load(const Checkpoint& checkpoint, const ExpertPrefixes& p, const std::string& what) {

@@ -29,6 +29,8 @@ class Module;
 
 namespace tp::detail {
 
+struct ExpertLoRAStep;
+
 /// The expert MLP's activation between its gate and up halves (MoEParallelMLPOptions).
 struct ExpertActivation {
   std::string name = "silu";  // "silu", "gelu", "gelu_tanh", "swiglu_oai"
@@ -53,8 +55,11 @@ class ExpertShard {
   ExpertShard(torch::nn::Module& parent, const std::string& name, int64_t hidden, int64_t intermediate, Range range,
               const QuantConfig& quant, bool bias, bool adds_down_bias, const at::TensorOptions& options);
 
-  /// x [tokens, hidden] -> this rank's partial output [tokens, hidden].
-  at::Tensor forward(const at::Tensor& x, const ExpertActivation& act) const;
+  /// x [tokens, hidden] -> this rank's partial output [tokens, hidden]. `lora`: the
+  /// adapters on the routed experts (ExpertLoRA), this expert's factors at index `expert`
+  /// of them, x being the block's tokens `token`.
+  at::Tensor forward(const at::Tensor& x, const ExpertActivation& act, const ExpertLoRAStep* lora = nullptr,
+                     int64_t expert = 0, const at::Tensor& token = {}) const;
   void reset_parameters();
   /// Reads this rank's slices of the expert's tensors under `prefixes` (through the
   /// format's QuantMethod: shapes, dtypes and scales checked by it) and repacks them.

@@ -1,6 +1,7 @@
 #include "tp/layers/moe/moe_parallel_mlp.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "layers/loading/strict_load.h"
 #include "layers/moe/checkpoint.h"
 #include "layers/moe/expert.h"
+#include "layers/moe/expert_lora_step.h"
 #include "tp/comm/collective_status.h"
 #include "tp/comm/differentiable.h"
 #include "tp/quant/quant_method.h"
@@ -190,6 +192,17 @@ void MoEParallelMLPImpl::reset() {
                                : at::Tensor();
     if (options.init_weights()) reset_parameters();
   });
+  auto base = std::make_shared<detail::ExpertLoRABase>();
+  base->layer = kLayer;
+  base->comm = comm;
+  base->ranks_per_group = comm.world_size() / ep_;
+  base->hidden = options.hidden_size();
+  base->intermediate = options.intermediate_size();
+  base->num_experts = options.num_experts();
+  base->experts = experts_;
+  base->rows = range_;
+  base->options = at::TensorOptions(options.dtype()).device(options.device());
+  lora_ = register_module("lora", ExpertLoRA(base));  // last: its parameters follow the block's
 }
 
 void MoEParallelMLPImpl::reset_parameters() {
@@ -207,6 +220,8 @@ std::shared_ptr<torch::nn::Module> MoEParallelMLPImpl::clone(const std::optional
   // A fresh layer of the same options (collective, as the construction is), then every
   // parameter and buffer copied by name: the experts' tensors live in child modules that
   // the layer's reset() makes, so the default Cloneable copy would leave them fresh.
+  TORCH_CHECK_VALUE(lora_->names().empty(), kLayer, ": clone of a block with LoRA adapters (",
+                    c10::Join(", ", lora_->names()), ") is not supported; clone it before adding them");
   at::NoGradGuard no_grad;
   auto copy = std::make_shared<MoEParallelMLPImpl>(options, comm);
   auto params = copy->named_parameters();
@@ -287,6 +302,7 @@ at::Tensor MoEParallelMLPImpl::forward_partial(const at::Tensor& x_in) {
     lap(t.route_s);
     struct Pass {
       const detail::ExpertShard* shard;
+      int64_t expert;  // among this rank's
       at::Tensor token, slot;
     };
     std::vector<Pass> passes;
@@ -296,14 +312,16 @@ at::Tensor MoEParallelMLPImpl::forward_partial(const at::Tensor& x_in) {
       begin += n;
       if (n == 0 || e < experts_.begin || e >= experts_.end) continue;  // no token, or another group's expert
       const at::Tensor pairs = order.narrow(0, start, n);
-      passes.push_back({experts_shards_[static_cast<size_t>(e - experts_.begin)].get(), at::floor_divide(pairs, k),
-                        at::remainder(pairs, k)});
+      passes.push_back({experts_shards_[static_cast<size_t>(e - experts_.begin)].get(), e - experts_.begin,
+                        at::floor_divide(pairs, k), at::remainder(pairs, k)});
     }
+    const detail::ExpertLoRAStep lora = lora_->step(x_in, tokens);
     std::vector<at::Tensor> ys(passes.size());
     const auto run = [&](int64_t i) {
       const Pass& p = passes[static_cast<size_t>(i)];
       ys[static_cast<size_t>(i)] =
-          p.shard->forward(xp.index_select(0, p.token), act) * weights.index({p.token, p.slot}).unsqueeze(-1);
+          p.shard->forward(xp.index_select(0, p.token), act, lora.empty() ? nullptr : &lora, p.expert, p.token) *
+          weights.index({p.token, p.slot}).unsqueeze(-1);
     };
     run_expert_passes(passes.size(), !at::GradMode::is_enabled() && options.quant().format != QuantFormat::kNone, run);
     // The sums in expert order (ascending, as transformers adds them), however they ran.

@@ -42,6 +42,7 @@
 #include "tp/comm/communicator.h"
 #include "tp/comm/reduction.h"
 #include "tp/layers/moe/checkpoint_layout.h"
+#include "tp/layers/moe/expert_lora.h"
 #include "tp/layers/moe/router.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
@@ -121,7 +122,8 @@ struct MoETimings {
 /// hidden] (router_bias, the score_correction_bias buffer where the router has them),
 /// mirrored; experts.<e>.gate_up.* (this rank's [gate | up] rows of expert e, in the
 /// format's tensors) and experts.<e>.down.* for each expert e this rank holds (global
-/// ids); shared_expert.gate_up.* / shared_expert.down.* and shared_expert_gate_weight.
+/// ids); shared_expert.gate_up.* / shared_expert.down.* and shared_expert_gate_weight;
+/// lora.<adapter>.* (the routed experts' LoRA adapters, tp/layers/moe/expert_lora.h).
 class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
  public:
   explicit MoEParallelMLPImpl(MoEParallelMLPOptions options, Communicator comm = {});
@@ -167,6 +169,9 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   std::string quant_name() const;
   /// The combine: an all-reduce over the whole group, or none (reduce_output(false)).
   const Reduction& output_reduction() const { return combine_; }
+  /// The routed experts' LoRA adapters (none until added or loaded).
+  ExpertLoRAImpl& lora() { return *lora_; }
+  const ExpertLoRAImpl& lora() const { return *lora_; }
 
   /// While true, each forward records where its time went in `timings` (steady clock;
   /// the all-reduce waits for the slowest rank).
@@ -187,6 +192,7 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   std::vector<std::shared_ptr<detail::ExpertShard>> experts_shards_;
   std::shared_ptr<detail::ExpertShard> shared_;
   Reduction combine_;
+  ExpertLoRA lora_{nullptr};
 };
 
 /// A ModuleHolder for MoEParallelMLPImpl.
