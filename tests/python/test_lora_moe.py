@@ -14,6 +14,7 @@ rsLoRA, on the experts' down_proj alone).
 - one SGD step on "e" equal to PEFT's within 1e-10 for every tensor; the stepped adapter saved
   by tp loads into PEFT and gives PEFT's stepped logits;
 - a fresh adapter (add_adapter) starts as PEFT's does: B zeros, the logits the base's;
+- torch.compile(fullgraph=True): one graph, its logits and gradients equal eager's;
 - DCP: the adapters saved at TP 4 (2 groups of 2) load at TP 1, 2 and 3 (3 groups of 1);
 - a folder tp cannot read exactly is refused on every rank, naming what.
 """
@@ -199,6 +200,45 @@ def test_expert_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folders):
                 assert sorted(loaded[name]) == sorted(saved[name]), (world, rank, name)
                 for k, v in saved[name].items():
                     assert torch.equal(loaded[name][k], v), f"world {world} rank {rank} {k}"
+
+
+def _compile_rank(rank, world, folder, ep):
+    """torch.compile(fullgraph=True) through the experts' adapters: one graph (the block's
+    operator takes its adapters' stacks after its own tensors), a mixed batch's logits and a
+    training step's adapter gradients equal eager's."""
+    ids = torch.load(f"{folder}/reference.pt")["ids"]
+    model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, expert_parallel=ep,
+                                        adapters={name: f"{folder}/{name}" for name in ADAPTERS})
+    model.set_adapter(ROWS)
+    explanation = torch._dynamo.explain(model)(ids)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    out = {"breaks": explanation.graph_break_count}
+    with torch.no_grad():
+        out["eager"], out["compiled"] = model(ids), compiled(ids)
+    model.set_adapter("e")
+    trained = [p for _, p in model.adapter_parameters("e")]
+    for p in model.parameters():
+        p.requires_grad_(any(p is t for t in trained))
+    for key, fn in (("eager", model), ("compiled", compiled)):
+        model.zero_grad(set_to_none=True)
+        model.cross_entropy(fn(ids)[:, :-1], ids[:, 1:]).mean().backward()
+        out[f"grads_{key}"] = [p.grad for p in trained]
+    return out
+
+
+@pytest.mark.parametrize("world,ep", [(2, 1), (4, 2)])
+def test_expert_lora_compiles_to_one_graph_equal_to_eager(folders, world, ep):
+    for rank, r in enumerate(launcher.run(world, _compile_rank, str(folders / "mixtral"), ep, timeout=600)):
+        where = f"world {world} ep {ep} rank {rank}"
+        assert r["breaks"] == 0, where
+        scale = max(1.0, r["eager"].abs().max().item())
+        assert _err(r["compiled"], r["eager"]) <= 1e-12 * scale, where
+        assert len(r["grads_eager"]) == len(r["grads_compiled"]) == 2 * 2 + 4 * 2, where  # q_proj's A, B; 4 stacks
+        for i, (a, b) in enumerate(zip(r["grads_eager"], r["grads_compiled"])):
+            assert a is not None and b is not None, f"{where} adapter tensor {i} has no gradient"
+            assert a.abs().max() > 0, f"{where} adapter tensor {i} has a zero gradient"
+            assert _err(a, b) <= 1e-10 * max(1.0, a.abs().max().item()), f"{where} adapter tensor {i}"
 
 
 def _refusal(rank, world, folder, adapter):
