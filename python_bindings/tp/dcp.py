@@ -315,7 +315,32 @@ def _moe_pieces(moe, path) -> Dict[str, ShardedParameter]:
     if "shared_expert" in moe._modules:
         out.update(_expert_pieces(moe, moe.shared_expert, f"{path}shared_expert.", impl.shared_expert_range,
                                   impl.shared_expert_intermediate_size, impl.shared_expert_quant_config))
+        out.update(_shared_lora_pieces(moe.shared_expert, f"{path}shared_expert.", impl.shared_expert_range,
+                                       impl.shared_expert_intermediate_size))
     out.update(_expert_lora_pieces(moe, path))
+    return out
+
+
+def _shared_lora_pieces(expert, path, local, inter) -> Dict[str, ShardedParameter]:
+    """The shared expert's LoRA adapters: gate_up's (segments gate and up) as a column
+    layer's, A whole and B by this rank's rows of [intermediate, r]; down's as a row
+    layer's, A by this rank's columns of [r, intermediate] and B whole."""
+    begin, end = local
+    out = {}
+    for part in ("gate_up", "down"):
+        lora = expert._modules[part]._modules.get("lora")
+        for adapter, segments in (lora.named_children() if lora is not None else ()):
+            for segment, f in segments.named_children():
+                base = f"{path}{part}.lora.{adapter}.{segment}."
+                a, b = f.lora_A.detach(), f.lora_B.detach()
+                if part == "gate_up":
+                    out[base + "lora_A"] = _whole(a, base + "lora_A")
+                    pieces = [((begin, 0), b)] if end > begin else []
+                    out[base + "lora_B"] = ShardedParameter((inter, b.shape[1]), pieces, base + "lora_B")
+                else:
+                    pieces = [((0, begin), a)] if end > begin else []
+                    out[base + "lora_A"] = ShardedParameter((a.shape[0], inter), pieces, base + "lora_A")
+                    out[base + "lora_B"] = _whole(b, base + "lora_B")
     return out
 
 

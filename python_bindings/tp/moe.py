@@ -174,11 +174,13 @@ class MoEParallelMLP(_OnCommunicator, nn.Module):
         ops.handle(self)
 
     def _mirror_lora(self) -> None:
-        """The C++ block's child ``lora`` (its routed experts' LoRA adapters,
-        ``lora.<adapter>.gate_up_A`` ...) mirrored again, after adapters came or went."""
-        self._modules.pop("lora", None)
+        """The C++ block's LoRA adapters mirrored again, after adapters came or went: its child
+        ``lora`` (the routed experts', ``lora.<adapter>.gate_up_A`` ...) and the shared
+        expert's (``shared_expert.gate_up.lora.<adapter>.gate.lora_A`` ...)."""
+        for module in list(self.modules()):
+            module._modules.pop("lora", None)
         for name, tensor in self._impl.named_parameters():
-            if name.startswith("lora."):
+            if name.startswith("lora.") or ".lora." in name:
                 _owner(self, name).register_parameter(name.rsplit(".", 1)[-1], _as_parameter(tensor))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

@@ -116,9 +116,14 @@ Sites sites_of(CausalLMImpl& model) {
                              false});
       out.refused.push_back({mlp + "." + layout.router_name(), "the router", false});
       const auto& mo = l.moe->options;
-      if (mo.shared_expert_intermediate_size() > 0)
-        for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
-          out.refused.push_back({mlp + "." + layout.shared_expert_name() + "." + proj, "the shared expert"});
+      if (mo.shared_expert_intermediate_size() > 0) {
+        const std::string shared = mlp + "." + layout.shared_expert_name();
+        out.sites.push_back(linear_site(l.moe->shared_expert_lora("gate_up"),
+                                        {shared + ".gate_proj", shared + ".up_proj"},
+                                        l.moe->shared_expert_weight("gate_up")));
+        out.sites.push_back(linear_site(l.moe->shared_expert_lora("down"), {shared + ".down_proj"},
+                                        l.moe->shared_expert_weight("down")));
+      }
       if (mo.shared_expert_gate())
         out.refused.push_back({mlp + "." + layout.shared_expert_gate_name(), "the shared expert's gate"});
       continue;

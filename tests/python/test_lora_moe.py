@@ -1,8 +1,10 @@
 """LoRA on a mixture of experts' routed experts (PEFT's target_parameters over transformers'
 stacked expert tensors) against PEFT's own PeftModel, at TP 1-4, in float64.
 
-Two families: Mixtral (gate rows then up rows) and GPT-OSS (its gate_up_proj stored [experts,
-hidden, 2 * intermediate] with gate and up columns alternating, expert biases). 6 experts of
+Three families: Mixtral (gate rows then up rows), GPT-OSS (its gate_up_proj stored [experts,
+hidden, 2 * intermediate] with gate and up columns alternating, expert biases) and Qwen2-MoE
+(a shared expert of 28 rows, split over every rank, whose gate_proj / up_proj / down_proj
+adapter "e" targets too, as PEFT matches them). 6 experts of
 intermediate size 40: uneven over 3 ranks (14, 13, 13), and over expert-parallel groups (TP 4
 as 2 groups of 2: each expert split over a pair, its mirrored factors' gradients summed over
 the pair alone; TP 3 as 3 groups of 1: each expert whole on one rank). PEFT makes two adapters
@@ -34,6 +36,13 @@ import tp
 
 SHAPES = dict(hidden_size=48, intermediate_size=40, num_attention_heads=6, num_key_value_heads=1, head_dim=8,
               num_local_experts=6)
+# Qwen2-MoE: the same experts beside a shared expert of 28 rows (uneven over 3) and its gate.
+QWEN2_SHAPES = dict(hidden_size=48, moe_intermediate_size=40, shared_expert_intermediate_size=28,
+                    num_attention_heads=6, num_key_value_heads=1, num_experts=6)
+# The shared expert's projections by their own names: PEFT reads a bare "gate_proj" on a
+# mixture as transformers 4's per-expert name too and converts it into a target on the
+# stacked experts with a rank_pattern / alpha_pattern (which tp refuses, by name, for now).
+SHARED = ["shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj"]
 ADAPTERS = {
     "e": dict(r=4, lora_alpha=8, target_modules=["q_proj"],
               target_parameters=["experts.gate_up_proj", "experts.down_proj"]),
@@ -44,7 +53,16 @@ LR = 0.5
 
 
 def _base_model(family):
-    return family_fixtures.build(family, torch.float64, seed=3, **SHAPES)
+    return family_fixtures.build(family, torch.float64, seed=3, **(QWEN2_SHAPES if family == "qwen2_moe" else SHAPES))
+
+
+def _adapters(family):
+    """ADAPTERS for `family`: on Qwen2-MoE "e" also on the shared expert's projections."""
+    if family != "qwen2_moe":
+        return ADAPTERS
+    out = dict(ADAPTERS)
+    out["e"] = dict(out["e"], target_modules=out["e"]["target_modules"] + SHARED)
+    return out
 
 
 def _peft(family, folder):
@@ -60,7 +78,7 @@ def _make(root, family):
     root.mkdir(parents=True, exist_ok=True)
     base = _base_model(family)
     base.save_pretrained(root / "base", safe_serialization=True)
-    for i, (name, kw) in enumerate(ADAPTERS.items()):
+    for i, (name, kw) in enumerate(_adapters(family).items()):
         torch.manual_seed(200 + i)
         model = peft.get_peft_model(_base_model(family), peft.LoraConfig(init_lora_weights=False, **kw))
         with torch.no_grad():  # B larger than PEFT's own random draw, so every adapter changes the logits clearly
@@ -92,7 +110,7 @@ def _make(root, family):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_moe")
-    for family in ("mixtral", "gpt_oss"):
+    for family in ("mixtral", "gpt_oss", "qwen2_moe"):
         _make(root / family, family)
     return root
 
@@ -110,6 +128,13 @@ def _rank(rank, world, folder, ep):
         model.set_adapter(None)
         out["logits_none"] = model.gather_logits(model(ids))
         out["mixed"] = model.gather_logits(model(ids, adapter_names=ROWS))
+        try:  # merging into the stacked experts is refused, before any weight changes
+            model.merge_adapter("e")
+            out["merge"] = "merged"
+        except ValueError as e:
+            out["merge"] = str(e)
+        model.set_adapter(None)
+        out["after_merge"] = model.gather_logits(model(ids))
     model.set_adapter("e")
     trained = [p for _, p in model.adapter_parameters("e")]
     out["trained"] = len(trained)
@@ -140,7 +165,7 @@ def _err(a, b):
 
 @pytest.mark.parametrize("family,world,ep", [
     ("mixtral", 1, 1), ("mixtral", 2, 1), ("mixtral", 3, 1), ("mixtral", 4, 1), ("mixtral", 4, 2),
-    ("mixtral", 3, 3), ("gpt_oss", 3, 1), ("gpt_oss", 4, 2),
+    ("mixtral", 3, 3), ("gpt_oss", 3, 1), ("gpt_oss", 4, 2), ("qwen2_moe", 3, 1), ("qwen2_moe", 4, 2),
 ])
 def test_expert_lora_equals_peft(folders, family, world, ep):
     folder = folders / family
@@ -156,6 +181,8 @@ def test_expert_lora_equals_peft(folders, family, world, ep):
         for i, name in enumerate(ROWS):
             key = name or "none"
             assert _err(r["mixed"][i], ref[f"logits_{key}"][i]) <= 1e-12 * scale, f"{where} mixed row {i} ({key})"
+        assert "cannot merge into" in r["merge"], f"{where}: {r['merge']}"
+        assert torch.equal(r["after_merge"], r["logits_none"]), f"{where}: a refused merge changed the model"
         assert abs(r["loss"].item() - ref["loss"].item()) <= 1e-12, where
         assert sorted(r["stepped"]) == sorted(ref["stepped"]), where
         for k, v in ref["stepped"].items():
@@ -175,13 +202,14 @@ def test_expert_lora_equals_peft(folders, family, world, ep):
         assert _err(pm(ref["ids"]).logits, ref["stepped_logits"]) <= 1e-10 * scale
     config = json.loads((folder / f"saved_{world}_{ep}" / "adapter_config.json").read_text())
     assert sorted(config["target_parameters"]) == sorted(ADAPTERS["e"]["target_parameters"])
+    assert sorted(config["target_modules"]) == sorted(_adapters(family)["e"]["target_modules"])
 
 
-def _dcp_rank(rank, world, folder, path, save, ep):
+def _dcp_rank(rank, world, folder, path, save, ep, family):
     import torch.distributed.checkpoint as dcp
 
     model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, expert_parallel=ep)
-    for name, kw in ADAPTERS.items():
+    for name, kw in _adapters(family).items():
         if save:
             model.load_adapter(f"{folder}/{name}", name)
         else:  # fresh adapters of the same shapes (A random, B zeros), filled by the load
@@ -190,12 +218,13 @@ def _dcp_rank(rank, world, folder, path, save, ep):
     return {name: model.gather_adapter(name) for name in ADAPTERS}
 
 
-def test_expert_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folders):
-    folder = folders / "mixtral"
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_expert_lora_dcp_saved_at_tp4_loads_at_tp1_to_3(folders, family):
+    folder = folders / family
     path = str(folder / "dcp_tp4")
-    saved = launcher.run(4, _dcp_rank, str(folder), path, True, 2)[0]
+    saved = launcher.run(4, _dcp_rank, str(folder), path, True, 2, family)[0]
     for world, ep in ((1, 1), (2, 1), (3, 3)):
-        for rank, loaded in enumerate(launcher.run(world, _dcp_rank, str(folder), path, False, ep)):
+        for rank, loaded in enumerate(launcher.run(world, _dcp_rank, str(folder), path, False, ep, family)):
             for name in ADAPTERS:
                 assert sorted(loaded[name]) == sorted(saved[name]), (world, rank, name)
                 for k, v in saved[name].items():

@@ -353,12 +353,14 @@ at::Tensor LoRAImpl::delta(const Adapter& adapter, const at::Tensor& x) const {
     if (t.defined()) a.push_back(t);
   const at::Tensor a_cat = a.size() == 1 ? a[0] : at::cat(a, 0);
   at::Tensor h;
-  if (b.entry.op == ReduceOp::kAllGather) {
+  if (b.entry.op == ReduceOp::kAllGather || b.input_parallel) {
     // Sequence parallelism: this rank's tokens through A (mirrored: its gradient summed over
     // the ranks' tokens), then gathered like the base's input (backward: reduce-scatter).
+    // An input that entered through copy_to_parallel: A's gradient summed, x's left to it.
     Reduction entry = b.entry;
     if (entry.dim < 0) entry.dim += x.dim();
-    h = entry.apply(at::matmul(x, copy_to_parallel(a_cat, b.comm).t()));
+    h = at::matmul(x, copy_to_parallel(a_cat, b.comm).t());
+    if (entry.op == ReduceOp::kAllGather) h = entry.apply(h);
   } else {
     // Mirrored input: x A^T is the same on every rank; its gradient (hence A's and x's) the
     // sum of every rank's rows' parts.

@@ -32,6 +32,9 @@ struct LoRABase {
   std::string a_suffix = ".lora_A.weight", b_suffix = ".lora_B.weight";  // PEFT's tensor names
   std::vector<SegmentPlan> plans;  // column: every rank's plan of the output; row: one segment, whole
   Reduction entry;                 // column: none (mirrored input) or the sequence-parallel all-gather
+  /// Column: the input entered through copy_to_parallel already (a mixture's shared expert),
+  /// so A's gradient is summed over the ranks rather than x A^T's (which would sum x's twice).
+  bool input_parallel = false;
   /// Column: this rank's rows that other ranks hold too (replicated KV heads) and their
   /// slots in the backward's all-reduce (the base's ReplicaSum, the same numbering).
   struct Replica {

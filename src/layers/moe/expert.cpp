@@ -6,7 +6,9 @@
 #include "layers/layer_common.h"
 #include "layers/linear_function.h"
 #include "layers/loading/strict_load.h"
+#include "layers/lora/lora_base.h"
 #include "layers/moe/expert_lora_step.h"
+#include "tp/layers/lora/lora.h"
 #include "tp/loader/load_shard.h"
 
 namespace tp::detail {
@@ -66,10 +68,41 @@ at::Tensor ExpertShard::forward(const at::Tensor& x, const ExpertActivation& act
   const int64_t r = range_.size();
   at::Tensor gate_up = parallel_linear(gate_up_, x, gate_up_bias_, /*add_bias=*/true, 2 * r, hidden_);
   if (lora != nullptr) gate_up = lora->add_gate_up(expert, x, token, gate_up);
+  if (gate_up_lora_ && gate_up_lora_->active()) gate_up = gate_up_lora_->add_to(x, gate_up);
   const at::Tensor h = act(gate_up.narrow(-1, 0, r), gate_up.narrow(-1, r, r));
   at::Tensor y = parallel_linear(down_, h, down_bias_, adds_down_bias_, hidden_, r);
-  return lora != nullptr ? lora->add_down(expert, h, token, y) : y;
+  if (lora != nullptr) y = lora->add_down(expert, h, token, y);
+  if (down_lora_ && down_lora_->active()) y = down_lora_->add_to(h, y);
+  return y;
 }
+
+void ExpertShard::make_lora(const std::string& layer, const Communicator& comm, const std::vector<Range>& ranges,
+                            const at::TensorOptions& options) {
+  auto gate_up = std::make_shared<LoRABase>();
+  gate_up->layer = layer + " shared_expert gate/up";
+  gate_up->comm = comm;
+  gate_up->in_features = hidden_;
+  for (const Range& range : ranges)
+    gate_up->plans.push_back(make_segment_plan({{"gate", intermediate_}, {"up", intermediate_}}, {range, range}));
+  gate_up->input_parallel = true;  // ExpertShard::forward's x is the block's copy_to_parallel'd input
+  gate_up->options = options;
+  auto down = std::make_shared<LoRABase>();
+  down->layer = layer + " shared_expert down";
+  down->comm = comm;
+  down->row = true;
+  down->in_features = intermediate_;
+  down->in_ranges = ranges;
+  down->plans = {plan_single("linear", hidden_, 1, 0)};
+  down->options = options;
+  gate_up_lora_ = std::make_shared<LoRAImpl>(std::move(gate_up));
+  down_lora_ = std::make_shared<LoRAImpl>(std::move(down));
+  module_->named_children()["gate_up"]->register_module("lora", gate_up_lora_);
+  module_->named_children()["down"]->register_module("lora", down_lora_);
+}
+
+at::Tensor ExpertShard::gate_up_weight() const { return gate_up_->weight(); }
+
+at::Tensor ExpertShard::down_weight() const { return down_->weight(); }
 
 void ExpertShard::load(const Checkpoint& checkpoint, const ExpertPrefixes& p, const std::string& what) {
   const int64_t r = range_.size();

@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "tp/comm/communicator.h"
 #include "tp/loader/checkpoint.h"
 #include "tp/quant/quant_config.h"
 #include "tp/quant/quant_method.h"
@@ -25,6 +26,10 @@
 
 namespace torch::nn {
 class Module;
+}
+
+namespace tp {
+class LoRAImpl;
 }
 
 namespace tp::detail {
@@ -71,6 +76,18 @@ class ExpertShard {
   /// down bias [hidden]. Unquantized experts only (an error naming the format otherwise).
   std::vector<at::Tensor> local_pieces(const std::string& what) const;
 
+  /// LoRA adapters on this slice as on a column layer (gate_up: segments gate and up) and a
+  /// row layer (down): the shared expert's (PEFT's shared_expert.gate_proj / up_proj /
+  /// down_proj), registered as "<name>.gate_up.lora" and "<name>.down.lora". `comm` splits
+  /// the expert over `ranges` (every rank's slice).
+  void make_lora(const std::string& layer, const Communicator& comm, const std::vector<Range>& ranges,
+                 const at::TensorOptions& options);
+  LoRAImpl* gate_up_lora() const { return gate_up_lora_.get(); }
+  LoRAImpl* down_lora() const { return down_lora_.get(); }
+  /// The stored weights of this slice ([2 r, hidden] gate | up rows, [hidden, r]; merging).
+  at::Tensor gate_up_weight() const;
+  at::Tensor down_weight() const;
+
   /// Bytes of every tensor this slice stores (the format's codes and scales, biases):
   /// what one pass over it reads.
   int64_t stored_bytes() const;
@@ -87,6 +104,7 @@ class ExpertShard {
   at::Tensor gate_up_bias_;  // [2 r] or undefined
   at::Tensor down_bias_;     // [hidden] or undefined
   std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<LoRAImpl> gate_up_lora_, down_lora_;
 };
 
 }  // namespace tp::detail

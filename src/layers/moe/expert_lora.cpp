@@ -109,8 +109,8 @@ void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name,
   run_collectively(b.comm, b.layer + ".lora.load", [&] {
     auto& adapter = make(name, config, !gate_up_prefix.empty(), !down_prefix.empty());
     at::NoGradGuard no_grad;
-    const auto read = [&](const std::string& tensor, std::vector<int64_t> shape, const char* projection,
-                          int64_t in, int64_t out) {
+    const auto read = [&](const std::string& tensor, std::vector<int64_t> shape, const char* projection, int64_t in,
+                          int64_t out) {
       const auto& source = checkpoint.get(tensor, b.layer);
       TORCH_CHECK_VALUE(source.shape() == shape, b.layer, ": adapter '", name, "' tensor ", tensor, " has shape ",
                         c10::IntArrayRef(source.shape()), "; expected ", c10::IntArrayRef(shape), " (rank ", r,
@@ -130,7 +130,8 @@ void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name,
       const at::Tensor a = read(gate_up_prefix + ".lora_A.weight", {r * e, h}, "gate_up", h, 2 * i);
       const at::Tensor bm = read(gate_up_prefix + ".lora_B.weight", {2 * i, r * e}, "gate_up", h, 2 * i);
       adapter.gate_up_A.copy_(mine(a.view({e, r, h})));
-      adapter.gate_up_B.copy_(mine(bm.view({2 * i, r, e}).permute({2, 0, 1})).index_select(1, b.gate_up_rows(interleaved)));
+      adapter.gate_up_B.copy_(
+          mine(bm.view({2 * i, r, e}).permute({2, 0, 1})).index_select(1, b.gate_up_rows(interleaved)));
     }
     if (!down_prefix.empty()) {
       const at::Tensor a = read(down_prefix + ".lora_A.weight", {r * e, i}, "down", i, h);

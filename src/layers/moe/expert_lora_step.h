@@ -17,12 +17,12 @@ namespace tp::detail {
 
 struct ExpertLoRABase {
   std::string layer;
-  Communicator comm;                 // the block's
-  int64_t ranks_per_group = 1;       // ranks that split each expert (comm's world / expert_parallel_size)
+  Communicator comm;                  // the block's
+  int64_t ranks_per_group = 1;        // ranks that split each expert (comm's world / expert_parallel_size)
   std::optional<Communicator> group;  // this rank's expert group, made by the first add / load when it is neither
                                       // one rank nor the whole world
   int64_t hidden = 0, intermediate = 0, num_experts = 0;
-  Range experts, rows;               // this rank's experts and its slice of each one's intermediate rows
+  Range experts, rows;  // this rank's experts and its slice of each one's intermediate rows
   at::TensorOptions options;
 
   int64_t rank_in_group() const { return comm.rank() % ranks_per_group; }

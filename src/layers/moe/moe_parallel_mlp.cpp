@@ -186,6 +186,9 @@ void MoEParallelMLPImpl::reset() {
                                                       o.shared_expert_intermediate_size(), shared_range_,
                                                       o.shared_expert_quant(), /*bias=*/false,
                                                       /*adds_down_bias=*/false, t);
+      std::vector<Range> shared_ranges;
+      for (int64_t r = 0; r < world; ++r) shared_ranges.push_back(moe_placement(o, world, r).shared_rows);
+      shared_->make_lora(kLayer, comm, shared_ranges, t);
     }
     shared_expert_gate_weight =
         o.shared_expert_gate() ? register_parameter("shared_expert_gate_weight", at::empty({1, o.hidden_size()}, t))
@@ -216,12 +219,25 @@ void MoEParallelMLPImpl::reset_parameters() {
   if (shared_) shared_->reset_parameters();
 }
 
+LoRAImpl& MoEParallelMLPImpl::shared_expert_lora(const std::string& projection) const {
+  TORCH_CHECK_VALUE(shared_ != nullptr, kLayer, ": it has no shared expert");
+  TORCH_CHECK_VALUE(projection == "gate_up" || projection == "down", kLayer, ": the shared expert's projections are ",
+                    "gate_up and down, not '", projection, "'");
+  return projection == "gate_up" ? *shared_->gate_up_lora() : *shared_->down_lora();
+}
+
+at::Tensor MoEParallelMLPImpl::shared_expert_weight(const std::string& projection) const {
+  shared_expert_lora(projection);
+  return projection == "gate_up" ? shared_->gate_up_weight() : shared_->down_weight();
+}
+
 std::shared_ptr<torch::nn::Module> MoEParallelMLPImpl::clone(const std::optional<at::Device>& device) const {
   // A fresh layer of the same options (collective, as the construction is), then every
   // parameter and buffer copied by name: the experts' tensors live in child modules that
   // the layer's reset() makes, so the default Cloneable copy would leave them fresh.
-  TORCH_CHECK_VALUE(lora_->names().empty(), kLayer, ": clone of a block with LoRA adapters (",
-                    c10::Join(", ", lora_->names()), ") is not supported; clone it before adding them");
+  for (const auto& p : named_parameters())
+    TORCH_CHECK_VALUE(p.key().find("lora.") == std::string::npos, kLayer, ": clone of a block with LoRA adapters (",
+                      p.key(), ", ...) is not supported; clone it before adding them");
   at::NoGradGuard no_grad;
   auto copy = std::make_shared<MoEParallelMLPImpl>(options, comm);
   auto params = copy->named_parameters();
@@ -337,7 +353,8 @@ at::Tensor MoEParallelMLPImpl::forward_partial(const at::Tensor& x_in) {
     lap(t.route_s);
   }
   if (shared_) {
-    at::Tensor shared = shared_->forward(xp, act);
+    // In the input's shape: a per-row adapter selection names its first dimension's rows.
+    at::Tensor shared = shared_->forward(xp.reshape(x_in.sizes()), act).reshape({-1, options.hidden_size()});
     if (shared_expert_gate_weight.defined()) {
       // The gate is mirrored; its gradient, like the routing weights', sums every rank's part.
       shared = shared * copy_to_parallel(at::sigmoid(at::linear(x, shared_expert_gate_weight)), comm);

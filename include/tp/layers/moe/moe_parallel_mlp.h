@@ -172,6 +172,12 @@ class MoEParallelMLPImpl : public torch::nn::Cloneable<MoEParallelMLPImpl> {
   /// The routed experts' LoRA adapters (none until added or loaded).
   ExpertLoRAImpl& lora() { return *lora_; }
   const ExpertLoRAImpl& lora() const { return *lora_; }
+  /// The shared expert's LoRA adapters on `projection`: "gate_up" (segments gate and up:
+  /// PEFT's shared_expert.gate_proj and up_proj, cut as a column layer's) or "down" (a row
+  /// layer's); its stored weight there (this rank's slice, for merging). An error without a
+  /// shared expert.
+  LoRAImpl& shared_expert_lora(const std::string& projection) const;
+  at::Tensor shared_expert_weight(const std::string& projection) const;
 
   /// While true, each forward records where its time went in `timings` (steady clock;
   /// the all-reduce waits for the slowest rank).
