@@ -32,6 +32,7 @@ import peft
 import transformers
 
 import launcher
+import lora_checks
 import tp
 
 ADAPTERS = {
@@ -303,14 +304,7 @@ def _compile_rank(rank, world, folder):
         out["eager"], out["compiled"] = model(ids), compiled(ids)
         model.set_adapter("c")  # the same graph, another selection
         out["eager_c"], out["compiled_c"] = model(ids), compiled(ids)
-    model.set_adapter("a")
-    trained = [p for _, p in model.adapter_parameters("a")]
-    for p in model.parameters():
-        p.requires_grad_(any(p is t for t in trained))
-    for key, fn in (("eager", model), ("compiled", compiled)):
-        model.zero_grad(set_to_none=True)
-        model.cross_entropy(fn(ids)[:, :-1], ids[:, 1:]).mean().backward()
-        out[f"grads_{key}"] = [p.grad for p in trained]
+    out.update(lora_checks.adapter_grads_eager_and_compiled(model, compiled, ids, "a"))
     try:
         compiled(ids, adapter_names=ROWS)
     except Exception as e:  # noqa: BLE001 - dynamo wraps the refusal

@@ -32,6 +32,7 @@ import peft
 
 import family_fixtures
 import launcher
+import lora_checks
 import tp
 
 SHAPES = dict(hidden_size=48, intermediate_size=40, num_attention_heads=6, num_key_value_heads=1, head_dim=8,
@@ -245,14 +246,7 @@ def _compile_rank(rank, world, folder, ep):
     out = {"breaks": explanation.graph_break_count}
     with torch.no_grad():
         out["eager"], out["compiled"] = model(ids), compiled(ids)
-    model.set_adapter("e")
-    trained = [p for _, p in model.adapter_parameters("e")]
-    for p in model.parameters():
-        p.requires_grad_(any(p is t for t in trained))
-    for key, fn in (("eager", model), ("compiled", compiled)):
-        model.zero_grad(set_to_none=True)
-        model.cross_entropy(fn(ids)[:, :-1], ids[:, 1:]).mean().backward()
-        out[f"grads_{key}"] = [p.grad for p in trained]
+    out.update(lora_checks.adapter_grads_eager_and_compiled(model, compiled, ids, "e"))
     return out
 
 
