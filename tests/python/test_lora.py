@@ -26,7 +26,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import peft
 import transformers
@@ -67,11 +66,6 @@ def _peft(folder, name):
     return peft.PeftModel.from_pretrained(_base_model(), f"{folder}/{name}").double().eval()
 
 
-def _loss(logits, ids):
-    v = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
@@ -92,19 +86,7 @@ def folder(tmp_path_factory):
         ref["tokens_none"] = _greedy(base, ids)
     # One SGD step on adapter "a"'s A and B, the base frozen.
     pm = peft.PeftModel.from_pretrained(_base_model(), root / "a", is_trainable=True).double()
-    params = [p for n, p in pm.named_parameters() if "lora_" in n]
-    assert all(p.requires_grad for p in params) and not any(p.requires_grad for n, p in pm.named_parameters()
-                                                            if "lora_" not in n)
-    loss = _loss(pm(ids).logits, ids)
-    loss.backward()
-    with torch.no_grad():
-        for p in params:
-            p -= LR * p.grad
-        ref["loss"] = loss.detach()
-        # The adapter's own tensors (PEFT's state dict holds the base's embedding and LM head
-        # too, its save_embedding_layers: tp checks them on load and does not write them).
-        ref["stepped"] = {k: v.clone() for k, v in peft.get_peft_model_state_dict(pm).items() if ".lora_" in k}
-        ref["stepped_logits"] = pm(ids).logits
+    ref.update(lora_checks.peft_sgd_step(pm, ids, LR))
     torch.save(ref, root / "reference.pt")
     return root
 
@@ -137,23 +119,9 @@ def _rank(rank, world, folder, weights):
         out["unmerged"] = model.gather_logits(model(ids))
     if weights:
         return out
-    # One SGD step on "a" alone, the base frozen.
-    model.set_adapter("a")
-    trained = [p for _, p in model.adapter_parameters("a")]
-    for p in model.parameters():
-        p.requires_grad_(any(p is t for t in trained))
-    local = model(ids)
-    loss = model.cross_entropy(local[:, :-1], ids[:, 1:]).mean()
-    loss.backward()
-    with torch.no_grad():
-        for p in trained:
-            p -= LR * p.grad
-    out["loss"] = loss.detach()
-    out["stepped"] = model.gather_adapter("a")
-    saved = f"{folder}/saved_{world}"
-    model.save_adapter(saved, "a")
-    with torch.no_grad():
-        out["stepped_logits"] = model.gather_logits(model(ids))
+    # One SGD step on "a" alone, the base frozen; saved at this TP size for PEFT.
+    out.update(lora_checks.tp_sgd_step(model, ids, "a", LR))
+    model.save_adapter(f"{folder}/saved_{world}", "a")
     return out
 
 
@@ -295,13 +263,8 @@ def _compile_rank(rank, world, folder):
     model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64)
     for name in ADAPTERS:
         model.load_adapter(f"{folder}/{name}", name)
-    model.set_adapter(ROWS)
-    explanation = torch._dynamo.explain(model)(ids)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    out = {"breaks": explanation.graph_break_count}
+    compiled, out = lora_checks.compiled_mixed_batch(model, ids, ROWS)
     with torch.no_grad():
-        out["eager"], out["compiled"] = model(ids), compiled(ids)
         model.set_adapter("c")  # the same graph, another selection
         out["eager_c"], out["compiled_c"] = model(ids), compiled(ids)
     out.update(lora_checks.adapter_grads_eager_and_compiled(model, compiled, ids, "a"))

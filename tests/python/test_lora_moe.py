@@ -26,7 +26,6 @@ import shutil
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import peft
 
@@ -70,11 +69,6 @@ def _peft(family, folder):
     return peft.PeftModel.from_pretrained(_base_model(family), str(folder)).double().eval()
 
 
-def _loss(logits, ids):
-    v = logits.shape[-1]
-    return F.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
-
-
 def _make(root, family):
     root.mkdir(parents=True, exist_ok=True)
     base = _base_model(family)
@@ -95,16 +89,7 @@ def _make(root, family):
             ref[f"logits_{name}"] = _peft(family, root / name)(ids).logits
         ref["logits_none"] = base(ids).logits
     pm = peft.PeftModel.from_pretrained(_base_model(family), root / "e", is_trainable=True).double()
-    params = [p for n, p in pm.named_parameters() if "lora_" in n]
-    assert params and all(p.requires_grad for p in params)
-    loss = _loss(pm(ids).logits, ids)
-    loss.backward()
-    with torch.no_grad():
-        for p in params:
-            p -= LR * p.grad
-        ref["loss"] = loss.detach()
-        ref["stepped"] = {k: v.clone() for k, v in peft.get_peft_model_state_dict(pm).items()}
-        ref["stepped_logits"] = pm(ids).logits
+    ref.update(lora_checks.peft_sgd_step(pm, ids, LR))
     torch.save(ref, root / "reference.pt")
 
 
@@ -136,21 +121,9 @@ def _rank(rank, world, folder, ep):
             out["merge"] = str(e)
         model.set_adapter(None)
         out["after_merge"] = model.gather_logits(model(ids))
-    model.set_adapter("e")
-    trained = [p for _, p in model.adapter_parameters("e")]
-    out["trained"] = len(trained)
-    for p in model.parameters():
-        p.requires_grad_(any(p is t for t in trained))
-    loss = model.cross_entropy(model(ids)[:, :-1], ids[:, 1:]).mean()
-    loss.backward()
-    with torch.no_grad():
-        for p in trained:
-            p -= LR * p.grad
-    out["loss"] = loss.detach()
-    out["stepped"] = model.gather_adapter("e")
+    out.update(lora_checks.tp_sgd_step(model, ids, "e", LR))
     model.save_adapter(f"{folder}/saved_{world}_{ep}", "e")
     with torch.no_grad():
-        out["stepped_logits"] = model.gather_logits(model(ids))
         # A fresh adapter: PEFT's init (A random, B zeros), so the base's logits.
         model.add_adapter("fresh", r=4, lora_alpha=8, target_modules=[],
                           target_parameters=["experts.gate_up_proj", "experts.down_proj"])
@@ -239,13 +212,7 @@ def _compile_rank(rank, world, folder, ep):
     ids = torch.load(f"{folder}/reference.pt")["ids"]
     model = tp.CausalLM.from_pretrained(f"{folder}/base", dtype=torch.float64, expert_parallel=ep,
                                         adapters={name: f"{folder}/{name}" for name in ADAPTERS})
-    model.set_adapter(ROWS)
-    explanation = torch._dynamo.explain(model)(ids)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-    out = {"breaks": explanation.graph_break_count}
-    with torch.no_grad():
-        out["eager"], out["compiled"] = model(ids), compiled(ids)
+    compiled, out = lora_checks.compiled_mixed_batch(model, ids, ROWS)
     out.update(lora_checks.adapter_grads_eager_and_compiled(model, compiled, ids, "e"))
     return out
 
