@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "tp/comm/collective_status.h"
@@ -152,6 +153,36 @@ void check_model(const CausalLMImpl& model, const std::string& name) {
                     "': LoRA is not supported with attention data parallelism yet (the MLP's rows are every group's)");
 }
 
+// The config of a linear site's targeted segments: one rank and alpha per layer (a fused
+// q/k/v or gate/up holds one adapter), refused by name where the patterns give them several.
+LoRAConfig site_config(const Site& site, const std::vector<bool>& on, const PeftLoRAConfig& config,
+                       const std::string& what) {
+  std::optional<LoRAConfig> out;
+  std::string first;
+  for (size_t s = 0; s < on.size(); ++s) {
+    if (!on[s]) continue;
+    const LoRAConfig c = config.config_for(site.modules[s]);
+    if (!out) {
+      out = c;
+      first = site.modules[s];
+      continue;
+    }
+    TORCH_CHECK_VALUE(c.rank() == out->rank() && c.alpha() == out->alpha(), what,
+                      ": rank_pattern / alpha_pattern give ", first, " rank ", out->rank(), " alpha ", out->alpha(),
+                      " and ", site.modules[s], " rank ", c.rank(), " alpha ", c.alpha(),
+                      "; tp holds them in one fused layer, with one rank per adapter");
+  }
+  return *out;
+}
+
+// An expert site's configs of gate_up_proj and down_proj (nullopt: not targeted).
+std::pair<std::optional<LoRAConfig>, std::optional<LoRAConfig>> expert_configs(const ExpertSite& site,
+                                                                               std::pair<bool, bool> which,
+                                                                               const PeftLoRAConfig& config) {
+  return {which.first ? std::optional(config.config_for(site.module + ".gate_up_proj")) : std::nullopt,
+          which.second ? std::optional(config.config_for(site.module + ".down_proj")) : std::nullopt};
+}
+
 struct Targets {
   std::vector<std::pair<Site*, std::vector<bool>>> linear;             // a site and which of its segments
   std::vector<std::pair<ExpertSite*, std::pair<bool, bool>>> experts;  // (gate_up, down)
@@ -244,6 +275,7 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
                           : "");
     checkpoint = open_checkpoint(file);
     on = targeted(all, config, what);
+    for (const auto& [site, mask] : on.linear) site_config(*site, mask, config, what);  // refused here, on every rank
     for (const auto& [site, mask] : on.linear)
       for (size_t s = 0; s < mask.size(); ++s) {
         const std::string tensor = kPeftPrefix + site->modules[s] + site->a_suffix;
@@ -265,13 +297,14 @@ void load_adapter(CausalLMImpl& model, const std::string& folder, const std::str
   try {
     for (const auto& [site, which] : on.experts) {
       const auto [gate_up, down] = expert_prefixes(*site, which.first, which.second);
-      site->lora->load(session.checkpoint(), name, config.lora, gate_up, down, site->interleaved);
+      const auto [gate_up_config, down_config] = expert_configs(*site, which, config);
+      site->lora->load(session.checkpoint(), name, gate_up_config, gate_up, down_config, down, site->interleaved);
       site->lora->share_selection(model.adapter_selection);
     }
     for (const auto& [site, mask] : on.linear) {
       std::vector<std::string> prefixes;
       for (size_t s = 0; s < mask.size(); ++s) prefixes.push_back(mask[s] ? kPeftPrefix + site->modules[s] : "");
-      site->lora->load(session.checkpoint(), name, config.lora, prefixes);
+      site->lora->load(session.checkpoint(), name, site_config(*site, mask, config, what), prefixes);
       site->lora->share_selection(model.adapter_selection);
       run_collectively(model.comm, "CausalLM.load_adapter",
                        [&] { check_saved_base(session.checkpoint(), *site, what); });
@@ -295,9 +328,13 @@ void add_adapter(CausalLMImpl& model, const std::string& name, const PeftLoRACon
   TORCH_CHECK_VALUE(model.adapter_configs.count(name) == 0, "CausalLM: it has an adapter '", name, "' already");
   auto all = sites_of(model);
   Targets on;
-  run_collectively(model.comm, "CausalLM.add_adapter", [&] { on = targeted(all, config, "adapter '" + name + "'"); });
+  run_collectively(model.comm, "CausalLM.add_adapter", [&] {
+    on = targeted(all, config, "adapter '" + name + "'");
+    for (const auto& [site, mask] : on.linear) site_config(*site, mask, config, "adapter '" + name + "'");
+  });
   for (const auto& [site, which] : on.experts) {
-    site->lora->add(name, config.lora, which.first, which.second);
+    const auto [gate_up_config, down_config] = expert_configs(*site, which, config);
+    site->lora->add(name, gate_up_config, down_config);
     site->lora->share_selection(model.adapter_selection);
   }
   for (const auto& [site, mask] : on.linear) {
@@ -305,7 +342,7 @@ void add_adapter(CausalLMImpl& model, const std::string& name, const PeftLoRACon
     const auto names = site->lora->segment_names();
     for (size_t s = 0; s < mask.size(); ++s)
       if (mask[s]) segments.push_back(names[s]);
-    site->lora->add(name, config.lora, segments);
+    site->lora->add(name, site_config(*site, mask, config, "adapter '" + name + "'"), segments);
     site->lora->share_selection(model.adapter_selection);
   }
   model.adapter_configs[name] = config;

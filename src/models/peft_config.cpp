@@ -26,8 +26,6 @@ const std::map<std::string, const char*> kMustBeDefault = {
     {"bias", "a trained bias beside the adapter"},
     {"use_dora", "DoRA (weight-decomposed LoRA)"},
     {"fan_in_fan_out", "weights stored [in, out] (GPT-2's Conv1D)"},
-    {"rank_pattern", "a rank per module"},
-    {"alpha_pattern", "an alpha per module"},
     {"modules_to_save", "whole modules trained beside the adapter"},
     {"layers_to_transform", "an adapter on some layers only"},
     {"layers_pattern", "an adapter on some layers only"},
@@ -90,6 +88,25 @@ bool suffix_match(const std::string& name, const std::vector<std::string>& targe
 
 bool PeftLoRAConfig::matches_parameter(const std::string& key) const { return suffix_match(key, target_parameters); }
 
+LoRAConfig PeftLoRAConfig::config_for(const std::string& key) const {
+  LoRAConfig out = lora;
+  // PEFT's get_pattern_key: the first key k (in the file's order) with key ~ "(.*\.)?(k)$".
+  const auto match = [&](const std::string& pattern) {
+    return std::regex_match(key, std::regex("(.*\\.)?(" + pattern + ")"));
+  };
+  for (const auto& [pattern, rank] : rank_pattern)
+    if (match(pattern)) {
+      out.rank(rank);
+      break;
+    }
+  for (const auto& [pattern, alpha] : alpha_pattern)
+    if (match(pattern)) {
+      out.alpha(alpha);
+      break;
+    }
+  return out;
+}
+
 bool PeftLoRAConfig::matches(const std::string& module) const {
   if (all_linear) return true;
   if (!target_regex.empty()) return std::regex_match(module, std::regex(target_regex));
@@ -125,6 +142,26 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
     if (parameters != nullptr && !parameters->is_null())
       for (const auto& t : parameters->as_array("target_parameters"))
         out.target_parameters.push_back(t.as_string("target_parameters[]"));
+    for (const auto* field : {"rank_pattern", "alpha_pattern"}) {
+      const JsonValue* pattern = root.find(field);
+      if (pattern == nullptr || pattern->is_null()) continue;
+      const auto& keys = pattern->keys(field);
+      const auto& values = pattern->values(field);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        try {
+          (void)std::regex(keys[i]);
+        } catch (const std::regex_error& e) {
+          fail(c10::str(field, " key \"", keys[i], "\" is not a regular expression: ", e.what()));
+        }
+        if (std::string(field) == "rank_pattern") {
+          const int64_t r = values[i].as_int(field);
+          if (r <= 0) fail(c10::str("rank_pattern gives \"", keys[i], "\" rank ", r, "; a rank is positive"));
+          out.rank_pattern.emplace_back(keys[i], r);
+        } else {
+          out.alpha_pattern.emplace_back(keys[i], values[i].as_double(field));
+        }
+      }
+    }
     const JsonValue* targets = root.find("target_modules");
     if ((targets == nullptr || targets->is_null()) && out.target_parameters.empty())
       fail("target_modules is absent: which modules the adapter is on");
@@ -147,9 +184,11 @@ PeftLoRAConfig PeftLoRAConfig::from_json(const std::string& text, const std::str
                     "does not hold; save it converted (PEFT's path_initial_model_for_weight_conversion)"));
     const auto& keys = root.keys("adapter_config.json");
     const auto& values = root.values("adapter_config.json");
-    static const std::set<std::string> kRead = {
-        "peft_type",        "r", "lora_alpha", "use_rslora", "lora_dropout", "target_modules", "init_lora_weights",
-        "target_parameters"};
+    static const std::set<std::string> kRead = {"peft_type",         "r",
+                                                "lora_alpha",        "use_rslora",
+                                                "lora_dropout",      "target_modules",
+                                                "init_lora_weights", "target_parameters",
+                                                "rank_pattern",      "alpha_pattern"};
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string& key = keys[i];
       if (kRead.count(key) || kDescriptive.count(key)) continue;
@@ -197,6 +236,15 @@ std::string PeftLoRAConfig::to_json() const {
     for (size_t i = 0; i < target_modules.size(); ++i) os << (i ? ", " : "") << json_string(target_modules[i]);
     os << "]";
   }
+  const auto pattern = [&](const char* field, const auto& entries) {
+    if (entries.empty()) return;
+    os << ",\n  \"" << field << "\": {";
+    for (size_t i = 0; i < entries.size(); ++i)
+      os << (i ? ", " : "") << json_string(entries[i].first) << ": " << entries[i].second;
+    os << "}";
+  };
+  pattern("rank_pattern", rank_pattern);
+  pattern("alpha_pattern", alpha_pattern);
   if (!target_parameters.empty()) {
     os << ",\n  \"target_parameters\": [";
     for (size_t i = 0; i < target_parameters.size(); ++i) os << (i ? ", " : "") << json_string(target_parameters[i]);

@@ -2,7 +2,9 @@
 // PEFT's adapter_config.json for a LoRA adapter, as tp reads and writes it
 // (tp/models/adapters.h loads and saves the folders).
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tp/layers/lora/lora.h"
@@ -24,12 +26,19 @@ struct PeftLoRAConfig {
   /// PEFT's target_parameters: stacked expert tensors ("experts.gate_up_proj",
   /// "experts.down_proj"); a parameter matches a name it equals or ends with after a ".".
   std::vector<std::string> target_parameters;
+  /// PEFT's rank_pattern / alpha_pattern, in file order: a module or parameter whose name
+  /// matches "(.*\.)?(<key>)$" takes the first matching key's rank / alpha (PEFT 0.22 writes
+  /// them itself when it converts transformers 4 expert targets into fused ones).
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
   /// lora_dropout (training only; tp applies none, so training with it differs from PEFT's).
   double dropout = 0.0;
 
   bool matches(const std::string& module) const;
   /// Whether target_parameters takes the parameter `key` ("<module>.<parameter>").
   bool matches_parameter(const std::string& key) const;
+  /// `lora` with the patterns' rank and alpha for module or parameter `key`.
+  LoRAConfig config_for(const std::string& key) const;
   static PeftLoRAConfig from_json(const std::string& text, const std::string& where);
   static PeftLoRAConfig from_pretrained(const std::string& folder);
   /// adapter_config.json's text for a folder PEFT's PeftModel.from_pretrained loads.

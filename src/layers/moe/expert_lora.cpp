@@ -37,13 +37,14 @@ at::Tensor add_one(const at::Tensor& a, const at::Tensor& b, double scaling, con
 at::Tensor ExpertLoRAStep::add_gate_up(int64_t expert, const at::Tensor& x, const at::Tensor& token,
                                        at::Tensor y) const {
   for (const auto& a : adapters)
-    if (a.gate_up_A.defined()) y = add_one(a.gate_up_A[expert], a.gate_up_B[expert], a.scaling, a.tokens, x, token, y);
+    if (a.gate_up_A.defined())
+      y = add_one(a.gate_up_A[expert], a.gate_up_B[expert], a.gate_up_scaling, a.tokens, x, token, y);
   return y;
 }
 
 at::Tensor ExpertLoRAStep::add_down(int64_t expert, const at::Tensor& h, const at::Tensor& token, at::Tensor y) const {
   for (const auto& a : adapters)
-    if (a.down_A.defined()) y = add_one(a.down_A[expert], a.down_B[expert], a.scaling, a.tokens, h, token, y);
+    if (a.down_A.defined()) y = add_one(a.down_A[expert], a.down_B[expert], a.down_scaling, a.tokens, h, token, y);
   return y;
 }
 
@@ -61,56 +62,62 @@ void ExpertLoRAImpl::ensure_group() const {
   b.group = b.comm.split(ranks);
 }
 
-ExpertLoRAImpl::Adapter& ExpertLoRAImpl::make(const std::string& name, const LoRAConfig& config, bool gate_up,
-                                              bool down) {
+ExpertLoRAImpl::Adapter& ExpertLoRAImpl::make(const std::string& name, const std::optional<LoRAConfig>& gate_up,
+                                              const std::optional<LoRAConfig>& down) {
   const auto& b = *base_;
   TORCH_CHECK_VALUE(!has(name), b.layer, ": it has an adapter '", name, "' already");
   TORCH_CHECK_VALUE(gate_up || down, b.layer, ": adapter '", name, "' is on neither gate_up nor down");
-  TORCH_CHECK_VALUE(config.rank() > 0, b.layer, ": adapter '", name, "' has rank ", config.rank(),
-                    "; a rank is positive");
-  const int64_t n = b.experts.size(), r = config.rank(), rows = b.rows.size();
+  for (const auto* c : {&gate_up, &down})
+    TORCH_CHECK_VALUE(!*c || (*c)->rank() > 0, b.layer, ": adapter '", name, "' has rank ", (*c)->rank(),
+                      "; a rank is positive");
+  const int64_t n = b.experts.size(), rows = b.rows.size();
   auto module = register_module(name, std::make_shared<torch::nn::Module>("tp::ExpertLoRAAdapter"));
   Adapter adapter;
-  adapter.config = config;
+  adapter.gate_up_config = gate_up;
+  adapter.down_config = down;
   if (gate_up) {
+    const int64_t r = gate_up->rank();
     adapter.gate_up_A = module->register_parameter("gate_up_A", at::zeros({n, r, b.hidden}, b.options));
     adapter.gate_up_B = module->register_parameter("gate_up_B", at::zeros({n, 2 * rows, r}, b.options));
   }
   if (down) {
+    const int64_t r = down->rank();
     adapter.down_A = module->register_parameter("down_A", at::zeros({n, r, rows}, b.options));
     adapter.down_B = module->register_parameter("down_B", at::zeros({n, b.hidden, r}, b.options));
   }
   return adapters_[name] = adapter;
 }
 
-void ExpertLoRAImpl::add(const std::string& name, const LoRAConfig& config, bool gate_up, bool down) {
+void ExpertLoRAImpl::add(const std::string& name, const std::optional<LoRAConfig>& gate_up,
+                         const std::optional<LoRAConfig>& down) {
   const auto& b = *base_;
   Adapter* adapter = nullptr;
-  run_collectively(b.comm, b.layer + ".lora.add", [&] { adapter = &make(name, config, gate_up, down); });
+  run_collectively(b.comm, b.layer + ".lora.add", [&] { adapter = &make(name, gate_up, down); });
   ensure_group();
   // PEFT's ParamWrapper: A [r * E, in] Kaiming-uniform over the whole tensor (U(-1/sqrt(in),
   // 1/sqrt(in))), B zeros; rank 0's draw on every rank, each taking its experts and columns.
   at::NoGradGuard no_grad;
-  const int64_t r = config.rank(), e = b.num_experts;
-  const auto draw = [&](int64_t in) {
+  const int64_t e = b.num_experts;
+  const auto draw = [&](int64_t r, int64_t in) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));
     at::Tensor whole = at::empty({r * e, in}, b.options).uniform_(-bound, bound);
     if (b.comm.world_size() > 1) b.comm.broadcast(whole, 0);
     return whole.view({e, r, in}).narrow(0, b.experts.begin, b.experts.size());
   };
-  if (adapter->gate_up_A.defined()) adapter->gate_up_A.copy_(draw(b.hidden));
-  if (adapter->down_A.defined()) adapter->down_A.copy_(draw(b.intermediate).narrow(2, b.rows.begin, b.rows.size()));
+  if (gate_up) adapter->gate_up_A.copy_(draw(gate_up->rank(), b.hidden));
+  if (down) adapter->down_A.copy_(draw(down->rank(), b.intermediate).narrow(2, b.rows.begin, b.rows.size()));
 }
 
-void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name, const LoRAConfig& config,
-                          const std::string& gate_up_prefix, const std::string& down_prefix, bool interleaved) {
+void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name,
+                          const std::optional<LoRAConfig>& gate_up, const std::string& gate_up_prefix,
+                          const std::optional<LoRAConfig>& down, const std::string& down_prefix, bool interleaved) {
   const auto& b = *base_;
-  const int64_t r = config.rank(), e = b.num_experts, i = b.intermediate, h = b.hidden;
+  const int64_t e = b.num_experts, i = b.intermediate, h = b.hidden;
   run_collectively(b.comm, b.layer + ".lora.load", [&] {
-    auto& adapter = make(name, config, !gate_up_prefix.empty(), !down_prefix.empty());
+    auto& adapter = make(name, gate_up, down);
     at::NoGradGuard no_grad;
-    const auto read = [&](const std::string& tensor, std::vector<int64_t> shape, const char* projection, int64_t in,
-                          int64_t out) {
+    const auto read = [&](const std::string& tensor, std::vector<int64_t> shape, const char* projection, int64_t r,
+                          int64_t in, int64_t out) {
       const auto& source = checkpoint.get(tensor, b.layer);
       TORCH_CHECK_VALUE(source.shape() == shape, b.layer, ": adapter '", name, "' tensor ", tensor, " has shape ",
                         c10::IntArrayRef(source.shape()), "; expected ", c10::IntArrayRef(shape), " (rank ", r,
@@ -126,16 +133,18 @@ void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name,
       return t.to(b.options);
     };
     const auto mine = [&](const at::Tensor& stacked) { return stacked.narrow(0, b.experts.begin, b.experts.size()); };
-    if (!gate_up_prefix.empty()) {
-      const at::Tensor a = read(gate_up_prefix + ".lora_A.weight", {r * e, h}, "gate_up", h, 2 * i);
-      const at::Tensor bm = read(gate_up_prefix + ".lora_B.weight", {2 * i, r * e}, "gate_up", h, 2 * i);
+    if (gate_up) {
+      const int64_t r = gate_up->rank();
+      const at::Tensor a = read(gate_up_prefix + ".lora_A.weight", {r * e, h}, "gate_up", r, h, 2 * i);
+      const at::Tensor bm = read(gate_up_prefix + ".lora_B.weight", {2 * i, r * e}, "gate_up", r, h, 2 * i);
       adapter.gate_up_A.copy_(mine(a.view({e, r, h})));
       adapter.gate_up_B.copy_(
           mine(bm.view({2 * i, r, e}).permute({2, 0, 1})).index_select(1, b.gate_up_rows(interleaved)));
     }
-    if (!down_prefix.empty()) {
-      const at::Tensor a = read(down_prefix + ".lora_A.weight", {r * e, i}, "down", i, h);
-      const at::Tensor bm = read(down_prefix + ".lora_B.weight", {h, r * e}, "down", i, h);
+    if (down) {
+      const int64_t r = down->rank();
+      const at::Tensor a = read(down_prefix + ".lora_A.weight", {r * e, i}, "down", r, i, h);
+      const at::Tensor bm = read(down_prefix + ".lora_B.weight", {h, r * e}, "down", r, i, h);
       adapter.down_A.copy_(mine(a.view({e, r, i})).narrow(2, b.rows.begin, b.rows.size()));
       adapter.down_B.copy_(mine(bm.view({h, r, e}).permute({2, 0, 1})));
     }
@@ -145,10 +154,9 @@ void ExpertLoRAImpl::load(const Checkpoint& checkpoint, const std::string& name,
 
 std::map<std::string, at::Tensor> ExpertLoRAImpl::gather(const std::string& name, const std::string& gate_up_prefix,
                                                          const std::string& down_prefix, bool interleaved) const {
-  config(name);
-  const auto& adapter = adapters_.at(name);
+  const auto& adapter = this->adapter(name);
   const auto& b = *base_;
-  const int64_t r = adapter.config.rank(), e = b.num_experts, i = b.intermediate, h = b.hidden;
+  const int64_t e = b.num_experts, i = b.intermediate, h = b.hidden;
   const int64_t first = b.experts.begin, n = b.experts.size();
   const bool writes_mirrored = b.rank_in_group() == 0;  // one rank of each group gives the mirrored factors
   at::NoGradGuard no_grad;
@@ -160,6 +168,7 @@ std::map<std::string, at::Tensor> ExpertLoRAImpl::gather(const std::string& name
   };
   std::map<std::string, at::Tensor> out;
   if (adapter.gate_up_A.defined()) {
+    const int64_t r = adapter.gate_up_config->rank();
     at::Tensor a = at::zeros({e, r, h}, b.options), bm = at::zeros({e, 2 * i, r}, b.options);
     if (writes_mirrored) a.narrow(0, first, n).copy_(adapter.gate_up_A);
     bm.narrow(0, first, n).index_copy_(1, b.gate_up_rows(interleaved), adapter.gate_up_B);
@@ -167,6 +176,7 @@ std::map<std::string, at::Tensor> ExpertLoRAImpl::gather(const std::string& name
     out[gate_up_prefix + ".lora_B.weight"] = sum(bm).permute({1, 2, 0}).reshape({2 * i, r * e});
   }
   if (adapter.down_A.defined()) {
+    const int64_t r = adapter.down_config->rank();
     at::Tensor a = at::zeros({e, r, i}, b.options), bm = at::zeros({e, h, r}, b.options);
     a.narrow(0, first, n).narrow(2, b.rows.begin, b.rows.size()).copy_(adapter.down_A);
     if (writes_mirrored) bm.narrow(0, first, n).copy_(adapter.down_B);
@@ -177,7 +187,7 @@ std::map<std::string, at::Tensor> ExpertLoRAImpl::gather(const std::string& name
 }
 
 void ExpertLoRAImpl::remove(const std::string& name) {
-  config(name);
+  adapter(name);
   adapters_.erase(name);
   unregister_module(name);
 }
@@ -188,15 +198,21 @@ std::vector<std::string> ExpertLoRAImpl::names() const {
   return out;
 }
 
-const LoRAConfig& ExpertLoRAImpl::config(const std::string& name) const {
+const ExpertLoRAImpl::Adapter& ExpertLoRAImpl::adapter(const std::string& name) const {
   const auto it = adapters_.find(name);
   TORCH_CHECK_VALUE(it != adapters_.end(), base_->layer, ": no adapter '", name, "'; it has ",
                     c10::Join(", ", names()));
-  return it->second.config;
+  return it->second;
+}
+
+std::optional<LoRAConfig> ExpertLoRAImpl::config(const std::string& name, const std::string& projection) const {
+  lora_A(name, projection);
+  const auto& a = adapter(name);
+  return projection == "gate_up" ? a.gate_up_config : a.down_config;
 }
 
 at::Tensor ExpertLoRAImpl::lora_A(const std::string& name, const std::string& projection) const {
-  config(name);
+  adapter(name);
   TORCH_CHECK_VALUE(projection == "gate_up" || projection == "down", base_->layer, ": projection '", projection,
                     "'; the experts' are gate_up and down");
   const auto& a = adapters_.at(name);
@@ -235,7 +251,8 @@ detail::ExpertLoRAStep ExpertLoRAImpl::step(const at::Tensor& x_in, int64_t toke
     if (!has(name)) continue;
     const auto& a = adapters_.at(name);
     detail::ExpertLoRAStep::Active active;
-    active.scaling = a.config.scaling();
+    if (a.gate_up_config) active.gate_up_scaling = a.gate_up_config->scaling();
+    if (a.down_config) active.down_scaling = a.down_config->scaling();
     active.gate_up_A = summed(a.gate_up_A);
     active.gate_up_B = a.gate_up_B;
     active.down_A = a.down_A;
@@ -256,9 +273,16 @@ void ExpertLoRAImpl::pretty_print(std::ostream& stream) const {
   bool first = true;
   for (const auto& name : names()) {
     const auto& a = adapters_.at(name);
-    stream << (first ? "" : ", ") << name << "(r=" << a.config.rank() << ", alpha=" << a.config.alpha()
-           << (a.config.use_rslora() ? ", rslora" : "") << (a.gate_up_A.defined() ? ", gate_up" : "")
-           << (a.down_A.defined() ? ", down" : "") << ")";
+    stream << (first ? "" : ", ") << name << "(";
+    const char* sep = "";
+    for (const auto& [projection, config] :
+         {std::pair{"gate_up", a.gate_up_config}, std::pair{"down", a.down_config}}) {
+      if (!config) continue;
+      stream << sep << projection << ": r=" << config->rank() << ", alpha=" << config->alpha()
+             << (config->use_rslora() ? ", rslora" : "");
+      sep = "; ";
+    }
+    stream << ")";
     first = false;
   }
   stream << ")";

@@ -38,7 +38,7 @@ struct ExpertLoRABase {
 
 struct ExpertLoRAStep {
   struct Active {
-    double scaling = 1.0;
+    double gate_up_scaling = 1.0, down_scaling = 1.0;
     at::Tensor gate_up_A, gate_up_B, down_A, down_B;  // stacked over this rank's experts; undefined: none
     at::Tensor tokens;                                // bool [tokens] that take it; undefined: every token
   };

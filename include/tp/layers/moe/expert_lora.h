@@ -21,12 +21,14 @@
 // holds have factors here.
 //
 // Example (a CausalLM builds and loads these through tp/models/adapters.h):
-//   moe->lora().add("math", tp::LoRAConfig().rank(16).alpha(32));   // A random, B zeros
+//   const auto config = tp::LoRAConfig().rank(16).alpha(32);
+//   moe->lora().add("math", config, config);                        // A random, B zeros
 //   moe->lora().selection().select("math");
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,19 +50,21 @@ class ExpertLoRAImpl : public torch::nn::Module {
   /// Built by MoEParallelMLP from its placement; users reach it through `moe->lora()`.
   explicit ExpertLoRAImpl(std::shared_ptr<detail::ExpertLoRABase> base);
 
-  /// A new adapter on the experts' gate_up and / or down projections (at least one),
+  /// A new adapter on the experts' gate_up and / or down projections (a config for each it
+  /// is on, at least one; their ranks may differ, as PEFT's rank_pattern makes them),
   /// initialised as PEFT does (A Kaiming-uniform, rank 0's draw on every rank; B zeros).
   /// Collective.
-  void add(const std::string& name, const LoRAConfig& config, bool gate_up = true, bool down = true);
-  /// A new adapter read from `checkpoint`: the gate_up projection's from
+  void add(const std::string& name, const std::optional<LoRAConfig>& gate_up, const std::optional<LoRAConfig>& down);
+  /// A new adapter read from `checkpoint`: the gate_up projection's (config `gate_up`) from
   /// `gate_up_prefix + ".lora_A.weight"` / `".lora_B.weight"` in PEFT's [r * E, in] /
-  /// [out, r * E] layout, the down projection's from `down_prefix` ("": none), this rank's
-  /// experts' slices of each. Strict and collective: a wrong shape or dtype, a non-finite
-  /// value or a missing tensor fails on every rank, naming the tensor and the numbers.
-  /// `interleaved_gate_up`: B's gate and up rows alternate, as the experts' own tensor's do
-  /// (GPT-OSS; MoECheckpointLayout::interleaved_gate_up).
-  void load(const Checkpoint& checkpoint, const std::string& name, const LoRAConfig& config,
-            const std::string& gate_up_prefix, const std::string& down_prefix, bool interleaved_gate_up = false);
+  /// [out, r * E] layout, the down projection's from `down_prefix`, this rank's experts'
+  /// slices of each (a projection without a config: none). Strict and collective: a wrong
+  /// shape or dtype, a non-finite value or a missing tensor fails on every rank, naming the
+  /// tensor and the numbers. `interleaved_gate_up`: B's gate and up rows alternate, as the
+  /// experts' own tensor's do (GPT-OSS; MoECheckpointLayout::interleaved_gate_up).
+  void load(const Checkpoint& checkpoint, const std::string& name, const std::optional<LoRAConfig>& gate_up,
+            const std::string& gate_up_prefix, const std::optional<LoRAConfig>& down, const std::string& down_prefix,
+            bool interleaved_gate_up = false);
   /// The adapter's whole tensors in PEFT's layout under the names load reads (every rank's
   /// experts and slices, on every rank: collective).
   std::map<std::string, at::Tensor> gather(const std::string& name, const std::string& gate_up_prefix,
@@ -70,7 +74,8 @@ class ExpertLoRAImpl : public torch::nn::Module {
   /// The adapters, in the order they were added (parameters() lists theirs in it).
   std::vector<std::string> names() const;
   bool has(const std::string& name) const { return adapters_.count(name) > 0; }
-  const LoRAConfig& config(const std::string& name) const;
+  /// Adapter `name`'s config on `projection` ("gate_up" or "down"; nullopt where it has none).
+  std::optional<LoRAConfig> config(const std::string& name, const std::string& projection) const;
   /// Adapter `name`'s local factors of `projection` ("gate_up" or "down"), stacked over the
   /// experts this rank holds: gate_up A [experts, r, hidden], B [experts, 2 * rows, r];
   /// down A [experts, r, rows], B [experts, hidden, r]. Undefined where it has none.
@@ -89,10 +94,12 @@ class ExpertLoRAImpl : public torch::nn::Module {
 
  private:
   struct Adapter {
-    LoRAConfig config;
+    std::optional<LoRAConfig> gate_up_config, down_config;
     at::Tensor gate_up_A, gate_up_B, down_A, down_B;  // undefined: not on that projection
   };
-  Adapter& make(const std::string& name, const LoRAConfig& config, bool gate_up, bool down);
+  Adapter& make(const std::string& name, const std::optional<LoRAConfig>& gate_up,
+                const std::optional<LoRAConfig>& down);
+  const Adapter& adapter(const std::string& name) const;
   void ensure_group() const;
 
   std::shared_ptr<detail::ExpertLoRABase> base_;
