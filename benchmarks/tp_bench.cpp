@@ -78,7 +78,7 @@ const char* kUsage = R"(usage: tp-bench [options]
   --model-vocab N    vocabulary of the model row                          (default 32000)
   --prefill N        prompt tokens of the model and moe rows              (default 256)
   --quant LIST       weight formats: none, fp8_tensor, fp8_channel, fp8_block, int8_w8a8,
-                     int8_weight_only, int4_gptq, int4_awq, int4_pack_quantized, mxfp4
+                     int8_weight_only, int4_gptq, int4_awq, int4_pack_quantized, mxfp4, nvfp4
                      (INT4: ":g64", ":asym")                              (default none)
   --allreduce LIST   auto,process_group,shm_one_shot,shm_two_shot         (default auto)
   --dtype LIST       float32 | float64 | bfloat16 | float16               (default float32)

@@ -34,19 +34,26 @@ void init_config(py::module_& m) {
                             "weight_scale (compressed-tensors).")
       .value("weight_scale_inv", BlockScaleName::kWeightScaleInv)
       .value("weight_scale", BlockScaleName::kWeightScale);
+  py::enum_<Nvfp4Dialect>(m, "Nvfp4Dialect",
+                          "Who wrote an NVFP4 checkpoint: compressed_tensors (weight_global_scale divides) or "
+                          "modelopt (weight_scale_2 multiplies).")
+      .value("compressed_tensors", Nvfp4Dialect::kCompressedTensors)
+      .value("modelopt", Nvfp4Dialect::kModelOpt);
 
   py::class_<QuantConfig>(m, "QuantConfig",
                           "Selects a layer's weight format (INT4: group_size and symmetric; int4_gptq: "
-                          "gptq_format; fp8_block: block_scale_name).")
+                          "gptq_format; fp8_block: block_scale_name; nvfp4: nvfp4_dialect).")
       .def(py::init([](QuantFormat format, int64_t group_size, bool symmetric, GptqFormat gptq_format,
-                       BlockScaleName block_scale_name) {
+                       BlockScaleName block_scale_name, Nvfp4Dialect nvfp4_dialect) {
              QuantConfig c{format, group_size, symmetric};
              c.gptq_format = gptq_format;
              c.block_scale_name = block_scale_name;
+             c.nvfp4_dialect = nvfp4_dialect;
              return c;
            }),
            py::arg("format") = QuantFormat::kNone, py::arg("group_size") = 128, py::arg("symmetric") = true,
-           py::arg("gptq_format") = GptqFormat::kV1, py::arg("block_scale_name") = BlockScaleName::kWeightScaleInv)
+           py::arg("gptq_format") = GptqFormat::kV1, py::arg("block_scale_name") = BlockScaleName::kWeightScaleInv,
+           py::arg("nvfp4_dialect") = Nvfp4Dialect::kCompressedTensors)
       .def_static("parse", &parse_quant_config, py::arg("text"),
                   "From a name like 'int4_gptq:g64:asym:v2', 'fp8_block:weight_scale' or 'int4_pack_quantized'.")
       .def_readwrite("format", &QuantConfig::format)
@@ -54,6 +61,7 @@ void init_config(py::module_& m) {
       .def_readwrite("symmetric", &QuantConfig::symmetric)
       .def_readwrite("gptq_format", &QuantConfig::gptq_format)
       .def_readwrite("block_scale_name", &QuantConfig::block_scale_name)
+      .def_readwrite("nvfp4_dialect", &QuantConfig::nvfp4_dialect)
       .def(py::self == py::self)
       .def(py::self != py::self)
       .def("__hash__", [](const QuantConfig& q) { return std::hash<std::string>()(to_string(q)); })

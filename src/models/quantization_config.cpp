@@ -108,8 +108,21 @@ QuantConfig ct_scheme(const ConfigFields& group, const std::string& format_key, 
   };
 
   QuantConfig config;
-  if (type == "float") {
-    if (bits != 8) w.fail("num_bits", "is not supported for float weights; tp reads FP8 (num_bits 8, E4M3)");
+  if (type == "float" && bits == 4) {
+    // NVFP4 (the NVFP4A16 preset): E2M1 in groups of 16 with E4M3 scales and a global scale.
+    if (!sym) w.fail("symmetric", "false is not supported for FP4 weights");
+    if (strategy != "tensor_group" || w.integer("group_size", 0) != 16)
+      w.fail("strategy", "\"" + strategy + "\" with group_size " + std::to_string(w.integer("group_size", 0)) +
+                             " is not supported for FP4 weights; tp reads NVFP4 (tensor_group, group_size 16)");
+    if (has_input)
+      group.fail("input_activations",
+                 "is not supported with NVFP4 weights: tp reads NVFP4A16 (weight-only), and reading a W4A4 "
+                 "checkpoint without quantizing its activations would compute other numbers than it specifies");
+    check_format("nvfp4-pack-quantized");
+    config.format = QuantFormat::kNvfp4;
+    config.nvfp4_dialect = Nvfp4Dialect::kCompressedTensors;
+  } else if (type == "float") {
+    if (bits != 8) w.fail("num_bits", "is not supported for float weights; tp reads FP8 (num_bits 8, E4M3) and NVFP4");
     if (!sym) w.fail("symmetric", "false is not supported for FP8 weights");
     check_format("float-quantized");
     if (strategy == "tensor") {

@@ -6,6 +6,7 @@
 #include "quant/int4/int4.h"
 #include "quant/int8/int8.h"
 #include "quant/mxfp4/mxfp4.h"
+#include "quant/nvfp4/nvfp4.h"
 #include "quant/unquantized/method.h"
 
 namespace tp::detail {
@@ -38,6 +39,14 @@ const std::vector<FormatEntry>& format_table() {
       {"weight_zero_point", 0, 8, 1, kPerGroup, StoredWhen::kAsymmetric}};
   // MXFP4: blocks [N, K/32, 16] (32 codes in 16 bytes), scales [N, K/32].
   static const std::vector<StoredAxes> mxfp4 = {{"blocks", 0, 1, 1, 32}, {"scales", 0, 1, 1, 32}};
+  // NVFP4: codes [N, K/2] (two a byte), E4M3 scales [N, K/16], and the checkpoint's F32
+  // global scale held per row ([N, 1]) so each part of a fused layer keeps its own.
+  using W = StoredWhen;
+  static const std::vector<StoredAxes> nvfp4 = {{"weight_packed", 0, 1, 1, 2, W::kCompressedTensors},
+                                                {"weight", 0, 1, 1, 2, W::kModelOpt},
+                                                {"weight_scale", 0, 1, 1, 16},
+                                                {"weight_global_scale", 0, 1, kNoDim, 1, W::kCompressedTensors},
+                                                {"weight_scale_2", 0, 1, kNoDim, 1, W::kModelOpt}};
   // clang-format off
   static const std::vector<FormatEntry> table = {
     // format                          name                   options                   method                    quantize                      dequantize                      activation                       alignment              rows_first stored         read_only
@@ -51,6 +60,7 @@ const std::vector<FormatEntry>& format_table() {
     {QuantFormat::kInt4Awq,            "int4_awq",            kInt4,                    make_int4_method,        quantize_int4,                dequantize_int4,                quantize_activation_int4,        int4_alignment,        false, awq,            {}},
     {QuantFormat::kInt4PackQuantized,  "int4_pack_quantized", kInt4,                    make_int4_method,        quantize_int4_pack_quantized, dequantize_int4_pack_quantized, quantize_activation_int4,        int4_alignment,        false, pack_quantized, {"weight_shape"}},
     {QuantFormat::kMxfp4,              "mxfp4",               kNoOptions,               make_mxfp4_method,       quantize_mxfp4,               dequantize_mxfp4,               quantize_activation_mxfp4,       mxfp4_alignment,       true,  mxfp4,          {}},
+    {QuantFormat::kNvfp4,              "nvfp4",               kDialectOption,           make_nvfp4_method,       quantize_nvfp4,               dequantize_nvfp4,               quantize_activation_nvfp4,       nvfp4_alignment,       true,  nvfp4,          {}},
   };
   // clang-format on
   return table;
@@ -58,8 +68,8 @@ const std::vector<FormatEntry>& format_table() {
 
 const std::vector<const char*>& foreign_quantized_tensor_names() {
   static const std::vector<const char*> names = {
-      "output_scale", "input_zero_point", "weight_g_idx",        "k_scale",
-      "v_scale",      "activation_scale", "weight_global_scale", "input_global_scale",
+      "output_scale", "input_zero_point", "weight_g_idx",       "k_scale",
+      "v_scale",      "activation_scale", "input_global_scale",
   };
   return names;
 }

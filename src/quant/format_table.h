@@ -26,14 +26,17 @@ enum FormatOption : unsigned {
   kSymmetryOption = 1u << 1,        ///< symmetric, ":sym" / ":asym"
   kGptqFormatOption = 1u << 2,      ///< gptq_format, ":v1" / ":v2"
   kBlockScaleNameOption = 1u << 3,  ///< block_scale_name, ":weight_scale_inv" / ":weight_scale"
+  kDialectOption = 1u << 4,         ///< nvfp4_dialect, ":compressed_tensors" / ":modelopt"
 };
 
 /// When a format registers a stored tensor (StoredAxes::when).
 enum class StoredWhen {
   kAlways,
-  kAsymmetric,    ///< only without QuantConfig::symmetric (a zero point)
-  kScaleInvName,  ///< only with block_scale_name kWeightScaleInv (fp8_block's scale, HF's name)
-  kScaleName,     ///< only with block_scale_name kWeightScale (fp8_block's scale, compressed-tensors' name)
+  kAsymmetric,         ///< only without QuantConfig::symmetric (a zero point)
+  kScaleInvName,       ///< only with block_scale_name kWeightScaleInv (fp8_block's scale, HF's name)
+  kScaleName,          ///< only with block_scale_name kWeightScale (fp8_block's scale, compressed-tensors' name)
+  kCompressedTensors,  ///< only with nvfp4_dialect kCompressedTensors (its tensor names)
+  kModelOpt,           ///< only with nvfp4_dialect kModelOpt
 };
 
 /// StoredAxes' per-index counts: an index covers the config's group_size features.

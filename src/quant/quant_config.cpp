@@ -31,6 +31,7 @@ std::string accepted_options(unsigned options) {
   if (options & detail::kSymmetryOption) add("sym, asym");
   if (options & detail::kGptqFormatOption) add("v1, v2");
   if (options & detail::kBlockScaleNameOption) add("weight_scale_inv, weight_scale");
+  if (options & detail::kDialectOption) add("compressed_tensors, modelopt");
   return out.empty() ? "none" : out;
 }
 
@@ -50,13 +51,18 @@ const char* to_string(BlockScaleName name) {
   return name == BlockScaleName::kWeightScale ? "weight_scale" : "weight_scale_inv";
 }
 
+const char* to_string(Nvfp4Dialect dialect) {
+  return dialect == Nvfp4Dialect::kModelOpt ? "modelopt" : "compressed_tensors";
+}
+
 bool QuantConfig::operator==(const QuantConfig& other) const {
   if (format != other.format) return false;
   const unsigned options = detail::format_entry(format).options;
   return (!(options & detail::kGroupOption) || group_size == other.group_size) &&
          (!(options & detail::kSymmetryOption) || symmetric == other.symmetric) &&
          (!(options & detail::kGptqFormatOption) || gptq_format == other.gptq_format) &&
-         (!(options & detail::kBlockScaleNameOption) || block_scale_name == other.block_scale_name);
+         (!(options & detail::kBlockScaleNameOption) || block_scale_name == other.block_scale_name) &&
+         (!(options & detail::kDialectOption) || nvfp4_dialect == other.nvfp4_dialect);
 }
 
 std::string to_string(const QuantConfig& config) {
@@ -68,6 +74,8 @@ std::string to_string(const QuantConfig& config) {
     text += std::string(":") + to_string(config.gptq_format);
   if ((options & detail::kBlockScaleNameOption) && config.block_scale_name != BlockScaleName::kWeightScaleInv)
     text += std::string(":") + to_string(config.block_scale_name);
+  if ((options & detail::kDialectOption) && config.nvfp4_dialect != Nvfp4Dialect::kCompressedTensors)
+    text += std::string(":") + to_string(config.nvfp4_dialect);
   return text;
 }
 
@@ -84,7 +92,7 @@ QuantConfig parse_quant_config(const std::string& text) {
   TORCH_CHECK_VALUE(entry != nullptr, "quant format: unknown format '", fields[0], "' in '", text,
                     "'; expected one of ", accepted_formats(),
                     " (INT4 formats take ':g32|g64|g128' and ':sym|asym', int4_gptq ':v1|v2', fp8_block "
-                    "':weight_scale_inv|weight_scale')");
+                    "':weight_scale_inv|weight_scale', nvfp4 ':compressed_tensors|modelopt')");
   QuantConfig config;
   config.format = entry->format;
   for (size_t i = 1; i < fields.size(); ++i) {
@@ -103,6 +111,9 @@ QuantConfig parse_quant_config(const std::string& text) {
     } else if (f == "weight_scale_inv" || f == "weight_scale") {
       option = detail::kBlockScaleNameOption;
       config.block_scale_name = f == "weight_scale" ? BlockScaleName::kWeightScale : BlockScaleName::kWeightScaleInv;
+    } else if (f == "compressed_tensors" || f == "modelopt") {
+      option = detail::kDialectOption;
+      config.nvfp4_dialect = f == "modelopt" ? Nvfp4Dialect::kModelOpt : Nvfp4Dialect::kCompressedTensors;
     }
     TORCH_CHECK_VALUE(option != detail::kNoOptions, "quant format: '", text, "': unknown option '", f, "'; ", fields[0],
                       " takes ", accepted_options(entry->options));

@@ -15,6 +15,8 @@ bool is_stored(detail::StoredWhen when, const QuantConfig& config) {
     case detail::StoredWhen::kAsymmetric: return !config.symmetric;
     case detail::StoredWhen::kScaleInvName: return config.block_scale_name == BlockScaleName::kWeightScaleInv;
     case detail::StoredWhen::kScaleName: return config.block_scale_name == BlockScaleName::kWeightScale;
+    case detail::StoredWhen::kCompressedTensors: return config.nvfp4_dialect == Nvfp4Dialect::kCompressedTensors;
+    case detail::StoredWhen::kModelOpt: return config.nvfp4_dialect == Nvfp4Dialect::kModelOpt;
   }
   return false;
 }

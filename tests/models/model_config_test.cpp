@@ -593,10 +593,19 @@ TEST_CASE("compressed-tensors quantization_config: what tp refuses", "[model][qu
                             "pack-quantized")),
              Contains("input_activations") && Contains("W4A16"));
   CHECK_THAT(fails(ct_group(w4, "null", "marlin-24")), Contains("format = \"marlin-24\""));
-  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "float", "symmetric": true, "strategy": "tensor_group",
-    "group_size": 16})",
-                            "null", "nvfp4-pack-quantized")),
-             Contains("weights.num_bits = 4"));
+  // NVFP4: weight-only (NVFP4A16) is read; W4A4 (the NVFP4 preset) and other FP4 groupings are not.
+  const std::string nvfp4 = R"({"num_bits": 4, "type": "float", "symmetric": true, "strategy": "tensor_group",
+    "group_size": 16})";
+  CHECK(quant_of(with_quant(ct_group(nvfp4, "null", "nvfp4-pack-quantized")), kDown) == "nvfp4");
+  CHECK_THAT(fails(ct_group(nvfp4, R"({"num_bits": 4, "type": "float", "symmetric": true,
+    "strategy": "tensor_group", "group_size": 16, "dynamic": "local"})",
+                            "nvfp4-pack-quantized")),
+             Contains("input_activations") && Contains("NVFP4A16"));
+  CHECK_THAT(fails(ct_group(R"({"num_bits": 4, "type": "float", "symmetric": true, "strategy": "group",
+    "group_size": 32})",
+                            "null", "mxfp4-pack-quantized")),
+             Contains("weights.strategy = \"group\"") && Contains("NVFP4"));
+  CHECK_THAT(fails(ct_group(nvfp4, "null", "pack-quantized")), Contains("nvfp4-pack-quantized"));
   CHECK_THAT(fails(ct_group(R"({"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel"})", "null",
                             "float-quantized")),
              Contains("input_activations") && Contains("FP8_DYNAMIC"));

@@ -345,17 +345,26 @@ CT_SCHEMES = {
     "w8a8": "W8A8",  # int-quantized: int8 per-channel weight, dynamic per-token int8 input
     "w4a16": "W4A16",  # pack-quantized: int4 symmetric groups (128 unless group_size)
     "w4a16_asym": "W4A16_ASYM",  # pack-quantized: int4 asymmetric groups with packed zero points
+    "nvfp4a16": "NVFP4A16",  # nvfp4-pack-quantized: E2M1 in groups of 16, E4M3 scales, a global scale
 }
 
 
 def _ct_observe_weight(weight: torch.Tensor, args):
     """min / max over the scheme's reduction blocks (llm-compressor's min-max observer
-    for weights), then compressed-tensors' own calculate_qparams."""
+    for weights), then compressed-tensors' own calculate_qparams: (scale, zero point,
+    global scale or None). NVFP4's global scale is compressed-tensors' generate_gparam
+    over the whole tensor, as llm-compressor computes it before the group scales."""
     from compressed_tensors.quantization import QuantizationStrategy as S
-    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 
     n, k = weight.shape
     w = weight.detach()
+    if args.strategy == S.TENSOR_GROUP:
+        g = args.group_size
+        gs = generate_gparam(w.amin(), w.amax()).reshape(1)
+        wg = w.reshape(n, k // g, g)
+        scale, zp = calculate_qparams(wg.amin(dim=-1), wg.amax(dim=-1), args, global_scale=gs)
+        return scale, zp, gs
     if args.strategy == S.TENSOR:
         lo, hi = w.amin(), w.amax()
     elif args.strategy == S.CHANNEL:
@@ -375,7 +384,7 @@ def _ct_observe_weight(weight: torch.Tensor, args):
         lo, hi = wb.amin(dim=(1, 3)), wb.amax(dim=(1, 3))
     else:
         raise ValueError(f"no observer here for weight strategy {args.strategy}")
-    return calculate_qparams(lo, hi, args)
+    return (*calculate_qparams(lo, hi, args), None)
 
 
 def _ct_calibrate_inputs(model, names: Iterable[str], seed: int, tokens: int = 32):
@@ -433,7 +442,9 @@ def save_compressed_tensors(folder, scheme: str, arch: str = "llama", *, group_s
         for name in targets:
             mod = model.get_submodule(name)
             args = mod.quantization_scheme.weights
-            scale, zp = _ct_observe_weight(mod.weight, args)
+            scale, zp, gs = _ct_observe_weight(mod.weight, args)
+            if gs is not None:
+                mod.weight_global_scale.copy_(gs)
             mod.weight_scale.copy_(scale.to(mod.weight_scale.dtype))
             if hasattr(mod, "weight_zero_point"):
                 mod.weight_zero_point.copy_(zp.to(mod.weight_zero_point.dtype))
@@ -460,9 +471,33 @@ def save_compressed_tensors(folder, scheme: str, arch: str = "llama", *, group_s
     ref, bias = _float_refs(float_model, spec)
     for name in targets:
         ref[name] = deq[f"{name}.weight"]
+        if scheme == "nvfp4a16":
+            # compressed-tensors decompresses NVFP4 to bfloat16 last; the reference keeps the
+            # float32 weight before that rounding (code * (scale / global scale), one
+            # float32 rounding each), which the bfloat16 result must be.
+            exact = nvfp4_dequantize(stored[f"{name}.weight_packed"], stored[f"{name}.weight_scale"],
+                                     stored[f"{name}.weight_global_scale"], divide=True)
+            if not torch.equal(exact.to(torch.bfloat16).double(), ref[name]):
+                raise AssertionError(f"{name}: NVFP4 float32 dequantization is not compressed-tensors' before bf16")
+            ref[name] = exact.double()
     for name in bias:
         bias[name] = stored[f"{name}.bias"].to(torch.float64)
     return Checkpoint(folder, spec, f"ct_{scheme}", float_model, ref, bias, targets)
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def nvfp4_dequantize(packed, scale, global_scale, *, divide: bool) -> torch.Tensor:
+    """NVFP4 as its producers dequantize it, float32: E2M1 codes two a byte (element 2i in
+    the low nibble) times the group-of-16 scale, scale / global (compressed-tensors'
+    weight_global_scale, divide=True) or scale * global (ModelOpt's weight_scale_2)."""
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1).long()
+    values = torch.tensor(E2M1_VALUES, dtype=torch.float32)[codes]
+    s = scale.to(torch.float32)
+    g = global_scale.to(torch.float32)
+    group = s / g if divide else s * g
+    return values * group.repeat_interleave(16, dim=1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -812,4 +847,5 @@ REL_ERROR = {
     "ct_fp8_tensor": 0.06, "ct_fp8_channel": 0.06, "ct_fp8_block": 0.06, "hf_fp8": 0.06,
     "ct_w8a8": 0.01,
     "ct_w4a16": 0.16, "ct_w4a16_asym": 0.12, "gptq": 0.16, "gptq_v2": 0.16, "awq": 0.12,
+    "ct_nvfp4a16": 0.12,
 }

@@ -70,6 +70,7 @@ QUANT_SPECS = {
     "ct_w8a8": ("ct", "qwen3", dict(scheme="w8a8", **_Q), "int8_w8a8"),
     "ct_w4a16": ("ct", "qwen3", dict(scheme="w4a16", group_size=128, **_Q), "int4_pack_quantized:g128:sym"),
     "ct_w4a16_asym": ("ct", "llama", dict(scheme="w4a16_asym", group_size=64, **_Q), "int4_pack_quantized:g64:asym"),
+    "ct_nvfp4a16": ("ct", "qwen2", dict(scheme="nvfp4a16", **_Q_QWEN2), "nvfp4"),
     "gptq_v1": ("gptq", "llama", dict(checkpoint_format="gptq", sym=True, group_size=128, writer="autogptq", **_Q),
                 "int4_gptq:g128:sym"),
     "gptq_v2": ("gptq", "qwen3", dict(checkpoint_format="gptq_v2", sym=False, group_size=64, writer="gptqmodel", **_Q),

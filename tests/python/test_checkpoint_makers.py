@@ -234,6 +234,15 @@ def _doc_read_ct(t, qargs):
     scale = t["weight_scale"]
     sd = scale.dtype  # compressed-tensors computes in the scale's dtype
     strategy = qargs["strategy"]
+    if "weight_global_scale" in t:
+        # NVFP4 (section 6b): codes two a byte, element 2i low; float32 scale / global scale.
+        packed = t["weight_packed"].to(torch.int64)
+        codes = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.int64)
+        codes[:, 0::2], codes[:, 1::2] = packed % 16, packed // 16
+        magnitude = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])[codes % 8]
+        values = torch.where(codes >= 8, -magnitude, magnitude)
+        group = scale.to(torch.float32) / t["weight_global_scale"]
+        return (values * group.repeat_interleave(16, dim=1)).double()
     if "weight_packed" in t:
         n, k = t["weight_shape"].tolist()
         q = _doc_unpack_int4_rows(t["weight_packed"], k) - 8  # offset binary -> -8..7
@@ -270,6 +279,9 @@ def _ct_expected(scheme, n, k, group_size, sdtype):
         return out
     if scheme == "w8a8":
         return {"weight": (torch.int8, (n, k)), "weight_scale": (sdtype, (n, 1))}
+    if scheme == "nvfp4a16":
+        return {"weight_packed": (torch.uint8, (n, k // 2)), "weight_scale": (torch.float8_e4m3fn, (n, k // 16)),
+                "weight_global_scale": (torch.float32, (1,))}
     out = {"weight_packed": (torch.int32, (n, math.ceil(k / 8))), "weight_scale": (sdtype, (n, k // g)),
            "weight_shape": (torch.int64, (2,))}
     if scheme == "w4a16_asym":
@@ -291,6 +303,7 @@ CT_CASES = {
     "w4a16_asym_g128": dict(scheme="w4a16_asym", arch="llama"),
     "w4a16_asym_ignore": dict(scheme="w4a16_asym", arch="llama", group_size=64,
                               ignore=["lm_head", "re:.*self_attn\\.o_proj$"], tie_word_embeddings=True),
+    "nvfp4a16": dict(scheme="nvfp4a16", arch="qwen3"),
 }
 
 
@@ -312,7 +325,8 @@ def test_compressed_tensors_checkpoint(tmp_path_factory, case):
 
     qc = ck.quantization_config()
     QuantizationConfig.model_validate(qc)  # compressed-tensors' own parser accepts it
-    fmt = {"w8a8": "int-quantized", "w4a16": "pack-quantized", "w4a16_asym": "pack-quantized"}.get(
+    fmt = {"w8a8": "int-quantized", "w4a16": "pack-quantized", "w4a16_asym": "pack-quantized",
+           "nvfp4a16": "nvfp4-pack-quantized"}.get(
         scheme, "float-quantized")
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == fmt
     assert qc["quantization_status"] == "compressed"

@@ -19,7 +19,7 @@ using namespace tp;
 namespace {
 
 // Every variant of every format that changes what it stores (symmetry, the FP8 block
-// scale's name), and one group size other than the default.
+// scale's name, NVFP4's dialect), and one group size other than the default.
 std::vector<QuantConfig> every_variant() {
   std::vector<QuantConfig> out;
   for (const QuantFormat f : all_quant_formats()) {
@@ -29,6 +29,9 @@ std::vector<QuantConfig> every_variant() {
     } else if (f == QuantFormat::kFp8Block) {
       out.push_back(parse_quant_config("fp8_block:weight_scale_inv"));
       out.push_back(parse_quant_config("fp8_block:weight_scale"));
+    } else if (f == QuantFormat::kNvfp4) {
+      out.push_back(parse_quant_config("nvfp4:compressed_tensors"));
+      out.push_back(parse_quant_config("nvfp4:modelopt"));
     } else {
       out.push_back(parse_quant_config(name));
     }
@@ -100,6 +103,7 @@ TEST_CASE("the quantized-only tensor names derive from the format table", "[quan
                                              "weight_global_scale",
                                              "weight_packed",
                                              "weight_scale",
+                                             "weight_scale_2",
                                              "weight_scale_inv",
                                              "weight_shape",
                                              "weight_zero_point"};

@@ -15,15 +15,13 @@
 #include "cpu/panel_gemm.h"
 #include "cpu/parallel.h"
 #include "cpu/row_decoded_gemm.h"
+#include "quant/mxfp4/e2m1.h"
 #include "quant/mxfp4/mxfp4.h"
 #include "quant/mxfp4/rows.h"
 
 namespace tp::detail {
 
 namespace {
-
-constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 // buf[kk * ld_buf + j] = W[16 p + j, k0 + kk] (cpu::PanelDecodeFn); rows past N are zeros.
 void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf, int64_t ld_buf) {
@@ -40,7 +38,7 @@ void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_
     for (int64_t kk = 0; kk < kc; ++kk) {
       const int64_t k = k0 + kk;
       const uint8_t byte = codes[k / 2];
-      const float value = kE2m1[(k & 1) ? byte >> 4 : byte & 0x0F];
+      const float value = kE2m1Values[(k & 1) ? byte >> 4 : byte & 0x0F];
       buf[kk * ld_buf + j] = std::ldexp(value, static_cast<int>(scales[k / kMxfp4Block]) - 127);
     }
   }

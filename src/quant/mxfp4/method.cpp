@@ -17,6 +17,7 @@
 
 #include "common/shape_str.h"
 #include "quant/linear_2d.h"
+#include "quant/mxfp4/e2m1.h"
 #include "quant/mxfp4/mxfp4.h"
 #include "quant/random_weight.h"
 #include "tp/loader/load_shard.h"
@@ -25,20 +26,11 @@ namespace tp::detail {
 
 namespace {
 
-// The E2M1 values by code (sign in bit 3), as a float32 tensor.
-at::Tensor e2m1_table() {
-  return at::tensor(
-      {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f},
-      at::kFloat);
-}
-
 // blocks [N, K / 32, 16] and scales [N, K / 32] -> float32 [N, K].
 at::Tensor dequantize(const at::Tensor& blocks, const at::Tensor& scales) {
   const int64_t n = blocks.size(0), groups = blocks.size(1);
-  const at::Tensor b = blocks.to(at::kInt);
-  // Element 2i of a byte's pair in the low nibble, 2i + 1 in the high one.
-  const at::Tensor codes = at::stack({b.bitwise_and(0x0F), b.bitwise_right_shift(4)}, -1).reshape({n, groups, 32});
-  const at::Tensor values = e2m1_table().index({codes.to(at::kLong)});
+  const at::Tensor codes = e2m1_unpack(blocks).reshape({n, groups, 32});
+  const at::Tensor values = e2m1_table().index({codes});
   return at::ldexp(values, (scales.to(at::kInt) - 127).unsqueeze(-1).to(at::kFloat)).reshape({n, groups * 32});
 }
 
@@ -149,6 +141,40 @@ class Mxfp4Method final : public QuantMethod {
 
 }  // namespace
 
+at::Tensor e2m1_table() { return at::tensor(c10::ArrayRef<float>(kE2m1Values, 16), at::kFloat); }
+
+at::Tensor e2m1_round(const at::Tensor& v) {
+  // The E2M1 magnitude nearest |v|, ties to the even code.
+  const at::Tensor m = v.abs();
+  at::Tensor code = at::full(m.sizes(), 7, m.options().dtype(at::kInt));
+  const std::pair<double, int> ties_down[] = {{5.0, 6}, {2.5, 4}, {1.25, 2}, {0.25, 0}};  // m <= edge: even code
+  const std::pair<double, int> below[] = {{3.5, 5}, {1.75, 3}, {0.75, 1}};                // m < edge: odd code
+  // Applied from the top edge down so each lower edge overwrites the codes under it.
+  const std::pair<double, int> steps[] = {ties_down[0], below[0], ties_down[1], below[1],
+                                          ties_down[2], below[2], ties_down[3]};
+  for (const auto& [edge, c] : steps) {
+    const bool tie_down = c % 2 == 0;
+    code = at::where(tie_down ? m.le(edge) : m.lt(edge), at::full_like(code, c), code);
+  }
+  return at::where(v.lt(0), code.bitwise_or(8), code);
+}
+
+at::Tensor e2m1_pack(const at::Tensor& codes) {
+  auto sizes = codes.sizes().vec();
+  sizes.back() /= 2;
+  sizes.push_back(2);
+  const at::Tensor pairs = codes.reshape(sizes);
+  return pairs.select(-1, 0).bitwise_or(pairs.select(-1, 1).bitwise_left_shift(4)).to(at::kByte).contiguous();
+}
+
+at::Tensor e2m1_unpack(const at::Tensor& bytes) {
+  const at::Tensor b = bytes.to(at::kLong);
+  auto sizes = bytes.sizes().vec();
+  sizes.back() *= 2;
+  // Element 2i of a byte's pair in the low nibble, 2i + 1 in the high one.
+  return at::stack({b.bitwise_and(0x0F), b.bitwise_right_shift(4)}, -1).reshape(sizes);
+}
+
 int64_t mxfp4_alignment(const QuantConfig&, ShardMode mode) { return mode == ShardMode::kRow ? kMxfp4Block : 1; }
 
 std::shared_ptr<QuantMethod> make_mxfp4_method(const QuantConfig& config) {
@@ -165,21 +191,7 @@ QuantizedTensors quantize_mxfp4(const at::Tensor& weight, const QuantConfig& con
   const at::Tensor amax = w.abs().amax(-1);
   const at::Tensor e = at::where(amax > 0, at::floor(at::log2(amax)) - 2, at::full_like(amax, -127)).clamp(-127, 127);
   const at::Tensor v = w / at::ldexp(at::ones_like(amax), e).unsqueeze(-1);
-  // The E2M1 magnitude nearest |v|, ties to the even code.
-  const at::Tensor m = v.abs();
-  at::Tensor code = at::full_like(m, 7, at::kInt);
-  const std::pair<double, int> ties_down[] = {{5.0, 6}, {2.5, 4}, {1.25, 2}, {0.25, 0}};  // m <= edge: even code
-  const std::pair<double, int> below[] = {{3.5, 5}, {1.75, 3}, {0.75, 1}};                // m < edge: odd code
-  // Applied from the top edge down so each lower edge overwrites the codes under it.
-  const std::pair<double, int> steps[] = {ties_down[0], below[0], ties_down[1], below[1],
-                                          ties_down[2], below[2], ties_down[3]};
-  for (const auto& [edge, c] : steps) {
-    const bool tie_down = c % 2 == 0;
-    code = at::where(tie_down ? m.le(edge) : m.lt(edge), at::full_like(code, c), code);
-  }
-  code = at::where(v.lt(0), code.bitwise_or(8), code);
-  const at::Tensor pairs = code.reshape({n, groups, 16, 2});
-  const at::Tensor blocks = pairs.select(-1, 0).bitwise_or(pairs.select(-1, 1).bitwise_left_shift(4)).to(at::kByte);
+  const at::Tensor blocks = e2m1_pack(e2m1_round(v).reshape({n, groups, 32}));
   return {{"blocks", blocks.contiguous()}, {"scales", (e + 127).to(at::kByte).contiguous()}};
 }
 
