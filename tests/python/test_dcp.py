@@ -66,7 +66,7 @@ def _assemble(per_rank):
 
 
 @pytest.mark.parametrize("quant", ["int8_w8a8", "fp8_channel", "fp8_tensor", "fp8_block", "int4_gptq:g32:asym",
-                                   "int4_awq:g32", "int4_pack_quantized:g32", "mxfp4"])
+                                   "int4_awq:g32", "int4_pack_quantized:g32", "mxfp4", "nvfp4"])
 def test_dcp_quantized_layers_saved_at_tp4_load_their_codes_and_scales_at_tp1_2_3(tmp_path, quant):
     path = str(tmp_path / "ckpt")
     saved = _assemble(launcher.run(4, dcp_checks.save_quantized, quant, path))

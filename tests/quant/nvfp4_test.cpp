@@ -65,8 +65,7 @@ TEST_CASE("nvfp4's global scale divides in compressed-tensors' dialect and multi
   CHECK(hand_made(kModelOpt).count("weight_scale_2") == 1);
 }
 
-TEST_CASE("nvfp4 quantizes to within half an E2M1 step of each group's E4M3 scale",
-          "[quant][nvfp4]") {
+TEST_CASE("nvfp4 quantizes to within half an E2M1 step of each group's E4M3 scale", "[quant][nvfp4]") {
   for (const auto& config : {kCt, kModelOpt}) {
     INFO(to_string(config));
     const at::Tensor w = test::random_weight(24, 64, 3).to(at::kFloat);
@@ -90,8 +89,9 @@ TEST_CASE("nvfp4 quantizes to within half an E2M1 step of each group's E4M3 scal
 
 TEST_CASE("nvfp4's CPU decoder writes dequantize_weight's float32 weights bit for bit, every E4M3 scale",
           "[quant][nvfp4][cpu_kernels]") {
-  // Random codes; every finite E4M3 byte as some group's scale; global scales unlike 2^k.
-  const int64_t n = 40, k = 112;
+  // Random codes; every finite E4M3 byte as some group's scale; global scales unlike 2^k;
+  // K across the panel GEMM's chunk of 256.
+  const int64_t n = 40, k = 288;
   auto gen = test::generator(5);
   at::Tensor scale_bytes = at::randint(0, 256, {n, k / 16}, gen, at::kByte);
   scale_bytes.view(-1).narrow(0, 0, 256).copy_(at::arange(0, 256, at::kByte));
@@ -104,7 +104,10 @@ TEST_CASE("nvfp4's CPU decoder writes dequantize_weight's float32 weights bit fo
                        {tp::detail::nvfp4_global_name(config), global}};
     const at::Tensor rows = global.expand({n}).contiguous();
     const tp::detail::Nvfp4CpuWeight w{q.at(tp::detail::nvfp4_codes_name(config)).const_data_ptr<uint8_t>(),
-                                       scale_bytes.const_data_ptr<uint8_t>(), rows.const_data_ptr<float>(), n, k,
+                                       scale_bytes.const_data_ptr<uint8_t>(),
+                                       rows.const_data_ptr<float>(),
+                                       n,
+                                       k,
                                        config.nvfp4_dialect == Nvfp4Dialect::kCompressedTensors};
     const at::Tensor want = dequantize_weight(q, config);
     CHECK(at::equal(tp::detail::nvfp4_cpu_decode_all(w).view(at::kInt), want.view(at::kInt)));

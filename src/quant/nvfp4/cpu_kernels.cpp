@@ -5,8 +5,10 @@
 // compiled for the baseline, so it serves every ISA's microkernel.
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <c10/util/Float8_e4m3fn.h>
 
+#include <algorithm>
 #include <array>
 
 #include "cpu/features.h"
@@ -23,35 +25,51 @@ namespace {
 const std::array<float, 256>& e4m3_values() {
   static const std::array<float, 256> table = [] {
     std::array<float, 256> t{};
-    for (int b = 0; b < 256; ++b) t[b] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(b), c10::Float8_e4m3fn::from_bits()));
+    for (int b = 0; b < 256; ++b)
+      t[b] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(b), c10::Float8_e4m3fn::from_bits()));
+    return t;
+  }();
+  return table;
+}
+
+// A byte's two E2M1 values, element 2i (low nibble) first.
+const std::array<std::array<float, 2>, 256>& e2m1_pairs() {
+  static const std::array<std::array<float, 2>, 256> table = [] {
+    std::array<std::array<float, 2>, 256> t{};
+    for (int b = 0; b < 256; ++b) t[b] = {kE2m1Values[b & 0x0F], kE2m1Values[b >> 4]};
     return t;
   }();
   return table;
 }
 
 // buf[kk * ld_buf + j] = W[16 p + j, k0 + kk] (cpu::PanelDecodeFn); rows past N are zeros.
+// Group by group: one scale each, then two elements per code byte. k0 and kc are even (the
+// panel GEMMs cut K in chunks of 256 or 4096, and K is a multiple of 16).
 void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_t kc, float* buf, int64_t ld_buf) {
   const auto& w = *static_cast<const Nvfp4CpuWeight*>(weight);
   const auto& e4m3 = e4m3_values();
-  const int64_t groups = w.k / kNvfp4Group, cols = cpu::kPanelWidth * np;
+  const auto& pairs = e2m1_pairs();
+  TORCH_INTERNAL_ASSERT(k0 % 2 == 0 && kc % 2 == 0, "nvfp4 decode_panels: odd K chunk ", k0, " + ", kc);
+  const int64_t groups = w.k / kNvfp4Group, cols = cpu::kPanelWidth * np, end = k0 + kc;
   for (int64_t j = 0; j < cols; ++j) {
     const int64_t n = cpu::kPanelWidth * p + j;
+    float* out = buf + j - k0 * ld_buf;  // out[k * ld_buf] is element k's place
     if (n >= w.n) {
-      for (int64_t kk = 0; kk < kc; ++kk) buf[kk * ld_buf + j] = 0.0f;
+      for (int64_t k = k0; k < end; ++k) out[k * ld_buf] = 0.0f;
       continue;
     }
     const uint8_t* codes = w.codes + n * (w.k / 2);
     const uint8_t* scales = w.scales + n * groups;
     const float global = w.global[n];
-    float scale = 0.0f;
-    for (int64_t kk = 0; kk < kc; ++kk) {
-      const int64_t k = k0 + kk;
-      if (kk == 0 || k % kNvfp4Group == 0) {
-        const float s = e4m3[scales[k / kNvfp4Group]];
-        scale = w.divide ? s / global : s * global;
+    for (int64_t k = k0; k < end;) {
+      const int64_t g = k / kNvfp4Group, stop = std::min(end, (g + 1) * kNvfp4Group);
+      const float s = e4m3[scales[g]];
+      const float scale = w.divide ? s / global : s * global;
+      for (; k < stop; k += 2) {
+        const auto& v = pairs[codes[k / 2]];
+        out[k * ld_buf] = v[0] * scale;
+        out[(k + 1) * ld_buf] = v[1] * scale;
       }
-      const uint8_t byte = codes[k / 2];
-      buf[kk * ld_buf + j] = kE2m1Values[(k & 1) ? byte >> 4 : byte & 0x0F] * scale;
     }
   }
 }

@@ -57,8 +57,9 @@ QuantizedTensors quantize(const at::Tensor& weight, double amax, const QuantConf
   const at::Tensor s = scales.to(at::kFloat);
   const at::Tensor group_scale = divides(config) ? s / globals : s * globals;
   // A group of zeros (scale 0) codes zeros.
-  const at::Tensor v = at::where(group_scale.unsqueeze(-1) > 0,
-                                 w.reshape({n, groups, kNvfp4Group}) / group_scale.unsqueeze(-1), at::zeros({}, at::kFloat));
+  const at::Tensor v =
+      at::where(group_scale.unsqueeze(-1) > 0, w.reshape({n, groups, kNvfp4Group}) / group_scale.unsqueeze(-1),
+                at::zeros({}, at::kFloat));
   return {{nvfp4_codes_name(config), e2m1_pack(e2m1_round(v).reshape({n, groups * kNvfp4Group}))},
           {"weight_scale", scales.contiguous()},
           {nvfp4_global_name(config), globals}};
@@ -79,10 +80,10 @@ class Nvfp4Method final : public QuantMethod {
     n_ = out_local;
     k_ = in_local;
     dtype_ = c10::typeMetaToScalarType(options.dtype());
-    codes_ = layer.register_parameter(nvfp4_codes_name(config_), at::empty({n_, k_ / 2}, options.dtype(at::kByte)),
-                                      false);
-    scales_ = layer.register_parameter("weight_scale", at::empty({n_, k_ / kNvfp4Group}, options.dtype(at::kFloat8_e4m3fn)),
-                                       false);
+    codes_ =
+        layer.register_parameter(nvfp4_codes_name(config_), at::empty({n_, k_ / 2}, options.dtype(at::kByte)), false);
+    scales_ = layer.register_parameter("weight_scale",
+                                       at::empty({n_, k_ / kNvfp4Group}, options.dtype(at::kFloat8_e4m3fn)), false);
     global_ = layer.register_parameter(nvfp4_global_name(config_), at::ones({n_, 1}, options.dtype(at::kFloat)), false);
   }
 
@@ -117,12 +118,12 @@ class Nvfp4Method final : public QuantMethod {
       const auto& c = checkpoint.get(part.prefix + "." + nvfp4_codes_name(config_), layer);
       const auto& s = checkpoint.get(part.prefix + ".weight_scale", layer);
       const auto& g = checkpoint.get(part.prefix + "." + nvfp4_global_name(config_), layer);
-      TORCH_CHECK_TYPE(c.dtype() == at::kByte, layer, ": tensor '", c.name(), "' has dtype ", c.dtype(),
-                       "; ", name(), " stores two E2M1 codes a byte as uint8");
-      TORCH_CHECK_TYPE(s.dtype() == at::kFloat8_e4m3fn, layer, ": tensor '", s.name(), "' has dtype ", s.dtype(),
-                       "; ", name(), " stores its group scales as float8_e4m3fn");
-      TORCH_CHECK_TYPE(g.dtype() == at::kFloat, layer, ": tensor '", g.name(), "' has dtype ", g.dtype(), "; ",
-                       name(), " stores its global scale as float32");
+      TORCH_CHECK_TYPE(c.dtype() == at::kByte, layer, ": tensor '", c.name(), "' has dtype ", c.dtype(), "; ", name(),
+                       " stores two E2M1 codes a byte as uint8");
+      TORCH_CHECK_TYPE(s.dtype() == at::kFloat8_e4m3fn, layer, ": tensor '", s.name(), "' has dtype ", s.dtype(), "; ",
+                       name(), " stores its group scales as float8_e4m3fn");
+      TORCH_CHECK_TYPE(g.dtype() == at::kFloat, layer, ": tensor '", g.name(), "' has dtype ", g.dtype(), "; ", name(),
+                       " stores its global scale as float32");
       TORCH_CHECK_VALUE(c.shape() == std::vector<int64_t>({n, k / 2}), layer, ": tensor '", c.name(), "' has shape ",
                         shape_str(c.shape()), "; expected [", n, ", ", k / 2, "] (two E2M1 codes a byte)");
       TORCH_CHECK_VALUE(s.shape() == std::vector<int64_t>({n, k / kNvfp4Group}), layer, ": tensor '", s.name(),
@@ -156,8 +157,12 @@ class Nvfp4Method final : public QuantMethod {
       const auto t = x.scalar_type();
       if (x.device().is_cpu() && codes_.is_cpu() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf)) {
         const auto c = codes_.contiguous(), s = scales_.contiguous(), g = global_.contiguous();
-        const Nvfp4CpuWeight w{c.const_data_ptr<uint8_t>(), reinterpret_cast<const uint8_t*>(s.const_data_ptr()),
-                               g.const_data_ptr<float>(), n_, k_, divides(config_)};
+        const Nvfp4CpuWeight w{c.const_data_ptr<uint8_t>(),
+                               reinterpret_cast<const uint8_t*>(s.const_data_ptr()),
+                               g.const_data_ptr<float>(),
+                               n_,
+                               k_,
+                               divides(config_)};
         return nvfp4_cpu_linear(x2, w);
       }
       return at::matmul(x2, dequantized_weight().to(x2.device()).t());
@@ -219,9 +224,10 @@ at::Tensor dequantize_nvfp4(const QuantizedTensors& tensors, const QuantConfig& 
     return it->second.cpu();
   };
   const auto c = get(nvfp4_codes_name(config)), s = get("weight_scale"), g = get(nvfp4_global_name(config));
-  TORCH_CHECK_VALUE(c.dim() == 2 && s.dim() == 2 && c.size(0) == s.size(0) && c.size(1) * 2 == s.size(1) * kNvfp4Group &&
-                        c.scalar_type() == at::kByte && s.scalar_type() == at::kFloat8_e4m3fn &&
-                        g.scalar_type() == at::kFloat && (g.numel() == 1 || g.numel() == c.size(0)),
+  TORCH_CHECK_VALUE(c.dim() == 2 && s.dim() == 2 && c.size(0) == s.size(0) &&
+                        c.size(1) * 2 == s.size(1) * kNvfp4Group && c.scalar_type() == at::kByte &&
+                        s.scalar_type() == at::kFloat8_e4m3fn && g.scalar_type() == at::kFloat &&
+                        (g.numel() == 1 || g.numel() == c.size(0)),
                     "dequantize_weight(", to_string(config),
                     "): expected uint8 codes [N, K/2], float8_e4m3fn scales [N, K/16] and a float32 global scale "
                     "([], [1] or [N, 1]); got ",
