@@ -2,8 +2,8 @@
 // weight_scale_2 multiplies): the dequantization formula on hand-made values (the test
 // that catches the two conventions swapped), the CPU decoder bit for bit against
 // dequantize_weight over every E4M3 scale byte, the layers at TP 1-4 against the float64
-// reference (K split in whole groups of 16), fused layers whose parts carry global scales
-// orders of magnitude apart, and the refusals.
+// reference (K split in whole groups of 16; decode batches on the rows kernel), fused
+// layers whose parts carry global scales orders of magnitude apart, and the refusals.
 
 #include "support/tp_catch.h"
 
@@ -111,10 +111,15 @@ TEST_CASE("nvfp4's CPU decoder writes dequantize_weight's float32 weights bit fo
                                        config.nvfp4_dialect == Nvfp4Dialect::kCompressedTensors};
     const at::Tensor want = dequantize_weight(q, config);
     CHECK(at::equal(tp::detail::nvfp4_cpu_decode_all(w).view(at::kInt), want.view(at::kInt)));
-    const auto x = test::randn({5, k}, 6).to(at::kFloat);
-    const auto y = tp::detail::nvfp4_cpu_linear(x, w);
-    const auto ref = at::matmul(x.to(at::kDouble), want.to(at::kDouble).t());
-    CHECK(test::relative_error(y, ref) <= test::tolerance(at::kFloat) * std::max(1.0, ref.abs().max().item<double>()));
+    // The GEMM on them: M <= 4 the rows kernel (AVX2 / AVX-512 machines), 5 the panels.
+    for (int64_t m = 1; m <= 5; ++m) {
+      INFO("M = " << m);
+      const auto x = test::randn({m, k}, 6 + m).to(at::kFloat);
+      const auto y = tp::detail::nvfp4_cpu_linear(x, w);
+      const auto ref = at::matmul(x.to(at::kDouble), want.to(at::kDouble).t());
+      CHECK(test::relative_error(y, ref) <=
+            test::tolerance(at::kFloat) * std::max(1.0, ref.abs().max().item<double>()));
+    }
   }
 }
 
@@ -122,6 +127,12 @@ TEST_CASE("nvfp4 layers match the float64 reference at TP 1-4, both dialects", "
   for (const auto& config : {kCt, kModelOpt}) {
     test::check_quant_layers({config, at::kFloat, test::tolerance(at::kFloat)});
     test::check_quant_layers({config, at::kBFloat16, test::tolerance(at::kBFloat16)});
+  }
+  // Decode-sized batches: the rows kernel.
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    test::QuantCheck decode{kCt, dtype, test::tolerance(dtype)};
+    decode.shapes.tokens = 2;
+    test::check_quant_layers(decode);
   }
   test::QuantCheck file{kModelOpt, at::kFloat, test::tolerance(at::kFloat)};
   file.from_file = true;

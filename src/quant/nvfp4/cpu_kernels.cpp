@@ -14,12 +14,16 @@
 #include "cpu/features.h"
 #include "cpu/kernel_counts.h"
 #include "cpu/panel_gemm.h"
+#include "cpu/parallel.h"
 #include "quant/mxfp4/e2m1.h"
 #include "quant/nvfp4/nvfp4.h"
 
 namespace tp::detail {
 
 namespace {
+
+// Rows per unit of work handed to a thread (a multiple of the rows kernel's 4).
+constexpr int64_t kRowsUnit = 16;
 
 // E4M3 (fn) bytes as float32 (exact).
 const std::array<float, 256>& e4m3_values() {
@@ -76,8 +80,19 @@ void decode_panels(const void* weight, int64_t p, int64_t np, int64_t k0, int64_
 
 }  // namespace
 
+const float* nvfp4_e4m3_table() { return e4m3_values().data(); }
+
 at::Tensor nvfp4_cpu_linear(const at::Tensor& x, const Nvfp4CpuWeight& w) {
   const cpu::Isa isa = cpu::isa();
+  // Decode on AVX2 / AVX-512: the rows kernel, threads over N.
+  if (isa != cpu::Isa::kScalar && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= kNvfp4RowsMaxM && x.size(1) == w.k &&
+      x.is_contiguous()) {
+    return cpu::linear_through_f32(x, w.n, w.k, "nvfp4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
+      cpu::count_kernel("nvfp4 rows/avx2");  // the benchmarks' kernel column
+      cpu::parallel_rows(w.n, kRowsUnit,
+                         [&](int64_t n0, int64_t n1) { nvfp4_rows_f32_avx2(x2, m, w.k, w, y, w.n, n0, n1); });
+    });
+  }
   const int64_t panels = (w.n + cpu::kPanelWidth - 1) / cpu::kPanelWidth;
   return cpu::linear_through_f32(x, w.n, w.k, "nvfp4_cpu_linear", [&](const float* x2, int64_t m, float* y) {
     cpu::count_kernel(std::string("nvfp4 panel/") + cpu::to_string(isa));  // the benchmarks' kernel column

@@ -54,10 +54,22 @@ struct Nvfp4CpuWeight {
   bool divide = true;  ///< compressed-tensors: scale / global; ModelOpt: scale * global
 };
 
-/// y = x W^T for x [M, K] (float32, bfloat16 or float16, CPU) through the panel GEMM over
-/// the weights decoded exactly as the header's formula (float32 products and sums, y
-/// rounded once to x's dtype). The kernel column names it "nvfp4 panel/<isa>".
+/// y = x W^T for x [M, K] (float32, bfloat16 or float16, CPU) over the weights decoded
+/// exactly as the header's formula (float32 products and sums, y rounded once to x's
+/// dtype): M <= kNvfp4RowsMaxM on AVX2 / AVX-512 the rows kernel ("nvfp4 rows/avx2"), else
+/// the panel GEMM ("nvfp4 panel/<isa>").
 at::Tensor nvfp4_cpu_linear(const at::Tensor& x, const Nvfp4CpuWeight& w);
+
+/// Rows of x up to which the rows kernel runs (decode), each weight byte read once.
+inline constexpr int64_t kNvfp4RowsMaxM = 4;
+
+/// y[m, n] = x[m, :] . W[n, :] for n in [n0, n1) and m < M <= 4; x float32 [M, K] (row
+/// stride ld_x), y [M, ld_y]. AVX2 + FMA (rows_avx2.cpp); serves AVX-512 machines too.
+void nvfp4_rows_f32_avx2(const float* x, int64_t m, int64_t ld_x, const Nvfp4CpuWeight& w, float* y, int64_t ld_y,
+                         int64_t n0, int64_t n1);
+
+/// E4M3 (fn) bytes as float32, exact: the decoders' table [256].
+const float* nvfp4_e4m3_table();
 
 /// The float32 weight [N, K] as the CPU decoder writes it (tests: bit for bit
 /// dequantize_nvfp4).
