@@ -83,7 +83,7 @@ struct FormatEntry {
 const std::vector<FormatEntry>& format_table();
 
 /// Checkpoint tensor names of the quantized formats tp does not read (KV-cache and output
-/// scales, NVFP4's global scales, activation zero points, act-order permutations): strict
+/// scales, NVFP4 W4A4 input global scales, activation zero points, act-order permutations): strict
 /// loading names them as another format's, not as stray tensors.
 const std::vector<const char*>& foreign_quantized_tensor_names();
 
