@@ -20,8 +20,16 @@ using tp::test::randn;
 
 namespace {
 
-const char* kFormats[] = {"fp8_tensor",       "fp8_channel", "fp8_block", "int8_w8a8",
-                          "int8_weight_only", "int4_gptq",   "int4_awq",  "int4_pack_quantized:g32:asym"};
+const char* kFormats[] = {"fp8_tensor",
+                          "fp8_channel",
+                          "fp8_block",
+                          "int8_w8a8",
+                          "int8_weight_only",
+                          "int4_gptq",
+                          "int4_awq",
+                          "int4_pack_quantized:g32:asym",
+                          "nvfp4",
+                          "nvfp4:modelopt"};
 
 struct Grads {
   at::Tensor gx, gb;
